@@ -1,0 +1,32 @@
+// Element types llmk kernels read and write.
+#pragma once
+
+#include <cstdint>
+
+namespace llmk {
+
+enum class DType : int32_t {
+  f32,
+  f16,
+  bf16,
+};
+
+inline int64_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::f16: return 2;
+    case DType::bf16: return 2;
+  }
+  return 0;
+}
+
+inline const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "float32";
+    case DType::f16: return "float16";
+    case DType::bf16: return "bfloat16";
+  }
+  return "unknown";
+}
+
+}  // namespace llmk

@@ -1,0 +1,8 @@
+// llmk: fused GPU kernels for transformer language models. Umbrella header.
+#pragma once
+
+#include "llmk/device_info.h"
+#include "llmk/dtype.h"
+#include "llmk/error.h"
+#include "llmk/norm.h"
+#include "llmk/tensor.h"

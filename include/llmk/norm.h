@@ -1,0 +1,55 @@
+// RMSNorm family: rmsnorm, add_rmsnorm (fused residual add) and rmsnorm_backward.
+//
+// Tensors are [..., d] with a contiguous last dim; the leading dims are flattened into
+// rows that may be strided (row stride >= d). Math is fp32 on the GPU and double on the
+// CPU; outputs are rounded once. Each function runs on the GPU when its tensors are CUDA
+// tensors (on `stream`) and on the CPU reference when they are host tensors.
+//
+//   rmsnorm:  y = x * rsqrt(mean(x^2) + eps) * (offset + weight)
+//             offset = 0 for Llama/Qwen/Mistral, 1 for Gemma's (1 + weight).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include <cuda_runtime_api.h>
+
+#include "llmk/tensor.h"
+
+namespace llmk {
+
+// out, x: [..., d] of f32/f16/bf16; weight: [d] of x's dtype or f32.
+// rstd (optional): [rows] f32, receives rsqrt(mean(x^2) + eps) per row.
+// out may be x itself (in place); any other overlap is rejected.
+void rmsnorm(const TensorView& out, const TensorView& x, const TensorView& weight, double eps,
+             double offset = 0.0, const std::optional<TensorView>& rstd = std::nullopt,
+             cudaStream_t stream = nullptr);
+
+// Fused residual add + RMSNorm:
+//   residual_out = x + residual          (rounded to the dtype)
+//   out          = rmsnorm(residual_out)
+// In place (vLLM's fused_add_rms_norm): pass out = x and residual_out = residual.
+// Out of place: four distinct tensors. Any other overlap is rejected.
+void add_rmsnorm(const TensorView& out, const TensorView& residual_out, const TensorView& x,
+                 const TensorView& residual, const TensorView& weight, double eps,
+                 double offset = 0.0, cudaStream_t stream = nullptr);
+
+// Backward of rmsnorm: given dy and the forward's x, weight, eps, offset,
+//   dx      = r * w' * dy - x * r^3 / d * sum(dy * w' * x)  (+ dresidual, if given)
+//   dweight = sum over rows of dy * x * r,   with r = rsqrt(mean(x^2) + eps), w' = offset + w.
+// r is recomputed from x (no extra memory traffic). dweight is reduced deterministically
+// through `workspace`, a CUDA f32 buffer of rmsnorm_backward_workspace_size() elements
+// (ignored on the CPU). dresidual (optional) is added to dx: the gradient that flows into
+// the residual stream of add_rmsnorm.
+void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dy,
+                      const TensorView& x, const TensorView& weight, double eps,
+                      double offset = 0.0,
+                      const std::optional<TensorView>& dresidual = std::nullopt,
+                      const std::optional<TensorView>& workspace = std::nullopt,
+                      cudaStream_t stream = nullptr);
+
+// Elements of f32 workspace rmsnorm_backward needs for x with `rows` rows of `d` elements
+// on CUDA device `device_index` (0 on the CPU path).
+int64_t rmsnorm_backward_workspace_size(int64_t rows, int64_t d, int device_index = 0);
+
+}  // namespace llmk

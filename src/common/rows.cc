@@ -1,0 +1,114 @@
+#include "common/rows.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace llmk::detail {
+
+static void check_element_aligned(const char* op, const char* arg, const TensorView& t) {
+  const auto address = reinterpret_cast<uintptr_t>(t.data());
+  LLMK_CHECK(address % static_cast<uintptr_t>(dtype_size(t.dtype())) == 0, op, ": ", arg,
+             " data pointer ", t.data(), " is not aligned to its ", dtype_size(t.dtype()),
+             "-byte ", dtype_name(t.dtype()), " elements");
+}
+
+Rows as_rows(const char* op, const char* arg, const TensorView& t) {
+  LLMK_CHECK(t.ndim() >= 1, op, ": ", arg, " must have at least 1 dimension, got a scalar");
+  Rows r;
+  r.d = t.size(-1);
+  r.rows = 1;
+  for (int i = 0; i < t.ndim() - 1; ++i) r.rows *= t.size(i);
+  LLMK_CHECK(r.d <= 1 || t.stride(-1) == 1, op, ": ", arg,
+             " must be contiguous in its last dim, got stride ", t.stride(-1));
+  if (r.rows * r.d != 0) check_element_aligned(op, arg, t);
+  // Leading dims must collapse into one row stride: walking them from the innermost out,
+  // each stride is the next-inner stride times that dim's size (dims of size 1 are free).
+  int64_t expected = -1;
+  for (int i = t.ndim() - 2; i >= 0; --i) {
+    if (t.size(i) == 1) continue;
+    if (expected < 0) {
+      r.row_stride = t.stride(i);
+    } else {
+      LLMK_CHECK(t.stride(i) == expected, op, ": ", arg,
+                 " leading dims do not flatten into uniformly strided rows (dim ", i,
+                 " has stride ", t.stride(i), ", expected ", expected, ")");
+    }
+    expected = t.stride(i) * t.size(i);
+  }
+  if (expected < 0) r.row_stride = r.d;  // a single row
+  LLMK_CHECK(r.rows <= 1 || r.row_stride >= r.d, op, ": ", arg, " rows overlap (row stride ",
+             r.row_stride, " < row length ", r.d, ")");
+  r.data = t.data();
+  return r;
+}
+
+void check_vector(const char* op, const char* arg, const TensorView& t, int64_t n) {
+  LLMK_CHECK(t.ndim() == 1 && t.size(0) == n, op, ": ", arg, " must have shape [", n, "]",
+             t.ndim() == 1 ? ", got [" : "", t.ndim() == 1 ? t.size(0) : 0,
+             t.ndim() == 1 ? "]" : " (wrong number of dims)");
+  LLMK_CHECK(n <= 1 || t.stride(0) == 1, op, ": ", arg, " must be contiguous, got stride ",
+             t.stride(0));
+  if (n > 0) check_element_aligned(op, arg, t);
+}
+
+void check_dtype(const char* op, const char* arg, const TensorView& t, DType expected) {
+  LLMK_CHECK(t.dtype() == expected, op, ": ", arg, " has dtype ", dtype_name(t.dtype()),
+             ", expected ", dtype_name(expected));
+}
+
+static void print_shape(std::ostringstream& os, const TensorView& t) {
+  os << '[';
+  for (int i = 0; i < t.ndim(); ++i) os << (i ? ", " : "") << t.size(i);
+  os << ']';
+}
+
+void check_same_shape(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                      const TensorView& ref) {
+  bool same = t.ndim() == ref.ndim();
+  for (int i = 0; same && i < t.ndim(); ++i) same = t.size(i) == ref.size(i);
+  if (same) return;
+  std::ostringstream a, b;
+  print_shape(a, t);
+  print_shape(b, ref);
+  throw_error(op, ": ", arg, " has shape ", a.str(), " but ", ref_arg, " has shape ", b.str());
+}
+
+void check_same_device(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                       const TensorView& ref) {
+  LLMK_CHECK(t.device() == ref.device(), op, ": ", arg, " is on ",
+             device_type_name(t.device().type), ":", t.device().index, " but ", ref_arg,
+             " is on ", device_type_name(ref.device().type), ":", ref.device().index);
+}
+
+bool same_view(const TensorView& a, const TensorView& b) {
+  if (a.data() != b.data() || a.ndim() != b.ndim() || a.dtype() != b.dtype()) return false;
+  for (int i = 0; i < a.ndim(); ++i)
+    if (a.size(i) != b.size(i) || (a.size(i) > 1 && a.stride(i) != b.stride(i))) return false;
+  return true;
+}
+
+// [first, last) byte span touched by a tensor with non-negative strides.
+static void byte_span(const TensorView& t, uintptr_t* first, uintptr_t* last) {
+  int64_t extent = 1;
+  for (int i = 0; i < t.ndim(); ++i) extent += (t.size(i) - 1) * t.stride(i);
+  *first = reinterpret_cast<uintptr_t>(t.data());
+  *last = *first + static_cast<uintptr_t>(extent * dtype_size(t.dtype()));
+}
+
+void check_no_overlap(const char* op, const char* a_arg, const TensorView& a, const char* b_arg,
+                      const TensorView& b, bool allow_identical) {
+  if (a.numel() == 0 || b.numel() == 0) return;
+  if (a.device() != b.device()) return;
+  if (same_view(a, b)) {
+    LLMK_CHECK(allow_identical, op, ": ", a_arg, " and ", b_arg,
+               " are the same tensor, which this op does not allow");
+    return;
+  }
+  uintptr_t a0, a1, b0, b1;
+  byte_span(a, &a0, &a1);
+  byte_span(b, &b0, &b1);
+  LLMK_CHECK(a1 <= b0 || b1 <= a0, op, ": ", a_arg, " and ", b_arg,
+             " overlap in memory; they must be the same tensor or disjoint");
+}
+
+}  // namespace llmk::detail

@@ -1,0 +1,42 @@
+// Validation helpers shared by the row-wise ops: a tensor [..., d] seen as `rows` rows of
+// `d` contiguous elements spaced `row_stride` elements apart.
+#pragma once
+
+#include <cstdint>
+
+#include "llmk/tensor.h"
+
+namespace llmk::detail {
+
+struct Rows {
+  void* data = nullptr;
+  int64_t rows = 0;
+  int64_t d = 0;
+  int64_t row_stride = 0;
+};
+
+// Checks that `t` has at least one dim, a contiguous last dim, an element-aligned data
+// pointer and leading dims that flatten into uniformly strided rows.
+Rows as_rows(const char* op, const char* arg, const TensorView& t);
+
+// Checks that `t` is a contiguous 1-d tensor of n elements.
+void check_vector(const char* op, const char* arg, const TensorView& t, int64_t n);
+
+void check_dtype(const char* op, const char* arg, const TensorView& t, DType expected);
+void check_same_shape(const char* op, const char* arg, const TensorView& t,
+                      const char* ref_arg, const TensorView& ref);
+void check_same_device(const char* op, const char* arg, const TensorView& t,
+                       const char* ref_arg, const TensorView& ref);
+
+// Rejects partial overlap of the memory spans of two tensors. Identical views (same
+// pointer, shape and strides) are allowed only when `allow_identical` is true.
+void check_no_overlap(const char* op, const char* a_arg, const TensorView& a,
+                      const char* b_arg, const TensorView& b, bool allow_identical);
+
+bool same_view(const TensorView& a, const TensorView& b);
+
+inline bool is_aligned(const void* p, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
+}
+
+}  // namespace llmk::detail

@@ -1,0 +1,38 @@
+// Vectors of N elements that load and store as one access: 16 bytes when N * sizeof(T)
+// is 16 (the widest global access a thread can issue), or N scalar accesses when N = 1.
+#pragma once
+
+#include <cstdint>
+
+#include "common/device_types.cuh"
+
+namespace llmk::detail {
+
+template <class T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+// Elements of T in one 16-byte access.
+template <class T>
+inline constexpr int kVec16 = static_cast<int>(16 / sizeof(T));
+
+template <class T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+
+// Streaming load for data read exactly once: do not keep it in L1.
+template <class T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec_stream(const T* p) {
+  static_assert(sizeof(Vec<T, N>) == 16, "streaming loads are 16-byte accesses");
+  int4 raw = __ldcs(reinterpret_cast<const int4*>(p));
+  return *reinterpret_cast<Vec<T, N>*>(&raw);
+}
+
+template <class T, int N>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& value) {
+  *reinterpret_cast<Vec<T, N>*>(p) = value;
+}
+
+}  // namespace llmk::detail

@@ -1,0 +1,121 @@
+// add_rmsnorm: the CPU reference against its definition (add, round, rmsnorm), the CUDA
+// kernels against the CPU reference in both forms (in place and out of place), and bad
+// inputs (aliasing that is not the in-place form, shape and dtype mismatches).
+#include "test_util.h"
+
+namespace llmk::test {
+namespace {
+
+TEST(AddRMSNormCpu, EqualsAddThenRMSNorm) {
+  for (DType dt : all_dtypes()) {
+    HostTensor x(dt, 7, 129), res(dt, 7, 129), w(dt, 1, 129);
+    x.randomize();
+    res.randomize();
+    w.randomize();
+    HostTensor sum(dt, 7, 129), want(dt, 7, 129);
+    for (int r = 0; r < 7; ++r)
+      for (int c = 0; c < 129; ++c) sum.set(r, c, x.get(r, c) + res.get(r, c));
+    rmsnorm(want.view(), sum.view(), w.view(true), 1e-6);
+    HostTensor out(dt, 7, 129), res_out(dt, 7, 129);
+    add_rmsnorm(out.view(), res_out.view(), x.view(), res.view(), w.view(true), 1e-6);
+    EXPECT_EQ(res_out.bytes, sum.bytes) << dtype_name(dt);
+    EXPECT_EQ(out.bytes, want.bytes) << dtype_name(dt);
+    // In place gives the same bytes.
+    add_rmsnorm(x.view(), res.view(), x.view(), res.view(), w.view(true), 1e-6);
+    EXPECT_EQ(res.bytes, sum.bytes) << dtype_name(dt);
+    EXPECT_EQ(x.bytes, want.bytes) << dtype_name(dt);
+  }
+}
+
+void run_gpu_case(DType dt, DType wdt, int64_t rows, int64_t d, int64_t stride, bool in_place,
+                  double offset) {
+  SCOPED_TRACE(testing::Message() << dtype_name(dt) << " weight " << dtype_name(wdt) << " rows "
+                                  << rows << " d " << d << " stride " << stride << " in_place "
+                                  << in_place << " offset " << offset);
+  HostTensor x(dt, rows, d, stride), res(dt, rows, d, stride), w(wdt, 1, d);
+  x.randomize();
+  res.randomize(0.0f, 4.0f);
+  w.randomize();
+  HostTensor ref(dt, rows, d, stride), ref_res(dt, rows, d, stride);
+  add_rmsnorm(ref.view(), ref_res.view(), x.view(), res.view(), w.view(true), 1e-6, offset);
+
+  HostTensor out(dt, rows, d, stride), res_out(dt, rows, d, stride);
+  out.poison();
+  res_out.poison();
+  DeviceTensor dx(x), dres(res), dw(w), dout(out), dres_out(res_out);
+  if (in_place) {
+    add_rmsnorm(dx.view(), dres.view(), dx.view(), dres.view(), dw.view(true), 1e-6, offset);
+  } else {
+    add_rmsnorm(dout.view(), dres_out.view(), dx.view(), dres.view(), dw.view(true), 1e-6, offset);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // The sum is one fp32 add rounded to the dtype on both sides: bit-exact.
+  EXPECT_EQ((in_place ? dres : dres_out).download().bytes, ref_res.bytes) << "residual_out";
+  expect_close((in_place ? dx : dout).download(), ref, dtype_rtol(dt), "out");
+}
+
+TEST(AddRMSNormGpu, MatchesCpuReference) {
+  LLMK_REQUIRE_GPU();
+  for (DType dt : all_dtypes())
+    for (int64_t d : {1, 9, 64, 896, 2048, 4096, 8192, 16384, 65536})
+      for (bool in_place : {false, true}) run_gpu_case(dt, dt, d == 65536 ? 2 : 13, d, d, in_place, 0.0);
+}
+
+TEST(AddRMSNormGpu, StridedRowsAndWeightDtypes) {
+  LLMK_REQUIRE_GPU();
+  for (DType dt : all_dtypes()) {
+    run_gpu_case(dt, dt, 11, 4096, 3 * 4096, false, 0.0);
+    run_gpu_case(dt, dt, 11, 1024, 1024 + 1, true, 0.0);
+    run_gpu_case(dt, DType::f32, 11, 2048, 2048, true, 1.0);
+  }
+}
+
+class AddRMSNormBadInput : public testing::Test {
+ protected:
+  HostTensor x{DType::bf16, 4, 64}, res{DType::bf16, 4, 64}, w{DType::bf16, 1, 64};
+  HostTensor out{DType::bf16, 4, 64}, res_out{DType::bf16, 4, 64};
+  void SetUp() override {
+    x.randomize();
+    res.randomize();
+    w.randomize();
+    out.poison();
+    res_out.poison();
+  }
+  void expect_untouched() {
+    HostTensor fresh(DType::bf16, 4, 64);
+    fresh.poison();
+    EXPECT_EQ(out.bytes, fresh.bytes);
+    EXPECT_EQ(res_out.bytes, fresh.bytes);
+  }
+};
+
+TEST_F(AddRMSNormBadInput, AliasingOtherThanInPlace) {
+  expect_error([&] { add_rmsnorm(out.view(), x.view(), x.view(), res.view(), w.view(true), 1e-6); },
+               "residual_out and x");
+  expect_error([&] { add_rmsnorm(res.view(), res_out.view(), x.view(), res.view(), w.view(true), 1e-6); },
+               "out and residual");
+  expect_error([&] { add_rmsnorm(out.view(), res_out.view(), x.view(), x.view(), w.view(true), 1e-6); },
+               "x and residual");
+  expect_untouched();
+}
+
+TEST_F(AddRMSNormBadInput, MismatchedResidual) {
+  HostTensor res16(DType::f16, 4, 64), res_short(DType::bf16, 3, 64);
+  expect_error([&] { add_rmsnorm(out.view(), res_out.view(), x.view(), res16.view(), w.view(true), 1e-6); },
+               "residual has dtype float16");
+  expect_error([&] { add_rmsnorm(out.view(), res_out.view(), x.view(), res_short.view(), w.view(true), 1e-6); },
+               "residual has shape [3, 64]");
+  expect_untouched();
+}
+
+TEST_F(AddRMSNormBadInput, BadEpsAndDevice) {
+  expect_error([&] { add_rmsnorm(out.view(), res_out.view(), x.view(), res.view(), w.view(true), 0.0); },
+               "eps must be");
+  TensorView rg(res.bytes.data(), DType::bf16, Device{DeviceType::cuda, 0}, {4, 64});
+  expect_error([&] { add_rmsnorm(out.view(), res_out.view(), x.view(), rg, w.view(true), 1e-6); },
+               "residual is on cuda:0 but x is on cpu");
+  expect_untouched();
+}
+
+}  // namespace
+}  // namespace llmk::test
