@@ -14,6 +14,12 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A failure reported by the CUDA runtime (as opposed to a rejected argument).
+class CudaError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 
 template <class... Parts>

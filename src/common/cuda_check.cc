@@ -6,8 +6,10 @@
 namespace llmk::detail {
 
 void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
-  throw_error("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") in ",
-              what, " at ", file, ":", line);
+  std::ostringstream message;
+  message << "CUDA error " << cudaGetErrorName(err) << " (" << cudaGetErrorString(err)
+          << ") in " << what << " at " << file << ":" << line;
+  throw CudaError(message.str());
 }
 
 static bool debug_sync_enabled() {

@@ -94,8 +94,8 @@ TEST_F(AddRMSNormBadInput, AliasingOtherThanInPlace) {
                "residual_out and x");
   expect_error([&] { add_rmsnorm(res.view(), res_out.view(), x.view(), res.view(), w.view(true), 1e-6); },
                "out and residual");
-  expect_error([&] { add_rmsnorm(out.view(), res_out.view(), x.view(), x.view(), w.view(true), 1e-6); },
-               "x and residual");
+  expect_error([&] { add_rmsnorm(out.view(), out.view(), x.view(), res.view(), w.view(true), 1e-6); },
+               "out and residual_out");
   expect_untouched();
 }
 

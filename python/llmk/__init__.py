@@ -1,0 +1,16 @@
+"""llmk: fused GPU kernels for transformer language models, as PyTorch ops.
+
+Every op is registered as ``torch.ops.llmk.<name>`` with CPU and CUDA implementations,
+a fake (meta) implementation for ``torch.compile`` and, where it trains, autograd.
+"""
+
+from . import _C
+from .ops import add_rmsnorm, add_rmsnorm_, rmsnorm, rmsnorm_backward
+from . import nn
+
+__all__ = ["rmsnorm", "add_rmsnorm", "add_rmsnorm_", "rmsnorm_backward", "nn", "device_info"]
+
+
+def device_info(index: int = 0) -> dict:
+    """Facts of CUDA device `index` as llmk sees them (``available`` is False without one)."""
+    return _C.device_info(index)

@@ -1,0 +1,55 @@
+"""``llmk info``: what GPU llmk sees and which code paths it will use there."""
+
+import argparse
+import sys
+
+from . import _C
+
+
+def _runs_on(arch: str, major: int, minor: int) -> bool:
+    """Machine code for `arch` runs on sm_<major><minor>: same major and a minor at least
+    the code's; arch-specific code ("90a") only on exactly that arch."""
+    built_major, built_minor = divmod(int(arch.rstrip("a")), 10)
+    if arch.endswith("a"):
+        return (built_major, built_minor) == (major, minor)
+    return built_major == major and built_minor <= minor
+
+
+def _info() -> int:
+    archs = _C.build_cuda_archs()
+    print(f"llmk build: machine code for CUDA archs {archs}")
+    count = _C.cuda_device_count()
+    if count == 0:
+        print("no CUDA GPU found: every op runs on the CPU reference backend (host tensors)")
+        return 0
+    for index in range(count):
+        i = _C.device_info(index)
+        major, minor = i["compute_capability"]
+        print(f"cuda:{index}  {i['name']}  sm_{major}{minor}  {i['sm_count']} SMs")
+        print(f"  memory bus {i['memory_bus_bits']} bit at {i['memory_clock_khz'] / 1e3:.0f} MHz:"
+              f" peak {i['peak_bandwidth_gbs']:.0f} GB/s (datasheet; measured copy is lower)")
+        print(f"  L2 {i['l2_bytes'] / 2**20:.0f} MiB, shared memory {i['shared_mem_per_block_optin'] // 1024} KiB"
+              f" per block (opt-in), {i['max_threads_per_sm']} threads per SM")
+        print(f"  tensor cores: ~{i['peak_bf16_tflops']:.0f} TFLOP/s bf16 dense (estimate at"
+              f" {i['sm_clock_khz'] / 1e3:.0f} MHz)")
+        if not any(_runs_on(a, major, minor) for a in archs.split(";")):
+            print("  WARNING: this build has no machine code this GPU can run; rebuild with"
+                  f" LLMK_CUDA_ARCHS including {major}{minor}")
+        print("  code paths: rmsnorm/add_rmsnorm/rmsnorm_backward: row-in-registers kernels with"
+              " 16-byte accesses for aligned rows (d up to 65536 bf16/fp16, 32768 fp32 forward),"
+              " a scalar loop kernel otherwise")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="llmk", description="llmk command line")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="print the detected GPU's facts and llmk's code paths")
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        return _info()
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Drop-in modules built on llmk ops."""
+
+import torch
+from torch import Tensor
+
+from .ops import add_rmsnorm, rmsnorm
+
+
+class RMSNorm(torch.nn.Module):
+    """RMSNorm over the last dim, a drop-in for Llama/Qwen/Mistral's ``*RMSNorm`` modules.
+
+    ``forward(x)`` returns ``rmsnorm(x)``; ``forward(x, residual)`` returns
+    ``(rmsnorm(x + residual), x + residual)`` from one fused kernel. ``offset=1.0`` gives
+    Gemma's ``(1 + weight)`` (its weight then starts at zeros, as Gemma's does).
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, offset: float = 0.0, device=None, dtype=None):
+        super().__init__()
+        init = torch.zeros if offset else torch.ones
+        self.weight = torch.nn.Parameter(init(hidden_size, device=device, dtype=dtype))
+        self.variance_epsilon = eps
+        self.offset = offset
+
+    def forward(self, x: Tensor, residual: Tensor = None):
+        if residual is None:
+            return rmsnorm(x, self.weight, self.variance_epsilon, self.offset)
+        return add_rmsnorm(x, residual, self.weight, self.variance_epsilon, self.offset)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.variance_epsilon}, offset={self.offset}"
+
+    @classmethod
+    def from_module(cls, module: torch.nn.Module, offset: float = 0.0) -> "RMSNorm":
+        """Builds an llmk RMSNorm sharing the weight of a Hugging Face style RMSNorm module."""
+        eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
+        new = cls(module.weight.shape[0], eps=eps, offset=offset, device="meta")
+        new.weight = module.weight
+        return new
+
+
+def patch_rmsnorm(model: torch.nn.Module, offset: float = 0.0) -> int:
+    """Replaces every submodule whose class name ends in ``RMSNorm`` with :class:`RMSNorm`
+    (sharing its weight). Returns how many were replaced."""
+    replaced = 0
+    for name, child in list(model.named_children()):
+        if type(child).__name__.endswith("RMSNorm") and not isinstance(child, RMSNorm):
+            setattr(model, name, RMSNorm.from_module(child, offset=offset))
+            replaced += 1
+        else:
+            replaced += patch_rmsnorm(child, offset)
+    return replaced

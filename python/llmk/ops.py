@@ -1,0 +1,175 @@
+"""torch.library registration of the llmk ops: ``torch.ops.llmk.*``.
+
+Each op allocates its outputs with torch (the caching allocator), hands the tensors to the
+C++ API through DLPack together with the current CUDA stream, and has a fake
+implementation so that ``torch.compile(fullgraph=True)`` traces through it.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _C
+
+
+def _stream(t: Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
+def _rows_shape(x: Tensor):
+    return x.shape[:-1]
+
+
+# --------------------------------------------------------------------------------------
+# rmsnorm
+
+
+@torch.library.custom_op("llmk::rmsnorm", mutates_args=())
+def _rmsnorm(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _C.rmsnorm(out, x, weight, eps, offset, None, _stream(x))
+    return out
+
+
+@_rmsnorm.register_fake
+def _(x, weight, eps, offset):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("llmk::rmsnorm_with_rstd", mutates_args=())
+def _rmsnorm_with_rstd(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tuple[Tensor, Tensor]:
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rstd = torch.empty(_rows_shape(x).numel(), dtype=torch.float32, device=x.device)
+    _C.rmsnorm(out, x, weight, eps, offset, rstd, _stream(x))
+    return out, rstd.view(_rows_shape(x))
+
+
+@_rmsnorm_with_rstd.register_fake
+def _(x, weight, eps, offset):
+    return x.new_empty(x.shape), x.new_empty(_rows_shape(x), dtype=torch.float32)
+
+
+@torch.library.custom_op("llmk::rmsnorm_backward", mutates_args=())
+def _rmsnorm_backward(
+    dy: Tensor, x: Tensor, weight: Tensor, eps: float, offset: float, dresidual: Optional[Tensor]
+) -> Tuple[Tensor, Tensor]:
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dweight = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
+    workspace = None
+    if x.is_cuda:
+        rows, d = _rows_shape(x).numel(), x.shape[-1]
+        size = _C.rmsnorm_backward_workspace_size(rows, d, x.device.index or 0)
+        workspace = torch.empty(max(size, 1), dtype=torch.float32, device=x.device)
+    _C.rmsnorm_backward(dx, dweight, dy, x, weight, eps, offset, dresidual, workspace, _stream(x))
+    return dx, dweight
+
+
+@_rmsnorm_backward.register_fake
+def _(dy, x, weight, eps, offset, dresidual):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+def _dense_rows(t: Tensor) -> Tensor:
+    """Gradients can arrive with any layout (expanded, transposed); the kernels take rows."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _rmsnorm_setup(ctx, inputs, output):
+    x, weight, eps, offset = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps, ctx.offset = eps, offset
+
+
+def _rmsnorm_grad(ctx, dy):
+    x, weight = ctx.saved_tensors
+    dx, dweight = torch.ops.llmk.rmsnorm_backward(_dense_rows(dy), x, weight, ctx.eps, ctx.offset, None)
+    return dx, dweight, None, None
+
+
+_rmsnorm.register_autograd(_rmsnorm_grad, setup_context=_rmsnorm_setup)
+
+
+def _rmsnorm_with_rstd_grad(ctx, dy, drstd):
+    # rstd is an auxiliary output; gradients through it are not supported (it is a
+    # statistic for the caller's own backward), so drstd is ignored.
+    return _rmsnorm_grad(ctx, dy)
+
+
+_rmsnorm_with_rstd.register_autograd(_rmsnorm_with_rstd_grad, setup_context=_rmsnorm_setup)
+
+
+def rmsnorm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0, return_rstd: bool = False):
+    """``x * rsqrt(mean(x**2, -1) + eps) * (offset + weight)`` in fp32 math, one rounding.
+
+    ``offset=1.0`` gives Gemma's ``(1 + weight)``. With ``return_rstd`` also returns the
+    per-row ``rsqrt(mean(x**2) + eps)`` as float32 of shape ``x.shape[:-1]``.
+    """
+    if return_rstd:
+        return torch.ops.llmk.rmsnorm_with_rstd(x, weight, eps, offset)
+    return torch.ops.llmk.rmsnorm(x, weight, eps, offset)
+
+
+def rmsnorm_backward(dy: Tensor, x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0,
+                     dresidual: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Gradients ``(dx, dweight)`` of :func:`rmsnorm`; ``dresidual`` (optional) is added to dx."""
+    return torch.ops.llmk.rmsnorm_backward(dy, x, weight, eps, offset, dresidual)
+
+
+# --------------------------------------------------------------------------------------
+# add_rmsnorm
+
+
+@torch.library.custom_op("llmk::add_rmsnorm", mutates_args=())
+def _add_rmsnorm(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float) -> Tuple[Tensor, Tensor]:
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _C.add_rmsnorm(out, residual_out, x, residual, weight, eps, offset, _stream(x))
+    return out, residual_out
+
+
+@_add_rmsnorm.register_fake
+def _(x, residual, weight, eps, offset):
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+def _add_rmsnorm_setup(ctx, inputs, output):
+    _, _, weight, eps, offset = inputs
+    ctx.save_for_backward(output[1], weight)
+    ctx.eps, ctx.offset = eps, offset
+
+
+def _add_rmsnorm_grad(ctx, dy, dresidual_out):
+    s, weight = ctx.saved_tensors
+    if dy is None:
+        dy = torch.zeros_like(s)
+    dres = None if dresidual_out is None else _dense_rows(dresidual_out)
+    ds, dweight = torch.ops.llmk.rmsnorm_backward(_dense_rows(dy), s, weight, ctx.eps, ctx.offset, dres)
+    return ds, ds, dweight, None, None
+
+
+_add_rmsnorm.register_autograd(_add_rmsnorm_grad, setup_context=_add_rmsnorm_setup)
+
+
+@torch.library.custom_op("llmk::add_rmsnorm_", mutates_args=("x", "residual"))
+def _add_rmsnorm_inplace(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float) -> None:
+    _C.add_rmsnorm(x, residual, x, residual, weight, eps, offset, _stream(x))
+
+
+@_add_rmsnorm_inplace.register_fake
+def _(x, residual, weight, eps, offset):
+    return None
+
+
+def add_rmsnorm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0):
+    """Fused residual add + RMSNorm, out of place: returns ``(rmsnorm(x + residual), x + residual)``.
+
+    The sum is rounded to the dtype before it is normalized, exactly as the unfused
+    ``residual = x + residual; y = rmsnorm(residual)``.
+    """
+    return torch.ops.llmk.add_rmsnorm(x, residual, weight, eps, offset)
+
+
+def add_rmsnorm_(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) -> None:
+    """In place, as vLLM's ``fused_add_rms_norm``: ``residual += x; x = rmsnorm(residual)``."""
+    torch.ops.llmk.add_rmsnorm_(x, residual, weight, eps, offset)

@@ -1,0 +1,136 @@
+// llmk._C: the nanobind bridge from DLPack arrays (torch tensors) to the C++ API. Each op
+// takes its tensors, scalars and the caller's CUDA stream (an integer handle, 0 for the
+// legacy default stream), and releases the GIL while it runs.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "llmk/llmk.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using AnyArray = nb::ndarray<>;
+
+llmk::DType to_dtype(nb::dlpack::dtype dt) {
+  using Code = nb::dlpack::dtype_code;
+  if (dt.lanes == 1) {
+    if (dt.code == static_cast<uint8_t>(Code::Float) && dt.bits == 32) return llmk::DType::f32;
+    if (dt.code == static_cast<uint8_t>(Code::Float) && dt.bits == 16) return llmk::DType::f16;
+    if (dt.code == static_cast<uint8_t>(Code::Bfloat) && dt.bits == 16) return llmk::DType::bf16;
+  }
+  llmk::detail::throw_error("unsupported dtype (DLPack code ", int(dt.code), ", ", int(dt.bits),
+                            " bits); llmk takes float32, float16 and bfloat16");
+}
+
+llmk::TensorView view(const AnyArray& a) {
+  LLMK_CHECK(a.device_type() == nb::device::cpu::value || a.device_type() == nb::device::cuda::value,
+             "llmk takes CPU or CUDA tensors, got DLPack device type ", a.device_type());
+  LLMK_CHECK(a.ndim() <= llmk::TensorView::kMaxDims, "at most ", llmk::TensorView::kMaxDims,
+             " dims are supported, got ", a.ndim());
+  int64_t shape[llmk::TensorView::kMaxDims], strides[llmk::TensorView::kMaxDims];
+  for (size_t i = 0; i < a.ndim(); ++i) {
+    shape[i] = static_cast<int64_t>(a.shape(i));
+    strides[i] = a.stride(i);
+  }
+  const llmk::Device device{a.device_type() == nb::device::cuda::value ? llmk::DeviceType::cuda
+                                                                      : llmk::DeviceType::cpu,
+                            static_cast<int32_t>(a.device_id())};
+  return llmk::TensorView(a.data(), to_dtype(a.dtype()), device, static_cast<int>(a.ndim()),
+                          shape, strides);
+}
+
+std::optional<llmk::TensorView> view(const std::optional<AnyArray>& a) {
+  if (!a) return std::nullopt;
+  return view(*a);
+}
+
+cudaStream_t stream_of(uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
+
+// Converts the arguments with the GIL held, then runs `fn` without it.
+template <class F>
+void without_gil(F&& fn) {
+  nb::gil_scoped_release release;
+  fn();
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "llmk: fused GPU kernels for transformer language models (C++ bridge)";
+
+  // Rejected arguments raise ValueError; CUDA runtime failures raise RuntimeError.
+  nb::exception<llmk::Error>(m, "LlmkError", PyExc_ValueError);
+  nb::exception<llmk::CudaError>(m, "CudaError", PyExc_RuntimeError);
+
+  m.def(
+      "rmsnorm",
+      [](AnyArray out, AnyArray x, AnyArray weight, double eps, double offset,
+         std::optional<AnyArray> rstd, uintptr_t stream) {
+        auto o = view(out), xv = view(x), w = view(weight);
+        auto r = view(rstd);
+        without_gil([&] { llmk::rmsnorm(o, xv, w, eps, offset, r, stream_of(stream)); });
+      },
+      "out"_a, "x"_a, "weight"_a, "eps"_a, "offset"_a = 0.0, "rstd"_a = nb::none(),
+      "stream"_a = 0);
+
+  m.def(
+      "add_rmsnorm",
+      [](AnyArray out, AnyArray residual_out, AnyArray x, AnyArray residual, AnyArray weight,
+         double eps, double offset, uintptr_t stream) {
+        auto o = view(out), ro = view(residual_out), xv = view(x), r = view(residual),
+             w = view(weight);
+        without_gil([&] { llmk::add_rmsnorm(o, ro, xv, r, w, eps, offset, stream_of(stream)); });
+      },
+      "out"_a, "residual_out"_a, "x"_a, "residual"_a, "weight"_a, "eps"_a, "offset"_a = 0.0,
+      "stream"_a = 0);
+
+  m.def(
+      "rmsnorm_backward",
+      [](AnyArray dx, AnyArray dweight, AnyArray dy, AnyArray x, AnyArray weight, double eps,
+         double offset, std::optional<AnyArray> dresidual, std::optional<AnyArray> workspace,
+         uintptr_t stream) {
+        auto dxv = view(dx), dw = view(dweight), dyv = view(dy), xv = view(x), w = view(weight);
+        auto dr = view(dresidual), ws = view(workspace);
+        without_gil([&] {
+          llmk::rmsnorm_backward(dxv, dw, dyv, xv, w, eps, offset, dr, ws, stream_of(stream));
+        });
+      },
+      "dx"_a, "dweight"_a, "dy"_a, "x"_a, "weight"_a, "eps"_a, "offset"_a = 0.0,
+      "dresidual"_a = nb::none(), "workspace"_a = nb::none(), "stream"_a = 0);
+
+  m.def("rmsnorm_backward_workspace_size", &llmk::rmsnorm_backward_workspace_size, "rows"_a,
+        "d"_a, "device_index"_a = 0);
+
+  m.def("cuda_device_count", &llmk::cuda_device_count);
+  m.def("build_cuda_archs", &llmk::build_cuda_archs);
+  m.def(
+      "device_info",
+      [](int index) {
+        const llmk::DeviceInfo i = llmk::device_info(index);
+        nb::dict d;
+        d["available"] = i.available;
+        d["error"] = i.error;
+        d["index"] = i.index;
+        d["name"] = i.name;
+        d["compute_capability"] = nb::make_tuple(i.cc_major, i.cc_minor);
+        d["sm_count"] = i.sm_count;
+        d["max_threads_per_sm"] = i.max_threads_per_sm;
+        d["shared_mem_per_block_optin"] = i.shared_mem_per_block_optin;
+        d["shared_mem_per_sm"] = i.shared_mem_per_sm;
+        d["l2_bytes"] = i.l2_bytes;
+        d["memory_bus_bits"] = i.memory_bus_bits;
+        d["memory_clock_khz"] = i.memory_clock_khz;
+        d["sm_clock_khz"] = i.sm_clock_khz;
+        d["peak_bandwidth_gbs"] = i.peak_bandwidth_gbs;
+        d["peak_bf16_tflops"] = i.peak_bf16_tflops;
+        return d;
+      },
+      "index"_a = 0);
+}

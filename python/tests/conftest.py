@@ -1,0 +1,45 @@
+import os
+import random
+
+import pytest
+import torch
+
+import llmk  # noqa: F401  (registers torch.ops.llmk)
+
+HAS_CUDA = torch.cuda.is_available() and llmk._C.cuda_device_count() > 0
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# Output rounding step of each dtype: llmk rounds once from fp32 math, so outputs sit within
+# about one step of a float64 reference.
+RTOL = {torch.float32: 2e-5, torch.float16: 2 / 1024, torch.bfloat16: 2 / 128}
+
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: GPU test skipped")
+
+
+def pytest_configure(config):
+    seed = int(os.environ.get("LLMK_TEST_SEED", random.randrange(2**31)))
+    print(f"[llmk tests] random seed {seed} (set LLMK_TEST_SEED to repeat)")
+    torch.manual_seed(seed)
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, rtol: float, what: str = "output"):
+    """|got - want| <= atol + rtol*|want| elementwise, atol = 1e-3*rtol*max|want|; NaN fails."""
+    got = got.double().cpu()
+    want = want.double().cpu()
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    atol = 1e-3 * rtol * want.abs().max().item() if want.numel() else 0.0
+    bad = ~((got - want).abs() <= atol + rtol * want.abs())
+    assert not bad.any(), (
+        f"{what}: {int(bad.sum())} of {bad.numel()} elements out of tolerance (rtol {rtol}); "
+        f"max abs err {(got - want).abs().nan_to_num(float('inf')).max().item():.3g}")
+
+
+def rmsnorm_ref(x, w, eps, offset=0.0):
+    """The definition, in float64."""
+    x64 = x.double()
+    return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * (offset + w.double())
+
+
+def poisoned_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(t, float("nan"))
