@@ -1,0 +1,41 @@
+# make bench: build, then run the benchmark table (on a machine without a GPU: the CPU
+#             backend on small shapes, and it says so).
+# make test:  build, then run the C++ tests (ctest) and the Python tests (pytest).
+# Python packages come from the system Python when it has them (torch, nanobind, pytest),
+# else from a local .venv made from requirements-dev.txt.
+
+BUILD ?= build
+LLMK_CUDA_ARCHS ?= 80;90a
+PYTHON ?= python3
+VENV := .venv
+JOBS ?= 2
+GTEST_SOURCE ?= $(wildcard $(CURDIR)/.deps/googletest)
+BENCH_ARGS ?= --all --csv $(BUILD)/bench.csv --table $(BUILD)/bench.md --plot $(BUILD)/bench.png
+
+PY := $(shell $(PYTHON) -c "import torch, nanobind, pytest" >/dev/null 2>&1 && command -v $(PYTHON) || echo $(CURDIR)/$(VENV)/bin/python)
+GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
+
+.PHONY: all deps build test bench clean
+all: build
+
+deps:
+	@if [ "$(PY)" = "$(CURDIR)/$(VENV)/bin/python" ] && [ ! -f $(VENV)/.installed ]; then \
+	  echo "installing Python packages into $(VENV)"; \
+	  $(PYTHON) -m venv $(VENV) && $(VENV)/bin/python -m pip install -q -r requirements-dev.txt && \
+	  touch $(VENV)/.installed; \
+	fi
+
+build: deps
+	cmake -S . -B $(BUILD) $(GENERATOR) -DLLMK_CUDA_ARCHS="$(LLMK_CUDA_ARCHS)" -DLLMK_BUILD_PYTHON=ON \
+	  -DPython_EXECUTABLE=$(PY) $(if $(GTEST_SOURCE),-DLLMK_GTEST_SOURCE=$(GTEST_SOURCE))
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure
+	PYTHONPATH=$(CURDIR)/python $(PY) -m pytest python/tests -q
+
+bench: build
+	PYTHONPATH=$(CURDIR)/python $(PY) -m llmk.bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(BUILD) python/llmk/_C*.so

@@ -1,0 +1,1 @@
+"""Benchmark harness: ``python -m llmk.bench --op rmsnorm [--csv F] [--plot F]``."""

@@ -1,0 +1,178 @@
+"""python -m llmk.bench --op rmsnorm [--op ...] [--csv F] [--plot F] [--table F]
+
+On a GPU: every case of the op's sweep, llmk beside its peers, in one run; a CSV of all
+timings, a markdown table and a plot. Without a GPU: says so and times the CPU backend
+on small shapes.
+"""
+
+import argparse
+import csv
+import datetime
+import os
+import subprocess
+import sys
+
+import torch
+
+import llmk
+from . import norm_cases, timing
+
+OPS = dict(norm_cases.OPS)
+
+
+def _commit() -> str:
+    if os.environ.get("LLMK_COMMIT"):
+        return os.environ["LLMK_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True, cwd=os.path.dirname(__file__)).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _max_error(fn, reference, sample):
+    fresh = [t.clone() for t in sample]
+    ref = reference(*[t.clone() for t in sample])
+    got = _first(fn(*fresh)).double()
+    scale = ref.abs().max().item() or 1.0
+    return (got - ref).abs().max().item() / scale
+
+
+def run_gpu(ops, tokens_list, hidden_list, dtype):
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 1024)
+    copy_gbs = timing.copy_bandwidth_gbs()
+    empty_us = timing.empty_launch_us()
+    device = torch.cuda.get_device_name()
+    print(f"device {device}; measured copy bandwidth {copy_gbs:.0f} GB/s (read + write); "
+          f"empty kernel {empty_us:.2f} us per call", flush=True)
+    rows = []
+    for op in ops:
+        for hidden in hidden_list:
+            for tokens in tokens_list:
+                bytes_moved, make, impls, reference = OPS[op](tokens, hidden, dtype)
+                sets = timing.buffer_sets(make, bytes_moved)
+                results = {}
+                for impl, fn in impls.items():
+                    us, method = timing.time_cuda(fn, sets)
+                    err = _max_error(fn, reference, sets[0])
+                    results[impl] = us
+                    rows.append(dict(op=op, dtype=str(dtype).replace("torch.", ""), tokens=tokens, hidden=hidden,
+                                     impl=impl, time_us=round(us, 3), gbs=round(bytes_moved / us / 1e3, 1),
+                                     pct_copy=round(100 * bytes_moved / us / 1e3 / copy_gbs, 1),
+                                     max_rel_err=f"{err:.2e}", timing=method,
+                                     copy_gbs=round(copy_gbs), empty_us=round(empty_us, 3)))
+                line = "  ".join(f"{k} {v:8.2f}us" for k, v in results.items())
+                print(f"{op:17s} {tokens:6d} x {hidden:6d}  {line}", flush=True)
+                del sets
+                torch.cuda.empty_cache()
+    return rows, dict(device=device, copy_gbs=copy_gbs, empty_us=empty_us)
+
+
+def run_cpu(ops):
+    print("no CUDA GPU found: timing the CPU reference backend on small shapes (CPU timings)")
+    rows = []
+    for tokens in (1, 16, 128):
+        for hidden in (896, 4096):
+            x = torch.randn(tokens, hidden)
+            w = torch.randn(hidden)
+            ours = timing.time_cpu(lambda a, b: llmk.rmsnorm(a, b), (x, w))
+            eager = timing.time_cpu(norm_cases.hf_rmsnorm, (x, w))
+            print(f"rmsnorm cpu {tokens:4d} x {hidden:5d}: llmk {ours:9.1f} us, eager {eager:9.1f} us")
+            for impl, us in (("llmk", ours), ("eager", eager)):
+                rows.append(dict(op="rmsnorm", dtype="float32", tokens=tokens, hidden=hidden, impl=impl,
+                                 time_us=round(us, 1), timing="cpu"))
+    return rows
+
+
+def markdown_table(rows, info) -> str:
+    out = []
+    by_case = {}
+    for r in rows:
+        by_case.setdefault((r["op"], r["tokens"], r["hidden"]), {})[r["impl"]] = r
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    for op in ops:
+        cases = [(k, v) for k, v in by_case.items() if k[0] == op]
+        peers = [i for i in cases[0][1] if i != "llmk"]
+        out.append(f"\n### {op}\n")
+        out.append("| tokens | hidden | llmk us | GB/s | % of copy | x launch | " +
+                   " | ".join(f"vs {p}" for p in peers) + " | llmk max rel err |")
+        out.append("|---:|---:|---:|---:|---:|---:|" + "---:|" * len(peers) + "---:|")
+        for (_, tokens, hidden), impls in cases:
+            o = impls["llmk"]
+            speedups = " | ".join(f"{impls[p]['time_us'] / o['time_us']:.2f}x" for p in peers)
+            out.append(f"| {tokens} | {hidden} | {o['time_us']:.2f} | {o['gbs']:.0f} | {o['pct_copy']:.1f}% | "
+                       f"{o['time_us'] / info['empty_us']:.2f} | {speedups} | {o['max_rel_err']} |")
+    return "\n".join(out) + "\n"
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    hiddens = sorted({r["hidden"] for r in rows})
+    fig, axes = plt.subplots(len(ops), len(hiddens), figsize=(3.2 * len(hiddens), 2.8 * len(ops)), squeeze=False)
+    for i, op in enumerate(ops):
+        for j, hidden in enumerate(hiddens):
+            ax = axes[i][j]
+            for impl in dict.fromkeys(r["impl"] for r in rows if r["op"] == op):
+                pts = sorted((r["tokens"], r["gbs"]) for r in rows
+                             if r["op"] == op and r["hidden"] == hidden and r["impl"] == impl)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=impl)
+            ax.set_xscale("log")
+            ax.set_title(f"{op} d={hidden}", fontsize=8)
+            ax.tick_params(labelsize=7)
+            if j == 0:
+                ax.set_ylabel("GB/s", fontsize=8)
+            if i == len(ops) - 1:
+                ax.set_xlabel("tokens", fontsize=8)
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m llmk.bench")
+    parser.add_argument("--op", action="append", choices=sorted(OPS), help="op to benchmark (repeatable)")
+    parser.add_argument("--all", action="store_true", help="every op")
+    parser.add_argument("--tokens", type=int, nargs="*", default=norm_cases.TOKENS)
+    parser.add_argument("--hidden", type=int, nargs="*", default=norm_cases.HIDDEN)
+    parser.add_argument("--csv", help="write every timing here")
+    parser.add_argument("--table", help="write the markdown table here")
+    parser.add_argument("--plot", help="write a PNG plot here")
+    args = parser.parse_args(argv)
+    ops = sorted(OPS) if args.all or not args.op else args.op
+
+    if not (torch.cuda.is_available() and llmk._C.cuda_device_count() > 0):
+        rows = run_cpu(ops)
+        info = None
+    else:
+        rows, info = run_gpu(ops, args.tokens, args.hidden, torch.bfloat16)
+    if args.csv and rows:
+        with open(args.csv, "w", newline="") as f:
+            f.write(f"# llmk benchmark; commit {_commit()}; {datetime.date.today()}; "
+                    f"{info['device'] if info else 'cpu'}\n")
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    if info:
+        table = (f"Device {info['device']}, commit {_commit()}, {datetime.date.today()}; copy bandwidth "
+                 f"{info['copy_gbs']:.0f} GB/s, empty kernel {info['empty_us']:.2f} us.\n" + markdown_table(rows, info))
+        print(table)
+        if args.table:
+            with open(args.table, "w") as f:
+                f.write(table)
+        if args.plot:
+            plot(rows, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

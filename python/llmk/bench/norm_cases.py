@@ -1,0 +1,127 @@
+"""Benchmark cases of the RMSNorm family and their peers, all bf16.
+
+Peers, measured in the same run: the Hugging Face Llama formula in eager PyTorch,
+F.rms_norm (PyTorch's fused op), and torch.compile of the eager formula (compiled per
+shape, dynamic=False). The backward peers are autograd through F.rms_norm and through the
+compiled formula.
+"""
+
+import torch
+import torch.nn.functional as F
+
+import llmk
+
+HIDDEN = [896, 2048, 4096, 5120, 8192, 16384]
+TOKENS = [1, 16, 128, 2048, 8192, 32768]
+EPS = 1e-6
+
+
+def hf_rmsnorm(x, w):
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+    return w * h.to(x.dtype)
+
+
+def hf_add_rmsnorm(x, r, w):
+    s = x + r
+    return hf_rmsnorm(s, w), s
+
+
+def _compiled(fn):
+    return torch.compile(fn, dynamic=False)
+
+
+def rmsnorm_case(tokens, hidden, dtype):
+    elt = torch.tensor([], dtype=dtype).element_size()
+    bytes_moved = 2 * tokens * hidden * elt + hidden * elt
+
+    def make():
+        return (torch.randn(tokens, hidden, device="cuda", dtype=dtype),
+                torch.randn(hidden, device="cuda", dtype=dtype))
+
+    impls = {
+        "llmk": lambda x, w: llmk.rmsnorm(x, w, EPS),
+        "eager": hf_rmsnorm,
+        "F.rms_norm": lambda x, w: F.rms_norm(x, (hidden,), w, EPS),
+        "compile": _compiled(hf_rmsnorm),
+    }
+
+    def reference(x, w):
+        x64 = x.double()
+        return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
+
+    return bytes_moved, make, impls, reference
+
+
+def add_rmsnorm_case(tokens, hidden, dtype, in_place=False):
+    elt = torch.tensor([], dtype=dtype).element_size()
+    bytes_moved = 4 * tokens * hidden * elt + hidden * elt
+
+    def make():
+        return (torch.randn(tokens, hidden, device="cuda", dtype=dtype),
+                torch.randn(tokens, hidden, device="cuda", dtype=dtype),
+                torch.randn(hidden, device="cuda", dtype=dtype))
+
+    def ours_in_place(x, r, w):
+        llmk.add_rmsnorm_(x, r, w, EPS)
+        return x, r
+
+    impls = {
+        "llmk": ours_in_place if in_place else (lambda x, r, w: llmk.add_rmsnorm(x, r, w, EPS)),
+        "eager": hf_add_rmsnorm,
+        "compile": _compiled(hf_add_rmsnorm),
+    }
+
+    def reference(x, r, w):
+        s = (x + r).double()
+        return s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
+
+    # The in-place form overwrites its inputs: compare on a copy, and rotate buffers so
+    # that repeated calls keep finite values (the sum grows by at most the norm each call).
+    return bytes_moved, make, impls, reference
+
+
+def rmsnorm_backward_case(tokens, hidden, dtype):
+    elt = torch.tensor([], dtype=dtype).element_size()
+    bytes_moved = 3 * tokens * hidden * elt + 2 * hidden * elt
+
+    def make():
+        x = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
+        w = torch.randn(hidden, device="cuda", dtype=dtype)
+        dy = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
+        return x, w, dy
+
+    def autograd_peer(forward):
+        # Builds the forward graph once per input set; the timed call is the backward alone.
+        graphs = {}
+
+        def run(x, w, dy):
+            key = (x.data_ptr(), w.data_ptr())
+            if key not in graphs:
+                xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+                graphs[key] = (forward(xg, wg), xg, wg)
+            y, xg, wg = graphs[key]
+            return torch.autograd.grad(y, (xg, wg), dy, retain_graph=True)
+
+        return run
+
+    impls = {
+        "llmk": lambda x, w, dy: llmk.rmsnorm_backward(dy, x, w, EPS),
+        "F.rms_norm": autograd_peer(lambda x, w: F.rms_norm(x, (hidden,), w, EPS)),
+        "compile": autograd_peer(_compiled(hf_rmsnorm)),
+    }
+
+    def reference(x, w, dy):
+        x64 = x.double().requires_grad_()
+        y = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
+        return torch.autograd.grad(y, x64, dy.double())[0]
+
+    return bytes_moved, make, impls, reference
+
+
+OPS = {
+    "rmsnorm": rmsnorm_case,
+    "add_rmsnorm": add_rmsnorm_case,
+    "add_rmsnorm_": lambda t, h, d: add_rmsnorm_case(t, h, d, in_place=True),
+    "rmsnorm_backward": rmsnorm_backward_case,
+}

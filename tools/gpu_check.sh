@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# One run on the GPU machine: build for the GPU at hand (sm_90a on the H100) with ninja,
+# run every GPU test, compute-sanitizer memcheck on a short subset, the named benchmarks,
+# and a summary printed last. Logs and CSVs go to $OUT (default ./gpu_out).
+#
+#   tools/gpu_check.sh [--no-tests] [--no-bench] [bench ops ...]   (default ops: all)
+#   Files in $OUT: build.log (with ptxas resource usage), ctest.log, pytest.log,
+#   sanitizer.log, bench.log, bench.csv, bench.md, bench.png.
+#
+# GoogleTest: the installed one, else the source tree in .deps/googletest (carry it to a
+# machine that has none: cp -r /usr/src/googletest .deps/).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+ARCHS=${LLMK_CUDA_ARCHS:-90a}
+BUILD=build-gpu
+run_tests=1 run_bench=1 ops=()
+for a in "$@"; do
+  case "$a" in
+    --no-tests) run_tests=0 ;;
+    --no-bench) run_bench=0 ;;
+    *) ops+=(--op "$a") ;;
+  esac
+done
+[ ${#ops[@]} -eq 0 ] && ops=(--all)
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -2;
+  python3 -c "import torch; print('torch', torch.__version__)"; } > "$OUT/build.log" 2>&1
+t0=$(date +%s)
+gtest=()
+[ -d .deps/googletest ] && gtest=(-DLLMK_GTEST_SOURCE=$PWD/.deps/googletest)
+if cmake -S . -B $BUILD -G Ninja -DLLMK_CUDA_ARCHS="$ARCHS" -DLLMK_BUILD_PYTHON=ON -DLLMK_PTXAS_VERBOSE=ON \
+     -DPython_EXECUTABLE="$(command -v python3)" "${gtest[@]}" >> "$OUT/build.log" 2>&1 &&
+   cmake --build $BUILD -j 16 >> "$OUT/build.log" 2>&1; then
+  note "build ok ($(( $(date +%s) - t0 )) s, archs $ARCHS)"
+else
+  note "BUILD FAILED (see build.log)"; tail -40 "$OUT/build.log"; exit 1
+fi
+spills=$(grep -cE "[1-9][0-9]* bytes spill (stores|loads)" "$OUT/build.log")
+note "ptxas: $spills kernel(s) with spills"
+
+if [ $run_tests -eq 1 ]; then
+  ctest --test-dir $BUILD --output-on-failure -j 4 > "$OUT/ctest.log" 2>&1
+  note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
+  python3 -m pytest python/tests -q -p no:cacheprovider > "$OUT/pytest.log" 2>&1
+  note "pytest: $(tail -1 "$OUT/pytest.log")"
+  : > "$OUT/sanitizer.log"
+  for t in "rmsnorm_test RMSNormGpu.StridedRows*" "add_rmsnorm_test AddRMSNormGpu.Strided*" \
+           "rmsnorm_backward_test RMSNormBackwardGpu.ManyRows*"; do
+    set -- $t
+    compute-sanitizer --tool memcheck --error-exitcode 3 $BUILD/tests/cpp/$1 --gtest_filter="$2" >> "$OUT/sanitizer.log" 2>&1
+    rc=$?
+    note "memcheck $1 $2: $([ $rc -eq 0 ] && echo clean || echo "FAILED rc=$rc")"
+  done
+  compute-sanitizer --tool racecheck --error-exitcode 3 $BUILD/tests/cpp/rmsnorm_backward_test \
+    --gtest_filter="RMSNormBackwardGpu.ManyRows*" >> "$OUT/sanitizer.log" 2>&1
+  rc=$?
+  note "racecheck rmsnorm_backward: $([ $rc -eq 0 ] && echo clean || echo "FAILED rc=$rc")"
+fi
+
+if [ $run_bench -eq 1 ]; then
+  # BENCH_ARGS narrows the sweep, e.g. BENCH_ARGS="--tokens 1 8192 --hidden 4096"
+  python3 -m llmk.bench "${ops[@]}" ${BENCH_ARGS:-} --csv "$OUT/bench.csv" --table "$OUT/bench.md" --plot "$OUT/bench.png" \
+    > "$OUT/bench.log" 2>&1
+  note "bench: rc=$? ($(grep -c . "$OUT/bench.csv" 2>/dev/null || echo 0) csv lines)"
+  tail -60 "$OUT/bench.log"
+fi
+
+echo "================ summary"
+printf '%s\n' "${summary[@]}"
