@@ -46,7 +46,7 @@ def test_autograd(device):
     s64 = x64 + r64
     torch.autograd.backward([rmsnorm_ref(s64, w64, 1e-6), s64], [dy.double(), ds.double()])
     for got, want, name in ((x.grad, x64.grad, "dx"), (r.grad, r64.grad, "dresidual"), (w.grad, w64.grad, "dweight")):
-        assert_close(got, want, 1e-4, name)
+        assert_close(got, want, 1e-4, name, atol_scale=0.05)
 
 
 def test_opcheck():

@@ -44,9 +44,9 @@ def test_autograd_matches_float64(device, dtype, offset):
     x64 = x.detach().double().requires_grad_()
     w64 = w.detach().double().requires_grad_()
     rmsnorm_ref(x64, w64, 1e-6, offset).backward(dy.double())
-    assert_close(x.grad, x64.grad, 2 * RTOL[dtype], "dx")
+    assert_close(x.grad, x64.grad, 2 * RTOL[dtype], "dx", atol_scale=0.05)
     # dweight sums 18 rows before one rounding: its error is relative to the sum's scale.
-    assert_close(w.grad, w64.grad, 4 * RTOL[dtype], "dweight")
+    assert_close(w.grad, w64.grad, 4 * RTOL[dtype], "dweight", atol_scale=0.05)
 
 
 def test_opcheck():
@@ -75,8 +75,8 @@ def test_torch_compile_fullgraph(device):
     w64 = w.detach().double().requires_grad_()
     rmsnorm_ref(x64 * 2, w64, 1e-6).sum().backward()
     assert_close(out.detach().reshape(1), rmsnorm_ref(x.detach() * 2, w.detach(), 1e-6).sum().reshape(1), 1e-4)
-    assert_close(x.grad, x64.grad, 1e-4, "dx")
-    assert_close(w.grad, w64.grad, 1e-4, "dweight")
+    assert_close(x.grad, x64.grad, 1e-4, "dx", atol_scale=0.05)
+    assert_close(w.grad, w64.grad, 1e-4, "dweight", atol_scale=0.05)
 
 
 class LlamaStyleRMSNorm(torch.nn.Module):

@@ -20,8 +20,8 @@ def test_matches_float64_autograd(device, dtype, shape):
     x64 = x.double().requires_grad_()
     w64 = w.double().requires_grad_()
     rmsnorm_ref(x64, w64, 1e-5).backward(dy.double())
-    assert_close(dx, x64.grad + dres.double(), 2 * RTOL[dtype], "dx")
-    assert_close(dw, w64.grad, 4 * RTOL[dtype] + 1e-6 * shape[0], "dweight")
+    assert_close(dx, x64.grad + dres.double(), 2 * RTOL[dtype], "dx", atol_scale=0.05)
+    assert_close(dw, w64.grad, 4 * RTOL[dtype] + 1e-6 * shape[0], "dweight", atol_scale=0.05)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: GPU test skipped")

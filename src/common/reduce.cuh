@@ -1,5 +1,5 @@
-// Warp and block sums in fp32. block_sum returns the total to every thread; it uses a
-// 32-float shared scratch and two barriers, so calls may follow one another directly.
+// Warp and block sums in fp32. block_sum / block_sums return the totals to every thread;
+// they use a small shared scratch and two barriers, so calls may follow one another.
 #pragma once
 
 namespace llmk::detail {
@@ -10,42 +10,30 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// K sums in one pass over the block: each v[k] becomes the block's total of v[k].
 // Every thread of the block must call it; blockDim.x is a multiple of 32.
-__device__ __forceinline__ float block_sum(float v) {
-  __shared__ float partial[32];
+template <int K>
+__device__ __forceinline__ void block_sums(float (&v)[K]) {
+  __shared__ float partial[32][K];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int warps = blockDim.x / 32;
-  v = warp_sum(v);
-  if (warps == 1) return v;
-  if (lane == 0) partial[warp] = v;
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = warp_sum(v[k]);
+  if (warps == 1) return;
+  if (lane == 0)
+#pragma unroll
+    for (int k = 0; k < K; ++k) partial[warp][k] = v[k];
   __syncthreads();
-  float total = lane < warps ? partial[lane] : 0.0f;
-  total = warp_sum(total);
-  __syncthreads();  // partial may be reused by the next call
-  return total;
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = warp_sum(lane < warps ? partial[lane][k] : 0.0f);
+  __syncthreads();
 }
 
-}  // namespace llmk::detail
-
-namespace llmk::detail {
-
-// Two sums in one pass over the block: returns (sum of a, sum of b) to every thread.
-__device__ __forceinline__ float2 block_sum2(float a, float b) {
-  __shared__ float2 partial[32];
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  const int warps = blockDim.x / 32;
-  a = warp_sum(a);
-  b = warp_sum(b);
-  if (warps == 1) return make_float2(a, b);
-  if (lane == 0) partial[warp] = make_float2(a, b);
-  __syncthreads();
-  float2 t = lane < warps ? partial[lane] : make_float2(0.0f, 0.0f);
-  t.x = warp_sum(t.x);
-  t.y = warp_sum(t.y);
-  __syncthreads();
-  return t;
+__device__ __forceinline__ float block_sum(float v) {
+  float sums[1] = {v};
+  block_sums(sums);
+  return sums[0];
 }
 
 }  // namespace llmk::detail

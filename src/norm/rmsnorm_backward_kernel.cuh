@@ -6,7 +6,8 @@
 // b + blocks, ...; each thread owns the same columns in every row (16-byte vectors, as the
 // forward), so it accumulates its share of dweight in registers across rows and writes it
 // once to partial[b, :]. Per row: one pass loads x and dy, a paired block reduction gives
-// sum(x^2) and sum(g*x), a second pass over the registers writes dx. Loop path (unaligned
+// sum(x^2) and sum(g*x), a second pass over the registers writes dx; two rows are in flight
+// per block (when VPT <= 2) so that loads overlap reductions without more partial sums. Loop path (unaligned
 // rows or rows too long for registers): a row kernel writes dx and stores r per row, then a
 // column kernel sums dy*x*r over contiguous row chunks into partial. Both paths end with
 // a column reduction of partial in a fixed order: dweight is deterministic.
@@ -27,6 +28,9 @@ namespace llmk::detail {
 
 template <class T, class W, int N, int VPT>
 __global__ void __launch_bounds__(512) rmsnorm_backward_vec_kernel(RMSNormBackwardParams p) {
+  // Rows per iteration: two independent rows in flight per block when the registers allow,
+  // so that one row's loads overlap the other's reduction.
+  constexpr int R = VPT <= 2 ? 2 : 1;
   const int d = static_cast<int>(p.d);
   const float inv_d = 1.0f / static_cast<float>(d);
   const W* weight = static_cast<const W*>(p.weight);
@@ -36,51 +40,73 @@ __global__ void __launch_bounds__(512) rmsnorm_backward_vec_kernel(RMSNormBackwa
 #pragma unroll
     for (int j = 0; j < N; ++j) dw[i][j] = 0.0f;
 
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
-    const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
-    Vec<T, N> xv[VPT], dyv[VPT];
-    float sum_sq = 0.0f, sum_gx = 0.0f;
+  for (int64_t base = blockIdx.x; base < p.rows; base += int64_t{R} * gridDim.x) {
+    Vec<T, N> xv[R][VPT], dyv[R][VPT];
+    float sums[2 * R];  // per row: sum(x^2), sum(g * x)
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-      if (col < d) {
-        xv[i] = load_vec<T, N>(x + col);
-        dyv[i] = load_vec<T, N>(dy + col);
-        const Vec<W, N> w = load_vec<W, N>(weight + col);
+    for (int k = 0; k < 2 * R; ++k) sums[k] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float xf = to_float(xv[i].v[j]);
-          sum_sq += xf * xf;
-          sum_gx += to_float(dyv[i].v[j]) * (p.offset + to_float(w.v[j])) * xf;
+    for (int q = 0; q < R; ++q) {
+      const int64_t row = base + q * int64_t{gridDim.x};
+      if (row >= p.rows) break;
+      const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
+      const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
+        if (col < d) {
+          xv[q][i] = load_vec<T, N>(x + col);
+          dyv[q][i] = load_vec<T, N>(dy + col);
         }
       }
     }
-    const float2 sums = block_sum2(sum_sq, sum_gx);
-    const float r = rsqrtf(sums.x * inv_d + p.eps);
-    const float c = r * r * r * sums.y * inv_d;
-    T* dx = static_cast<T*>(p.dx) + row * p.dx_stride;
-    const T* dres = p.dresidual == nullptr
-                        ? nullptr
-                        : static_cast<const T*>(p.dresidual) + row * p.dresidual_stride;
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-      if (col < d) {
-        const Vec<W, N> w = load_vec<W, N>(weight + col);
-        Vec<T, N> extra;
-        if (dres != nullptr) extra = load_vec<T, N>(dres + col);
-        Vec<T, N> out;
+    for (int q = 0; q < R; ++q)
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float xf = to_float(xv[i].v[j]);
-          const float dyf = to_float(dyv[i].v[j]);
-          float v = r * dyf * (p.offset + to_float(w.v[j])) - xf * c;
-          if (dres != nullptr) v += to_float(extra.v[j]);
-          out.v[j] = from_float<T>(v);
-          dw[i][j] += dyf * xf * r;
+      for (int i = 0; i < VPT; ++i) {
+        const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
+        if (col < d && base + q * int64_t{gridDim.x} < p.rows) {
+          const Vec<W, N> w = load_vec<W, N>(weight + col);
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            const float xf = to_float(xv[q][i].v[j]);
+            sums[2 * q] += xf * xf;
+            sums[2 * q + 1] += to_float(dyv[q][i].v[j]) * (p.offset + to_float(w.v[j])) * xf;
+          }
         }
-        store_vec(dx + col, out);
+      }
+    block_sums(sums);
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const int64_t row = base + q * int64_t{gridDim.x};
+      if (row >= p.rows) break;
+      const float r = rsqrtf(sums[2 * q] * inv_d + p.eps);
+      const float c = r * r * r * sums[2 * q + 1] * inv_d;
+      T* dx = static_cast<T*>(p.dx) + row * p.dx_stride;
+      const T* dres = p.dresidual == nullptr
+                          ? nullptr
+                          : static_cast<const T*>(p.dresidual) + row * p.dresidual_stride;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
+        if (col < d) {
+          opaque(xv[q][i]);
+          opaque(dyv[q][i]);
+          const Vec<W, N> w = load_vec<W, N>(weight + col);
+          Vec<T, N> extra;
+          if (dres != nullptr) extra = load_vec<T, N>(dres + col);
+          Vec<T, N> out;
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            const float xf = to_float(xv[q][i].v[j]);
+            const float dyf = to_float(dyv[q][i].v[j]);
+            float v = r * dyf * (p.offset + to_float(w.v[j])) - xf * c;
+            if (dres != nullptr) v += to_float(extra.v[j]);
+            out.v[j] = from_float<T>(v);
+            dw[i][j] += dyf * xf * r;
+          }
+          store_vec(dx + col, out);
+        }
       }
     }
   }
@@ -110,9 +136,10 @@ __global__ void __launch_bounds__(512) rmsnorm_backward_loop_kernel(RMSNormBackw
       sum_sq += xf * xf;
       sum_gx += to_float(dy[col]) * (p.offset + to_float(weight[col])) * xf;
     }
-    const float2 sums = block_sum2(sum_sq, sum_gx);
-    const float r = rsqrtf(sums.x * inv_d + p.eps);
-    const float c = r * r * r * sums.y * inv_d;
+    float sums[2] = {sum_sq, sum_gx};
+    block_sums(sums);
+    const float r = rsqrtf(sums[0] * inv_d + p.eps);
+    const float c = r * r * r * sums[1] * inv_d;
     if (threadIdx.x == 0) rstd[row] = r;
     T* dx = static_cast<T*>(p.dx) + row * p.dx_stride;
     const T* dres = p.dresidual == nullptr

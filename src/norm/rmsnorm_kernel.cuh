@@ -6,7 +6,9 @@
 // row in registers: thread t holds VPT 16-byte vectors at columns (i * blockDim + t) * N,
 // so each of the VPT loads is coalesced across the block. One pass reads the row, a block
 // reduction gives sum(s^2), a second pass over the registers writes the output: the row is
-// read from memory exactly once. The loop kernel serves rows that are not 16-byte aligned
+// read from memory exactly once. The row stays in registers in its storage dtype (4
+// registers per vector), so an SM holds as many rows in flight as its register file allows;
+// small blocks (128 threads) keep the per-row overhead (index math, reduction) low. The loop kernel serves rows that are not 16-byte aligned
 // (or longer than the vector kernel holds): scalar accesses, a second read of the row from
 // L1/L2.
 //
@@ -26,17 +28,22 @@ namespace llmk::detail {
 
 template <class T, class W, int N, int VPT, bool kAdd>
 __global__ void __launch_bounds__(512) rmsnorm_vec_kernel(RMSNormParams p) {
+  // With few vectors per thread the weight is loaded with the row, before the reduction,
+  // so that a lone row (decode) pays one memory round trip instead of two.
+  constexpr bool kPrefetchWeight = VPT <= 4;
   const int d = static_cast<int>(p.d);
   const W* weight = static_cast<const W*>(p.weight);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     Vec<T, N> s[VPT];
+    Vec<W, N> w[kPrefetchWeight ? VPT : 1];
     float sum_sq = 0.0f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
       if (col < d) {
         s[i] = load_vec<T, N>(x + col);
+        if constexpr (kPrefetchWeight) w[i] = load_vec<W, N>(weight + col);
         if constexpr (kAdd) {
           const T* res = static_cast<const T*>(p.residual) + row * p.residual_stride;
           const Vec<T, N> r = load_vec<T, N>(res + col);
@@ -58,11 +65,14 @@ __global__ void __launch_bounds__(512) rmsnorm_vec_kernel(RMSNormParams p) {
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
       if (col < d) {
-        const Vec<W, N> w = load_vec<W, N>(weight + col);
+        opaque(s[i]);
+        Vec<W, N> wv;
+        if constexpr (kPrefetchWeight) wv = w[i];
+        else wv = load_vec<W, N>(weight + col);
         Vec<T, N> y;
 #pragma unroll
         for (int j = 0; j < N; ++j)
-          y.v[j] = from_float<T>(to_float(s[i].v[j]) * r * (p.offset + to_float(w.v[j])));
+          y.v[j] = from_float<T>(to_float(s[i].v[j]) * r * (p.offset + to_float(wv.v[j])));
         store_vec(out + col, y);
       }
     }

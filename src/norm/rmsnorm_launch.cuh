@@ -14,11 +14,11 @@ namespace llmk::detail {
 inline constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
 
 // Vectors per thread for a row of n 16-byte vectors: the fewest that keep a block at or
-// under 256 threads (several loads in flight per thread, cheap reductions), up to 16 with
-// 512 threads. 0: the row does not fit in registers.
+// under 128 threads (more rows resident per SM, several loads in flight per thread, a
+// short reduction), up to 16 with 512 threads. 0: the row does not fit in registers.
 inline int rmsnorm_vectors_per_thread(int64_t n) {
   for (int vpt : {1, 2, 4, 8, 16})
-    if ((n + vpt - 1) / vpt <= 256) return vpt;
+    if ((n + vpt - 1) / vpt <= 128) return vpt;
   return (n + 15) / 16 <= 512 ? 16 : 0;
 }
 

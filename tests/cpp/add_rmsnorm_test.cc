@@ -50,7 +50,7 @@ void run_gpu_case(DType dt, DType wdt, int64_t rows, int64_t d, int64_t stride, 
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   // The sum is one fp32 add rounded to the dtype on both sides: bit-exact.
-  EXPECT_EQ((in_place ? dres : dres_out).download().bytes, ref_res.bytes) << "residual_out";
+  expect_equal_elements((in_place ? dres : dres_out).download(), ref_res, "residual_out");
   expect_close((in_place ? dx : dout).download(), ref, dtype_rtol(dt), "out");
 }
 

@@ -86,7 +86,8 @@ void run_gpu_case(DType dt, DType wdt, int64_t rows, int64_t d, int64_t stride, 
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   };
   run();
-  expect_close(gdx.download(), ref_dx, dtype_rtol(dt), "dx");
+  // dx = r*g - x*c: fp32 cancellation makes its error relative to the terms' scale.
+  expect_close(gdx.download(), ref_dx, dtype_rtol(dt), "dx", 0.05f);
   // dweight sums `rows` products in fp32 before its single rounding.
   const HostTensor dw1 = gdw.download();
   expect_close(dw1, ref_dw, dtype_rtol(wdt) + 1e-6f * rows, "dweight");

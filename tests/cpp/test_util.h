@@ -124,15 +124,16 @@ inline float dtype_rtol(DType dt) {
 }
 
 // Elementwise |got - want| <= atol + rtol * |want| over the rows x d elements (NaN in
-// `got` fails), with atol = 1e-3 * rtol * max|want|.
+// `got` fails), with atol = atol_scale * rtol * max|want|. Outputs that are a difference of
+// larger terms (gradients) need a larger atol_scale: their error is relative to the terms.
 inline void expect_close(const HostTensor& got, const HostTensor& want, float rtol,
-                         const char* what) {
+                         const char* what, float atol_scale = 1e-3f) {
   ASSERT_EQ(got.rows, want.rows);
   ASSERT_EQ(got.d, want.d);
   float max_ref = 0;
   for (int64_t r = 0; r < want.rows; ++r)
     for (int64_t c = 0; c < want.d; ++c) max_ref = std::max(max_ref, std::fabs(want.get(r, c)));
-  const float atol = 1e-3f * rtol * max_ref + 1e-30f;
+  const float atol = atol_scale * rtol * max_ref + 1e-30f;
   int64_t bad = 0;
   for (int64_t r = 0; r < want.rows; ++r)
     for (int64_t c = 0; c < want.d; ++c) {
@@ -144,6 +145,18 @@ inline void expect_close(const HostTensor& got, const HostTensor& want, float rt
       }
     }
   EXPECT_EQ(bad, 0) << what << ": " << bad << " elements out of tolerance (rtol " << rtol << ")";
+}
+
+// The rows x d elements of two tensors are bit-identical (gaps between rows not compared).
+inline void expect_equal_elements(const HostTensor& got, const HostTensor& want, const char* what) {
+  ASSERT_EQ(got.rows, want.rows);
+  ASSERT_EQ(got.d, want.d);
+  const int64_t elem = dtype_size(got.dtype);
+  int64_t bad = 0;
+  for (int64_t r = 0; r < want.rows; ++r)
+    bad += std::memcmp(got.bytes.data() + r * got.row_stride * elem,
+                       want.bytes.data() + r * want.row_stride * elem, want.d * elem) != 0;
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " rows differ";
 }
 
 inline const std::vector<DType>& all_dtypes() {
