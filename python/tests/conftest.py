@@ -24,13 +24,14 @@ def pytest_configure(config):
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, rtol: float, what: str = "output",
-                 atol_scale: float = 1e-3):
-    """|got - want| <= atol + rtol*|want| elementwise, atol = atol_scale*rtol*max|want|; NaN
-    fails. Gradients (differences of larger terms) need a larger atol_scale."""
+                 atol_scale: float = 1e-3, atol: float = None):
+    """|got - want| <= atol + rtol*|want| elementwise; NaN fails. atol defaults to
+    atol_scale*rtol*max|want|; gradients (differences of larger terms) pass a larger one."""
     got = got.double().cpu()
     want = want.double().cpu()
     assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    atol = atol_scale * rtol * want.abs().max().item() if want.numel() else 0.0
+    if atol is None:
+        atol = atol_scale * rtol * want.abs().max().item() if want.numel() else 0.0
     bad = ~((got - want).abs() <= atol + rtol * want.abs())
     assert not bad.any(), (
         f"{what}: {int(bad.sum())} of {bad.numel()} elements out of tolerance (rtol {rtol}); "
@@ -41,6 +42,12 @@ def rmsnorm_ref(x, w, eps, offset=0.0):
     """The definition, in float64."""
     x64 = x.double()
     return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * (offset + w.double())
+
+
+def dx_term_scale(x, w, dy, eps, offset=0.0):
+    """max |rstd * dy * (offset + w)|: the scale of the terms whose difference is dx."""
+    rstd = torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + eps)
+    return (rstd * dy.double() * (offset + w.double())).abs().max().item()
 
 
 def poisoned_like(t: torch.Tensor) -> torch.Tensor:

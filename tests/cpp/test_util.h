@@ -124,16 +124,16 @@ inline float dtype_rtol(DType dt) {
 }
 
 // Elementwise |got - want| <= atol + rtol * |want| over the rows x d elements (NaN in
-// `got` fails), with atol = atol_scale * rtol * max|want|. Outputs that are a difference of
-// larger terms (gradients) need a larger atol_scale: their error is relative to the terms.
+// `got` fails). atol defaults to 1e-3 * rtol * max|want|; outputs that are a difference of
+// larger terms (gradients) pass an atol relative to the terms' scale instead.
 inline void expect_close(const HostTensor& got, const HostTensor& want, float rtol,
-                         const char* what, float atol_scale = 1e-3f) {
+                         const char* what, float atol = -1.0f) {
   ASSERT_EQ(got.rows, want.rows);
   ASSERT_EQ(got.d, want.d);
   float max_ref = 0;
   for (int64_t r = 0; r < want.rows; ++r)
     for (int64_t c = 0; c < want.d; ++c) max_ref = std::max(max_ref, std::fabs(want.get(r, c)));
-  const float atol = atol_scale * rtol * max_ref + 1e-30f;
+  if (atol < 0) atol = 1e-3f * rtol * max_ref + 1e-30f;
   int64_t bad = 0;
   for (int64_t r = 0; r < want.rows; ++r)
     for (int64_t c = 0; c < want.d; ++c) {
