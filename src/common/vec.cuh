@@ -22,14 +22,6 @@ __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
   return *reinterpret_cast<const Vec<T, N>*>(p);
 }
 
-// Streaming load for data read exactly once: do not keep it in L1.
-template <class T, int N>
-__device__ __forceinline__ Vec<T, N> load_vec_stream(const T* p) {
-  static_assert(sizeof(Vec<T, N>) == 16, "streaming loads are 16-byte accesses");
-  int4 raw = __ldcs(reinterpret_cast<const int4*>(p));
-  return *reinterpret_cast<Vec<T, N>*>(&raw);
-}
-
 // Hides a vector's value from the optimizer, so that values converted from it before this
 // point are not kept live after it: a kernel that holds a row in registers converts it to
 // fp32 twice (once per pass) instead of holding twice the registers as fp32.

@@ -7,8 +7,9 @@
 // so each of the VPT loads is coalesced across the block. One pass reads the row, a block
 // reduction gives sum(s^2), a second pass over the registers writes the output: the row is
 // read from memory exactly once. The row stays in registers in its storage dtype (4
-// registers per vector), so an SM holds as many rows in flight as its register file allows;
-// small blocks (128 threads) keep the per-row overhead (index math, reduction) low. The loop kernel serves rows that are not 16-byte aligned
+// registers per vector). The launcher picks VPT (and so the block size, d / (N * VPT)) that
+// keeps the most threads resident per SM, from the compiled kernels' register counts; for
+// a few rows (decode) it picks the most threads per row instead, for the shortest latency. The loop kernel serves rows that are not 16-byte aligned
 // (or longer than the vector kernel holds): scalar accesses, a second read of the row from
 // L1/L2.
 //

@@ -6,6 +6,7 @@
 
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
+#include "common/occupancy.h"
 #include "norm/rmsnorm_kernel.cuh"
 
 namespace llmk::detail {
@@ -13,22 +14,53 @@ namespace llmk::detail {
 // The largest grid a row-wise kernel launches; longer inputs are grid-strided.
 inline constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
 
-// Vectors per thread for a row of n 16-byte vectors: the fewest that keep a block at or
-// under 128 threads (more rows resident per SM, several loads in flight per thread, a
-// short reduction), up to 16 with 512 threads. 0: the row does not fit in registers.
-inline int rmsnorm_vectors_per_thread(int64_t n) {
-  for (int vpt : {1, 2, 4, 8, 16})
-    if ((n + vpt - 1) / vpt <= 128) return vpt;
-  return (n + 15) / 16 <= 512 ? 16 : 0;
-}
+// Vectors per thread and threads per block of a row kernel.
+struct RowShape {
+  int vpt;
+  int threads;
+};
 
 inline int round_up_warp(int64_t threads) {
   return static_cast<int>(std::max<int64_t>(32, (threads + 31) / 32 * 32));
 }
 
-template <bool kAdd, class T, class W, int VPT>
-void launch_rmsnorm_vec(const RMSNormParams& p, int threads, int blocks, cudaStream_t stream) {
-  rmsnorm_vec_kernel<T, W, kVec16<T>, VPT, kAdd><<<blocks, threads, 0, stream>>>(p);
+template <bool kAdd, class T, class W>
+const void* rmsnorm_vec_kernel_for(int vpt) {
+  constexpr int N = kVec16<T>;
+  switch (vpt) {
+    case 1: return reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, 1, kAdd>);
+    case 2: return reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, 2, kAdd>);
+    case 4: return reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, 4, kAdd>);
+    case 8: return reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, 8, kAdd>);
+    case 16: return reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, 16, kAdd>);
+  }
+  return nullptr;
+}
+
+// The vector kernel's shape for rows of n 16-byte vectors: VPT in {1, 2, 4, 8, 16} with
+// 128 <= d / (N * VPT) <= 512 threads (fewer only for VPT = 1). Few rows (under two per
+// SM): the most threads per row, for latency. Otherwise the most resident threads per SM
+// (ties: more, smaller blocks), which keeps the most loads in flight; tiny blocks are
+// excluded because their long per-thread rows spill. vpt = 0: the row does not fit.
+template <bool kAdd, class T, class W>
+RowShape rmsnorm_shape(int64_t rows, int64_t n) {
+  int device = 0, sm_count = 0;
+  LLMK_CUDA_CHECK(cudaGetDevice(&device));
+  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  RowShape best{0, 0};
+  int64_t best_resident = -1;
+  for (int vpt : {1, 2, 4, 8, 16}) {
+    const int threads = round_up_warp((n + vpt - 1) / vpt);
+    if (threads > 512 || (threads < 128 && vpt > 1)) continue;
+    if (rows < 2 * int64_t{sm_count}) return {vpt, threads};
+    const int64_t resident =
+        int64_t{blocks_per_sm(rmsnorm_vec_kernel_for<kAdd, T, W>(vpt), threads, device)} * threads;
+    if (resident >= best_resident) {
+      best = {vpt, threads};
+      best_resident = resident;
+    }
+  }
+  return best;
 }
 
 // `vector_ok`: every pointer and row stride is aligned to 16 bytes and d to the vector.
@@ -41,15 +73,17 @@ void launch_rmsnorm(const RMSNormParams& p, DType act, DType weight, bool vector
     using T = device_type_t<decltype(act_tag)>;
     using W = device_type_t<decltype(weight_tag)>;
     constexpr int N = kVec16<T>;
-    const int vpt = vector_ok ? rmsnorm_vectors_per_thread(p.d / N) : 0;
-    const int threads = round_up_warp(vpt ? (p.d / N + vpt - 1) / vpt : std::min<int64_t>(p.d, 512));
-    switch (vpt) {
-      case 1: launch_rmsnorm_vec<kAdd, T, W, 1>(p, threads, blocks, stream); break;
-      case 2: launch_rmsnorm_vec<kAdd, T, W, 2>(p, threads, blocks, stream); break;
-      case 4: launch_rmsnorm_vec<kAdd, T, W, 4>(p, threads, blocks, stream); break;
-      case 8: launch_rmsnorm_vec<kAdd, T, W, 8>(p, threads, blocks, stream); break;
-      case 16: launch_rmsnorm_vec<kAdd, T, W, 16>(p, threads, blocks, stream); break;
-      default: rmsnorm_loop_kernel<T, W, kAdd><<<blocks, threads, 0, stream>>>(p); break;
+    const RowShape shape = vector_ok ? rmsnorm_shape<kAdd, T, W>(p.rows, p.d / N) : RowShape{0, 0};
+    switch (shape.vpt) {
+      case 1: rmsnorm_vec_kernel<T, W, N, 1, kAdd><<<blocks, shape.threads, 0, stream>>>(p); break;
+      case 2: rmsnorm_vec_kernel<T, W, N, 2, kAdd><<<blocks, shape.threads, 0, stream>>>(p); break;
+      case 4: rmsnorm_vec_kernel<T, W, N, 4, kAdd><<<blocks, shape.threads, 0, stream>>>(p); break;
+      case 8: rmsnorm_vec_kernel<T, W, N, 8, kAdd><<<blocks, shape.threads, 0, stream>>>(p); break;
+      case 16: rmsnorm_vec_kernel<T, W, N, 16, kAdd><<<blocks, shape.threads, 0, stream>>>(p); break;
+      default:
+        rmsnorm_loop_kernel<T, W, kAdd>
+            <<<blocks, round_up_warp(std::min<int64_t>(p.d, 512)), 0, stream>>>(p);
+        break;
     }
   });
   LLMK_CHECK_LAUNCH(op, stream);
