@@ -6,10 +6,8 @@
 namespace llmk::detail {
 
 void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
-  std::ostringstream message;
-  message << "CUDA error " << cudaGetErrorName(err) << " (" << cudaGetErrorString(err)
-          << ") in " << what << " at " << file << ":" << line;
-  throw CudaError(message.str());
+  throw CudaError(concat("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err),
+                         ") in ", what, " at ", file, ":", line));
 }
 
 static bool debug_sync_enabled() {

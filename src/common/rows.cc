@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 namespace llmk::detail {
 
@@ -56,10 +57,10 @@ void check_dtype(const char* op, const char* arg, const TensorView& t, DType exp
              ", expected ", dtype_name(expected));
 }
 
-static void print_shape(std::ostringstream& os, const TensorView& t) {
-  os << '[';
-  for (int i = 0; i < t.ndim(); ++i) os << (i ? ", " : "") << t.size(i);
-  os << ']';
+static std::string shape_string(const TensorView& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.ndim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
 }
 
 void check_same_shape(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
@@ -67,10 +68,8 @@ void check_same_shape(const char* op, const char* arg, const TensorView& t, cons
   bool same = t.ndim() == ref.ndim();
   for (int i = 0; same && i < t.ndim(); ++i) same = t.size(i) == ref.size(i);
   if (same) return;
-  std::ostringstream a, b;
-  print_shape(a, t);
-  print_shape(b, ref);
-  throw_error(op, ": ", arg, " has shape ", a.str(), " but ", ref_arg, " has shape ", b.str());
+  throw_error(op, ": ", arg, " has shape ", shape_string(t), " but ", ref_arg, " has shape ",
+              shape_string(ref));
 }
 
 void check_same_device(const char* op, const char* arg, const TensorView& t, const char* ref_arg,

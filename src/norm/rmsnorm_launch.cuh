@@ -39,7 +39,8 @@ const void* rmsnorm_vec_kernel_for(int vpt) {
 
 // The vector kernel's shape for rows of n 16-byte vectors: VPT in {1, 2, 4, 8, 16} with
 // 128 <= d / (N * VPT) <= 512 threads (fewer only for VPT = 1). Few rows (under two per
-// SM): the most threads per row, for latency. Otherwise the most resident threads per SM
+// SM): the most threads per row, for latency, but a single warp for rows of at most 128
+// vectors (no barrier in the reduction). Otherwise the most resident threads per SM
 // (ties: more, smaller blocks), which keeps the most loads in flight; tiny blocks are
 // excluded because their long per-thread rows spill. vpt = 0: the row does not fit.
 template <bool kAdd, class T, class W>
@@ -51,8 +52,13 @@ RowShape rmsnorm_shape(int64_t rows, int64_t n) {
   int64_t best_resident = -1;
   for (int vpt : {1, 2, 4, 8, 16}) {
     const int threads = round_up_warp((n + vpt - 1) / vpt);
-    if (threads > 512 || (threads < 128 && vpt > 1)) continue;
-    if (rows < 2 * int64_t{sm_count}) return {vpt, threads};
+    const bool few_rows = rows < 2 * int64_t{sm_count};
+    if (threads > 512 || (threads < 128 && vpt > 1 && !few_rows)) continue;
+    if (few_rows) {
+      // Latency bound: one warp for short rows (no block barrier), else the most threads.
+      if (n <= 128 && threads > 32) continue;
+      return {vpt, threads};
+    }
     const int64_t resident =
         int64_t{blocks_per_sm(rmsnorm_vec_kernel_for<kAdd, T, W>(vpt), threads, device)} * threads;
     if (resident >= best_resident) {
