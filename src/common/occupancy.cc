@@ -10,17 +10,20 @@
 
 namespace llmk::detail {
 
-int blocks_per_sm(const void* kernel, int threads, int device) {
+KernelFit kernel_fit(const void* kernel, int threads, int device) {
   static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, int>, int> cache;
+  static std::map<std::tuple<const void*, int, int>, KernelFit> cache;
   const auto key = std::make_tuple(kernel, threads, device);
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  int blocks = 0;
-  LLMK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0));
-  cache.emplace(key, blocks);
-  return blocks;
+  KernelFit fit{};
+  LLMK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit.blocks_per_sm, kernel, threads, 0));
+  cudaFuncAttributes attributes{};
+  LLMK_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  fit.spills = attributes.localSizeBytes > 0;
+  cache.emplace(key, fit);
+  return fit;
 }
 
 }  // namespace llmk::detail

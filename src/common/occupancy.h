@@ -1,9 +1,15 @@
 // Resident blocks per SM of a kernel at a block size, from the CUDA occupancy calculator,
-// remembered per (kernel, block size, device) so a launch pays for the query once.
+// and whether the kernel spills to local memory; remembered per (kernel, block size,
+// device) so a launch pays for the queries once.
 #pragma once
 
 namespace llmk::detail {
 
-int blocks_per_sm(const void* kernel, int threads, int device);
+struct KernelFit {
+  int blocks_per_sm;
+  bool spills;  // uses local memory (register spills or a dynamically indexed array)
+};
+
+KernelFit kernel_fit(const void* kernel, int threads, int device);
 
 }  // namespace llmk::detail
