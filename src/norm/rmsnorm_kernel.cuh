@@ -80,69 +80,6 @@ __global__ void __launch_bounds__(512) rmsnorm_vec_kernel(RMSNormParams p) {
   }
 }
 
-// Persistent variant: block b takes rows b, b + grid, ...; the loads of its next row are
-// issued before the current row's reduction, so a block always has a row in flight.
-template <class T, class W, int N, int VPT, bool kAdd>
-__global__ void __launch_bounds__(512) rmsnorm_pipelined_kernel(RMSNormParams p) {
-  const int d = static_cast<int>(p.d);
-  const W* weight = static_cast<const W*>(p.weight);
-  Vec<T, N> next_x[VPT], next_r[kAdd ? VPT : 1];
-  auto load_row = [&](int64_t row) {
-    const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-      if (col < d) {
-        next_x[i] = load_vec<T, N>(x + col);
-        if constexpr (kAdd)
-          next_r[i] = load_vec<T, N>(static_cast<const T*>(p.residual) + row * p.residual_stride + col);
-      }
-    }
-  };
-  int64_t row = blockIdx.x;
-  if (row < p.rows) load_row(row);
-  for (; row < p.rows; row += gridDim.x) {
-    Vec<T, N> s[VPT];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      s[i] = next_x[i];
-      if constexpr (kAdd)
-#pragma unroll
-        for (int j = 0; j < N; ++j) s[i].v[j] = from_float<T>(to_float(s[i].v[j]) + to_float(next_r[i].v[j]));
-    }
-    if (row + gridDim.x < p.rows) load_row(row + gridDim.x);
-    float sum_sq = 0.0f;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-      if (col < d) {
-        if constexpr (kAdd) store_vec(static_cast<T*>(p.residual_out) + row * p.residual_out_stride + col, s[i]);
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float v = to_float(s[i].v[j]);
-          sum_sq += v * v;
-        }
-      }
-    }
-    const float r = rsqrtf(block_sum(sum_sq) / static_cast<float>(d) + p.eps);
-    if (p.rstd != nullptr && threadIdx.x == 0) p.rstd[row] = r;
-    T* out = static_cast<T*>(p.out) + row * p.out_stride;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-      if (col < d) {
-        opaque(s[i]);
-        const Vec<W, N> w = load_vec<W, N>(weight + col);
-        Vec<T, N> y;
-#pragma unroll
-        for (int j = 0; j < N; ++j)
-          y.v[j] = from_float<T>(to_float(s[i].v[j]) * r * (p.offset + to_float(w.v[j])));
-        store_vec(out + col, y);
-      }
-    }
-  }
-}
-
 template <class T, class W, bool kAdd>
 __global__ void __launch_bounds__(512) rmsnorm_loop_kernel(RMSNormParams p) {
   const W* weight = static_cast<const W*>(p.weight);

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
@@ -25,43 +24,17 @@ inline int round_up_warp(int64_t threads) {
   return static_cast<int>(std::max<int64_t>(32, (threads + 31) / 32 * 32));
 }
 
-inline bool exp_pipelined() {
-  static const bool on = std::getenv("LLMK_EXP_PIPE") && std::getenv("LLMK_EXP_PIPE")[0] == '1';
-  return on;
-}
-
-template <bool kAdd, class T, class W, int VPT>
-const void* kernel_ptr() {
-  constexpr int N = kVec16<T>;
-  return exp_pipelined() ? reinterpret_cast<const void*>(rmsnorm_pipelined_kernel<T, W, N, VPT, kAdd>)
-                         : reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, VPT, kAdd>);
-}
-
 template <bool kAdd, class T, class W>
 const void* rmsnorm_vec_kernel_for(int vpt) {
+  constexpr int N = kVec16<T>;
   switch (vpt) {
-    case 1: return kernel_ptr<kAdd, T, W, 1>();
-    case 2: return kernel_ptr<kAdd, T, W, 2>();
-    case 4: return kernel_ptr<kAdd, T, W, 4>();
-    case 8: return kernel_ptr<kAdd, T, W, 8>();
-    case 16: return kernel_ptr<kAdd, T, W, 16>();
+    case 1: return reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, 1, kAdd>);
+    case 2: return reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, 2, kAdd>);
+    case 4: return reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, 4, kAdd>);
+    case 8: return reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, 8, kAdd>);
+    case 16: return reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, 16, kAdd>);
   }
   return nullptr;
-}
-
-template <bool kAdd, class T, class W, int VPT>
-void launch_vec(const RMSNormParams& p, RowShape shape, int blocks, cudaStream_t stream) {
-  constexpr int N = kVec16<T>;
-  if (exp_pipelined()) {
-    int device = 0, sm_count = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
-    const KernelFit fit = kernel_fit(kernel_ptr<kAdd, T, W, VPT>(), shape.threads, device);
-    const int grid = static_cast<int>(std::min<int64_t>(blocks, int64_t{fit.blocks_per_sm} * sm_count));
-    rmsnorm_pipelined_kernel<T, W, N, VPT, kAdd><<<grid, shape.threads, 0, stream>>>(p);
-  } else {
-    rmsnorm_vec_kernel<T, W, N, VPT, kAdd><<<blocks, shape.threads, 0, stream>>>(p);
-  }
 }
 
 // The vector kernel's shape for rows of n 16-byte vectors: VPT in {1, 2, 4, 8, 16} with
@@ -105,11 +78,11 @@ void launch_rmsnorm(const RMSNormParams& p, DType act, DType weight, bool vector
     constexpr int N = kVec16<T>;
     const RowShape shape = vector_ok ? rmsnorm_shape<kAdd, T, W>(p.rows, p.d / N) : RowShape{0, 0};
     switch (shape.vpt) {
-      case 1: launch_vec<kAdd, T, W, 1>(p, shape, blocks, stream); break;
-      case 2: launch_vec<kAdd, T, W, 2>(p, shape, blocks, stream); break;
-      case 4: launch_vec<kAdd, T, W, 4>(p, shape, blocks, stream); break;
-      case 8: launch_vec<kAdd, T, W, 8>(p, shape, blocks, stream); break;
-      case 16: launch_vec<kAdd, T, W, 16>(p, shape, blocks, stream); break;
+      case 1: rmsnorm_vec_kernel<T, W, N, 1, kAdd><<<blocks, shape.threads, 0, stream>>>(p); break;
+      case 2: rmsnorm_vec_kernel<T, W, N, 2, kAdd><<<blocks, shape.threads, 0, stream>>>(p); break;
+      case 4: rmsnorm_vec_kernel<T, W, N, 4, kAdd><<<blocks, shape.threads, 0, stream>>>(p); break;
+      case 8: rmsnorm_vec_kernel<T, W, N, 8, kAdd><<<blocks, shape.threads, 0, stream>>>(p); break;
+      case 16: rmsnorm_vec_kernel<T, W, N, 16, kAdd><<<blocks, shape.threads, 0, stream>>>(p); break;
       default:
         rmsnorm_loop_kernel<T, W, kAdd>
             <<<blocks, round_up_warp(std::min<int64_t>(p.d, 512)), 0, stream>>>(p);
