@@ -25,15 +25,20 @@ deps:
 	  touch $(VENV)/.installed; \
 	fi
 
+# TESTS=ON builds the C++ tests (GoogleTest); the benchmark does not need them.
+TESTS ?= ON
 build: deps
 	cmake -S . -B $(BUILD) $(GENERATOR) -DLLMK_CUDA_ARCHS="$(LLMK_CUDA_ARCHS)" -DLLMK_BUILD_PYTHON=ON \
-	  -DPython_EXECUTABLE=$(PY) $(if $(GTEST_SOURCE),-DLLMK_GTEST_SOURCE=$(GTEST_SOURCE))
+	  -DLLMK_BUILD_TESTS=$(TESTS) -DPython_EXECUTABLE=$(PY) \
+	  $(if $(GTEST_SOURCE),-DLLMK_GTEST_SOURCE=$(GTEST_SOURCE))
 	cmake --build $(BUILD) -j $(JOBS)
 
+test: TESTS = ON
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure
 	PYTHONPATH=$(CURDIR)/python $(PY) -m pytest python/tests -q
 
+bench: TESTS = OFF
 bench: build
 	PYTHONPATH=$(CURDIR)/python $(PY) -m llmk.bench $(BENCH_ARGS)
 
