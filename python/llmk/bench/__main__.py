@@ -117,15 +117,17 @@ def plot(rows, path):
     import matplotlib.pyplot as plt
 
     ops = list(dict.fromkeys(r["op"] for r in rows))
-    hiddens = sorted({r["hidden"] for r in rows})
+    hiddens = sorted({int(r["hidden"]) for r in rows})
+    colors = {"llmk": "tab:blue", "eager": "tab:orange", "F.rms_norm": "tab:green", "compile": "tab:red"}
     fig, axes = plt.subplots(len(ops), len(hiddens), figsize=(3.2 * len(hiddens), 2.8 * len(ops)), squeeze=False)
     for i, op in enumerate(ops):
         for j, hidden in enumerate(hiddens):
             ax = axes[i][j]
             for impl in dict.fromkeys(r["impl"] for r in rows if r["op"] == op):
-                pts = sorted((r["tokens"], r["gbs"]) for r in rows
-                             if r["op"] == op and r["hidden"] == hidden and r["impl"] == impl)
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=impl)
+                pts = sorted((int(r["tokens"]), float(r["gbs"])) for r in rows
+                             if r["op"] == op and int(r["hidden"]) == hidden and r["impl"] == impl)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=impl,
+                        color=colors.get(impl))
             ax.set_xscale("log")
             ax.set_title(f"{op} d={hidden}", fontsize=8)
             ax.tick_params(labelsize=7)
@@ -133,9 +135,32 @@ def plot(rows, path):
                 ax.set_ylabel("GB/s", fontsize=8)
             if i == len(ops) - 1:
                 ax.set_xlabel("tokens", fontsize=8)
-    axes[0][0].legend(fontsize=6)
+        axes[i][0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def rebuild(args) -> int:
+    rows, header = [], ""
+    for path in args.from_csv:
+        with open(path) as f:
+            header = f.readline().lstrip("# ").strip()
+            rows += list(csv.DictReader(f))
+    for r in rows:
+        for key in ("time_us", "gbs", "pct_copy", "empty_us"):
+            r[key] = float(r[key])
+    info = {"empty_us": rows[0]["empty_us"]}
+    order = {op: i for i, op in enumerate(OPS)}
+    rows.sort(key=lambda r: order.get(r["op"], len(order)))  # stable: keeps each op's sweep order
+    table = (f"{header}; copy bandwidth {rows[0]['copy_gbs']} GB/s, empty kernel {rows[0]['empty_us']} us.\n"
+             + markdown_table(rows, info))
+    print(table)
+    if args.table:
+        with open(args.table, "w") as f:
+            f.write(table)
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
 
 
 def main(argv=None):
@@ -147,8 +172,13 @@ def main(argv=None):
     parser.add_argument("--csv", help="write every timing here")
     parser.add_argument("--table", help="write the markdown table here")
     parser.add_argument("--plot", help="write a PNG plot here")
+    parser.add_argument("--from-csv", nargs="+", metavar="CSV",
+                        help="no timing: rebuild the table and plot from CSVs of earlier runs")
     args = parser.parse_args(argv)
-    ops = sorted(OPS) if args.all or not args.op else args.op
+    ops = list(OPS) if args.all or not args.op else args.op
+
+    if args.from_csv:
+        return rebuild(args)
 
     if not (torch.cuda.is_available() and llmk._C.cuda_device_count() > 0):
         rows = run_cpu(ops)
