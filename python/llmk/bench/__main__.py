@@ -154,13 +154,18 @@ def rebuild(args) -> int:
     rows.sort(key=lambda r: order.get(r["op"], len(order)))  # stable: keeps each op's sweep order
     table = (f"{header}; copy bandwidth {rows[0]['copy_gbs']} GB/s, empty kernel {rows[0]['empty_us']} us.\n"
              + markdown_table(rows, info))
+    report(table, rows, args)
+    return 0
+
+
+def report(table, rows, args):
+    """Prints the table and writes it and the plot where the arguments ask."""
     print(table)
     if args.table:
         with open(args.table, "w") as f:
             f.write(table)
     if args.plot:
         plot(rows, args.plot)
-    return 0
 
 
 def main(argv=None):
@@ -195,12 +200,7 @@ def main(argv=None):
     if info:
         table = (f"Device {info['device']}, commit {_commit()}, {datetime.date.today()}; copy bandwidth "
                  f"{info['copy_gbs']:.0f} GB/s, empty kernel {info['empty_us']:.2f} us.\n" + markdown_table(rows, info))
-        print(table)
-        if args.table:
-            with open(args.table, "w") as f:
-                f.write(table)
-        if args.plot:
-            plot(rows, args.plot)
+        report(table, rows, args)
     return 0
 
 
