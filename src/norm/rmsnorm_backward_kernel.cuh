@@ -110,13 +110,16 @@ __global__ void __launch_bounds__(512) rmsnorm_backward_vec_kernel(RMSNormBackwa
       }
     }
   }
+  // 16-byte stores: the block's whole partial row leaves through one SM, and scalar stores
+  // (one 4-byte word per 32-byte sector) made that the slowest part of a one-row call.
   float* partial = p.partial + blockIdx.x * p.d;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
     if (col < d) {
 #pragma unroll
-      for (int j = 0; j < N; ++j) partial[col + j] = dw[i][j];
+      for (int j = 0; j < N; j += 4)
+        *reinterpret_cast<float4*>(partial + col + j) = make_float4(dw[i][j], dw[i][j + 1], dw[i][j + 2], dw[i][j + 3]);
     }
   }
 }
