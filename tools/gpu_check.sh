@@ -56,6 +56,10 @@ if [ $run_tests -eq 1 ]; then
     rc=$?
     note "memcheck $1 $2: $([ $rc -eq 0 ] && echo clean || echo "FAILED rc=$rc")"
   done
+  cmake --install $BUILD --prefix $BUILD/install > /dev/null &&
+    cmake -S examples/cpp -B $BUILD/example -G Ninja -DCMAKE_PREFIX_PATH=$PWD/$BUILD/install > /dev/null &&
+    cmake --build $BUILD/example > /dev/null
+  note "installed-package example: $($BUILD/example/rmsnorm_example 2>&1)"
   compute-sanitizer --tool racecheck --error-exitcode 3 $BUILD/tests/cpp/rmsnorm_backward_test \
     --gtest_filter="RMSNormBackwardGpu.ManyRows*" >> "$OUT/sanitizer.log" 2>&1
   rc=$?
