@@ -70,6 +70,41 @@ TEST(AddRMSNormGpu, StridedRowsAndWeightDtypes) {
   }
 }
 
+TEST(AddRMSNormGpu, MoreThan2To31Elements) {
+  LLMK_REQUIRE_GPU();
+  const int64_t d = 4096, rows = (int64_t{1} << 31) / d + 2;  // 2^31 + 8192 elements
+  const size_t bytes = size_t(rows * d * 2);
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  if (free_bytes < 4 * bytes + (size_t(1) << 30)) GTEST_SKIP() << "not enough GPU memory";
+  void *x = nullptr, *res = nullptr, *out = nullptr, *res_out = nullptr;
+  for (void** p : {&x, &res, &out, &res_out}) ASSERT_EQ(cudaMalloc(p, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(x, 0x3f, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(res, 0x3e, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(out, 0xff, bytes), cudaSuccess);  // NaN
+  ASSERT_EQ(cudaMemset(res_out, 0xff, bytes), cudaSuccess);
+  // Random values in the last 3 rows, past element 2^31.
+  HostTensor tx(DType::bf16, 3, d), tres(DType::bf16, 3, d), w(DType::bf16, 1, d);
+  tx.randomize();
+  tres.randomize();
+  w.randomize();
+  const size_t tail = size_t((rows - 3) * d * 2);
+  ASSERT_EQ(cudaMemcpy(static_cast<char*>(x) + tail, tx.bytes.data(), 3 * d * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(static_cast<char*>(res) + tail, tres.bytes.data(), 3 * d * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  DeviceTensor dw(w);
+  const Device gpu{DeviceType::cuda, 0};
+  auto view = [&](void* p) { return TensorView(p, DType::bf16, gpu, {rows, d}); };
+  add_rmsnorm(view(out), view(res_out), view(x), view(res), dw.view(true), 1e-6);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  HostTensor ref(DType::bf16, 3, d), ref_res(DType::bf16, 3, d), got(DType::bf16, 3, d), got_res(DType::bf16, 3, d);
+  add_rmsnorm(ref.view(), ref_res.view(), tx.view(), tres.view(), w.view(true), 1e-6);
+  ASSERT_EQ(cudaMemcpy(got.bytes.data(), static_cast<char*>(out) + tail, 3 * d * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(got_res.bytes.data(), static_cast<char*>(res_out) + tail, 3 * d * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  expect_close(got, ref, dtype_rtol(DType::bf16), "tail rows");
+  expect_equal_elements(got_res, ref_res, "tail residual rows");
+  for (void* p : {x, res, out, res_out}) cudaFree(p);
+}
+
 class AddRMSNormBadInput : public testing::Test {
  protected:
   HostTensor x{DType::bf16, 4, 64}, res{DType::bf16, 4, 64}, w{DType::bf16, 1, 64};

@@ -126,6 +126,43 @@ TEST(RMSNormBackwardGpu, ManyRowsStridedDresidualWeightDtypes) {
   }
 }
 
+// dx past element 2^31 (int64 indexing). dweight sums every row, so it is not compared here:
+// the smaller shapes above check it.
+TEST(RMSNormBackwardGpu, MoreThan2To31Elements) {
+  LLMK_REQUIRE_GPU();
+  const int64_t d = 4096, rows = (int64_t{1} << 31) / d + 2;
+  const size_t bytes = size_t(rows * d * 2);
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  if (free_bytes < 3 * bytes + (size_t(1) << 30)) GTEST_SKIP() << "not enough GPU memory";
+  void *x = nullptr, *dy = nullptr, *dx = nullptr;
+  for (void** p : {&x, &dy, &dx}) ASSERT_EQ(cudaMalloc(p, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(x, 0x3f, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dy, 0x3e, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dx, 0xff, bytes), cudaSuccess);  // NaN
+  HostTensor tx(DType::bf16, 3, d), tdy(DType::bf16, 3, d), w(DType::bf16, 1, d), dw(DType::bf16, 1, d);
+  tx.randomize();
+  tdy.randomize();
+  w.randomize();
+  const size_t tail = size_t((rows - 3) * d * 2);
+  ASSERT_EQ(cudaMemcpy(static_cast<char*>(x) + tail, tx.bytes.data(), 3 * d * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(static_cast<char*>(dy) + tail, tdy.bytes.data(), 3 * d * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  DeviceTensor gw(w), gdw(dw);
+  DeviceWorkspace ws(rows, d);
+  const Device gpu{DeviceType::cuda, 0};
+  auto view = [&](void* p) { return TensorView(p, DType::bf16, gpu, {rows, d}); };
+  rmsnorm_backward(view(dx), gdw.view(true), view(dy), view(x), gw.view(true), 1e-5, 0.0,
+                   std::nullopt, ws.view());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  HostTensor ref(DType::bf16, 3, d), ref_dw(DType::bf16, 1, d), got(DType::bf16, 3, d);
+  rmsnorm_backward(ref.view(), ref_dw.view(true), tdy.view(), tx.view(), w.view(true), 1e-5);
+  ASSERT_EQ(cudaMemcpy(got.bytes.data(), static_cast<char*>(dx) + tail, 3 * d * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  float scale = 0;
+  for (int64_t c = 0; c < 3 * d; ++c) scale = std::max(scale, std::fabs(tdy.get(0, c) * w.get(0, c % d)));
+  expect_close(got, ref, dtype_rtol(DType::bf16), "tail rows of dx", 2 * dtype_rtol(DType::bf16) * 4 * scale);
+  for (void* p : {x, dy, dx}) cudaFree(p);
+}
+
 TEST(RMSNormBackwardGpu, NoRowsGivesZeroWeightGradient) {
   LLMK_REQUIRE_GPU();
   HostTensor x(DType::bf16, 0, 64), w(DType::bf16, 1, 64), dw(DType::bf16, 1, 64);
