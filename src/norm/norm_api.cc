@@ -1,6 +1,8 @@
-// Public entry points of the RMSNorm family: validate every argument (a rejected call
-// writes nothing), then run the CUDA launcher or the CPU reference.
+// Public entry points of the normalization family: validate every argument (a rejected
+// call writes nothing), then run the CUDA launcher or the CPU reference.
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 
 #include "common/cuda_check.h"
 #include "common/rows.h"
@@ -26,13 +28,13 @@ void check_float_dtype(const char* op, const char* arg, const TensorView& t) {
              op, ": ", arg, " has unsupported dtype ", dtype_name(t.dtype()));
 }
 
-// The weight: [d], x's dtype or f32, on x's device.
-void check_weight(const char* op, const TensorView& weight, const TensorView& x, int64_t d) {
-  detail::check_same_device(op, "weight", weight, "x", x);
-  detail::check_vector(op, "weight", weight, d);
-  LLMK_CHECK(weight.dtype() == x.dtype() || weight.dtype() == DType::f32, op,
-             ": weight has dtype ", dtype_name(weight.dtype()), ", expected ",
-             dtype_name(x.dtype()), " (x's) or float32");
+// A per-column parameter (weight, bias): [d], x's dtype or f32, on x's device.
+void check_column_param(const char* op, const char* arg, const TensorView& t, const TensorView& x,
+                        int64_t d) {
+  detail::check_same_device(op, arg, t, "x", x);
+  detail::check_vector(op, arg, t, d);
+  LLMK_CHECK(t.dtype() == x.dtype() || t.dtype() == DType::f32, op, ": ", arg, " has dtype ",
+             dtype_name(t.dtype()), ", expected ", dtype_name(x.dtype()), " (x's) or float32");
 }
 
 // A tensor that must match x in shape, dtype and device.
@@ -41,6 +43,15 @@ Rows check_like_x(const char* op, const char* arg, const TensorView& t, const Te
   detail::check_dtype(op, arg, t, x.dtype());
   detail::check_same_shape(op, arg, t, "x", x);
   return detail::as_rows(op, arg, t);
+}
+
+// A per-row f32 statistic output ([rows]) that must not overlap the op's other tensors.
+void check_row_stat(const char* op, const char* arg, const TensorView& t, const TensorView& x,
+                    int64_t rows, std::initializer_list<std::pair<const char*, const TensorView*>> others) {
+  detail::check_same_device(op, arg, t, "x", x);
+  detail::check_dtype(op, arg, t, DType::f32);
+  detail::check_vector(op, arg, t, rows);
+  for (const auto& [name, other] : others) detail::check_no_overlap(op, arg, t, name, *other, false);
 }
 
 // Rows of x that the shared checks accept; d == 0 is rejected, rows == 0 is a no-op.
@@ -58,13 +69,37 @@ bool aligned16(const Rows& r, DType dtype) {
   return detail::is_aligned(r.data, 16) && (r.rows <= 1 || (r.row_stride * elem) % 16 == 0);
 }
 
-// The vector kernels need 16-byte aligned rows, d a multiple of the vector, and a weight
-// aligned to one vector of its own dtype.
-bool vectorizable(std::initializer_list<Rows> rows, DType act, const TensorView& weight) {
+// The vector kernels need 16-byte aligned rows, d a multiple of the vector, and per-column
+// parameters aligned to one vector of their own dtype.
+bool vectorizable(std::initializer_list<Rows> rows, DType act,
+                  std::initializer_list<const TensorView*> columns) {
   const int64_t n = 16 / dtype_size(act);
   for (const Rows& r : rows)
     if (r.data != nullptr && (!aligned16(r, act) || r.d % n != 0)) return false;
-  return detail::is_aligned(weight.data(), n * dtype_size(weight.dtype()));
+  for (const TensorView* c : columns)
+    if (c != nullptr && !detail::is_aligned(c->data(), n * dtype_size(c->dtype()))) return false;
+  return true;
+}
+
+int sm_count_of(int device_index) {
+  int sm_count = 0;
+  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_index));
+  return sm_count;
+}
+
+// The CUDA workspace of a backward call: on x's device, f32, 1-d, contiguous, 16-byte
+// aligned, at least `needed` elements.
+void check_workspace(const char* op, const std::optional<TensorView>& workspace,
+                     const TensorView& x, int64_t needed) {
+  LLMK_CHECK(workspace.has_value(), op, ": CUDA tensors need a float32 workspace of ", needed,
+             " elements (", op, "_workspace_size)");
+  detail::check_same_device(op, "workspace", *workspace, "x", x);
+  detail::check_dtype(op, "workspace", *workspace, DType::f32);
+  LLMK_CHECK(workspace->ndim() == 1 && workspace->numel() >= needed &&
+                 (workspace->numel() <= 1 || workspace->stride(0) == 1),
+             op, ": workspace must be a contiguous 1-d float32 tensor of at least ", needed,
+             " elements, got ", workspace->numel());
+  LLMK_CHECK(detail::is_aligned(workspace->data(), 16), op, ": workspace must be 16-byte aligned");
 }
 
 }  // namespace
@@ -74,21 +109,15 @@ void rmsnorm(const TensorView& out, const TensorView& x, const TensorView& weigh
   const char* op = "rmsnorm";
   const Rows xr = check_x(op, x);
   const Rows outr = check_like_x(op, "out", out, x);
-  check_weight(op, weight, x, xr.d);
+  check_column_param(op, "weight", weight, x, xr.d);
   check_eps(op, eps);
   check_offset(op, offset);
   detail::check_no_overlap(op, "out", out, "x", x, /*allow_identical=*/true);
   detail::check_no_overlap(op, "out", out, "weight", weight, false);
-  if (rstd) {
-    detail::check_same_device(op, "rstd", *rstd, "x", x);
-    detail::check_dtype(op, "rstd", *rstd, DType::f32);
-    detail::check_vector(op, "rstd", *rstd, xr.rows);
-    for (const auto& [name, t] : {std::pair{"out", &out}, {"x", &x}, {"weight", &weight}})
-      detail::check_no_overlap(op, "rstd", *rstd, name, *t, false);
-  }
+  if (rstd) check_row_stat(op, "rstd", *rstd, x, xr.rows, {{"out", &out}, {"x", &x}, {"weight", &weight}});
   if (xr.rows == 0) return;
 
-  detail::RMSNormParams p{};
+  detail::NormParams p{};
   p.out = outr.data;
   p.x = xr.data;
   p.weight = weight.data();
@@ -101,7 +130,7 @@ void rmsnorm(const TensorView& out, const TensorView& x, const TensorView& weigh
   p.offset = static_cast<float>(offset);
   if (!x.is_cuda()) return detail::rmsnorm_cpu(p, x.dtype(), weight.dtype());
   detail::DeviceGuard guard(x.device().index);
-  detail::rmsnorm_cuda(p, x.dtype(), weight.dtype(), vectorizable({xr, outr}, x.dtype(), weight),
+  detail::rmsnorm_cuda(p, x.dtype(), weight.dtype(), vectorizable({xr, outr}, x.dtype(), {&weight}),
                        stream);
 }
 
@@ -113,7 +142,7 @@ void add_rmsnorm(const TensorView& out, const TensorView& residual_out, const Te
   const Rows outr = check_like_x(op, "out", out, x);
   const Rows resr = check_like_x(op, "residual", residual, x);
   const Rows res_outr = check_like_x(op, "residual_out", residual_out, x);
-  check_weight(op, weight, x, xr.d);
+  check_column_param(op, "weight", weight, x, xr.d);
   check_eps(op, eps);
   check_offset(op, offset);
   // In place means out is x and residual_out is residual; outputs are otherwise disjoint
@@ -127,7 +156,7 @@ void add_rmsnorm(const TensorView& out, const TensorView& residual_out, const Te
     detail::check_no_overlap(op, name, *t, "weight", weight, false);
   if (xr.rows == 0) return;
 
-  detail::RMSNormParams p{};
+  detail::NormParams p{};
   p.out = outr.data;
   p.residual_out = res_outr.data;
   p.x = xr.data;
@@ -144,18 +173,15 @@ void add_rmsnorm(const TensorView& out, const TensorView& residual_out, const Te
   if (!x.is_cuda()) return detail::add_rmsnorm_cpu(p, x.dtype(), weight.dtype());
   detail::DeviceGuard guard(x.device().index);
   detail::add_rmsnorm_cuda(p, x.dtype(), weight.dtype(),
-                           vectorizable({xr, outr, resr, res_outr}, x.dtype(), weight), stream);
-}
-
-static int sm_count_of(int device_index) {
-  int sm_count = 0;
-  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_index));
-  return sm_count;
+                           vectorizable({xr, outr, resr, res_outr}, x.dtype(), {&weight}), stream);
 }
 
 int64_t rmsnorm_backward_workspace_size(int64_t rows, int64_t d, int device_index) {
-  if (rows == 0) return 0;
-  return detail::rmsnorm_backward_blocks(rows, sm_count_of(device_index)) * d + rows;
+  return detail::rmsnorm_backward_workspace_elems(rows, d, sm_count_of(device_index));
+}
+
+int64_t layernorm_backward_workspace_size(int64_t rows, int64_t d, int device_index) {
+  return detail::layernorm_backward_workspace_elems(rows, d, sm_count_of(device_index));
 }
 
 void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dy,
@@ -166,7 +192,7 @@ void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const Ten
   const Rows xr = check_x(op, x);
   const Rows dyr = check_like_x(op, "dy", dy, x);
   const Rows dxr = check_like_x(op, "dx", dx, x);
-  check_weight(op, weight, x, xr.d);
+  check_column_param(op, "weight", weight, x, xr.d);
   detail::check_same_device(op, "dweight", dweight, "x", x);
   detail::check_dtype(op, "dweight", dweight, weight.dtype());
   detail::check_vector(op, "dweight", dweight, xr.d);
@@ -184,7 +210,7 @@ void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const Ten
     detail::check_no_overlap(op, "dweight", dweight, "dresidual", *dresidual, false);
   }
 
-  detail::RMSNormBackwardParams p{};
+  detail::NormBackwardParams p{};
   p.dx = dxr.data;
   p.dweight = dweight.data();
   p.dy = dyr.data;
@@ -206,21 +232,116 @@ void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const Ten
     LLMK_CUDA_CHECK(cudaMemsetAsync(dweight.data(), 0, xr.d * dtype_size(dweight.dtype()), stream));
     return;
   }
-  const int64_t needed = rmsnorm_backward_workspace_size(xr.rows, xr.d, x.device().index);
-  LLMK_CHECK(workspace.has_value(), op, ": CUDA tensors need a float32 workspace of ", needed,
-             " elements (rmsnorm_backward_workspace_size)");
-  detail::check_same_device(op, "workspace", *workspace, "x", x);
-  detail::check_dtype(op, "workspace", *workspace, DType::f32);
-  LLMK_CHECK(workspace->ndim() == 1 && workspace->numel() >= needed &&
-                 (workspace->numel() <= 1 || workspace->stride(0) == 1),
-             op, ": workspace must be a contiguous 1-d float32 tensor of at least ", needed,
-             " elements, got ", workspace->numel());
-  LLMK_CHECK(detail::is_aligned(workspace->data(), 16), op,
-             ": workspace must be 16-byte aligned");
+  check_workspace(op, workspace, x, rmsnorm_backward_workspace_size(xr.rows, xr.d, x.device().index));
   p.partial = static_cast<float*>(workspace->data());
   const bool vector_ok =
-      vectorizable({xr, dyr, dxr, dresidual ? dresr : Rows{}}, x.dtype(), weight);
+      vectorizable({xr, dyr, dxr, dresidual ? dresr : Rows{}}, x.dtype(), {&weight});
   detail::rmsnorm_backward_cuda(p, x.dtype(), weight.dtype(), vector_ok, stream);
+}
+
+namespace {
+
+// The dtype of layernorm's per-column parameters: the weight's, else the bias's, else x's.
+DType affine_dtype(const char* op, const TensorView& x, const std::optional<TensorView>& weight,
+                   const std::optional<TensorView>& bias) {
+  if (weight && bias)
+    LLMK_CHECK(weight->dtype() == bias->dtype(), op, ": weight is ", dtype_name(weight->dtype()),
+               " but bias is ", dtype_name(bias->dtype()), "; they must match");
+  return weight ? weight->dtype() : bias ? bias->dtype() : x.dtype();
+}
+
+}  // namespace
+
+void layernorm(const TensorView& out, const TensorView& x, const std::optional<TensorView>& weight,
+               const std::optional<TensorView>& bias, double eps,
+               const std::optional<TensorView>& mean, const std::optional<TensorView>& rstd,
+               cudaStream_t stream) {
+  const char* op = "layernorm";
+  const Rows xr = check_x(op, x);
+  const Rows outr = check_like_x(op, "out", out, x);
+  if (weight) check_column_param(op, "weight", *weight, x, xr.d);
+  if (bias) check_column_param(op, "bias", *bias, x, xr.d);
+  const DType affine = affine_dtype(op, x, weight, bias);
+  check_eps(op, eps);
+  detail::check_no_overlap(op, "out", out, "x", x, /*allow_identical=*/true);
+  if (weight) detail::check_no_overlap(op, "out", out, "weight", *weight, false);
+  if (bias) detail::check_no_overlap(op, "out", out, "bias", *bias, false);
+  if (mean) check_row_stat(op, "mean", *mean, x, xr.rows, {{"out", &out}, {"x", &x}});
+  if (rstd) check_row_stat(op, "rstd", *rstd, x, xr.rows, {{"out", &out}, {"x", &x}});
+  if (mean && rstd) detail::check_no_overlap(op, "mean", *mean, "rstd", *rstd, false);
+  if (xr.rows == 0) return;
+
+  detail::NormParams p{};
+  p.out = outr.data;
+  p.x = xr.data;
+  p.weight = weight ? weight->data() : nullptr;
+  p.bias = bias ? bias->data() : nullptr;
+  p.mean = mean ? static_cast<float*>(mean->data()) : nullptr;
+  p.rstd = rstd ? static_cast<float*>(rstd->data()) : nullptr;
+  p.rows = xr.rows;
+  p.d = xr.d;
+  p.out_stride = outr.row_stride;
+  p.x_stride = xr.row_stride;
+  p.eps = static_cast<float>(eps);
+  if (!x.is_cuda()) return detail::layernorm_cpu(p, x.dtype(), affine);
+  detail::DeviceGuard guard(x.device().index);
+  const bool vector_ok = vectorizable({xr, outr}, x.dtype(),
+                                      {weight ? &*weight : nullptr, bias ? &*bias : nullptr});
+  detail::layernorm_cuda(p, x.dtype(), affine, vector_ok, stream);
+}
+
+void layernorm_backward(const TensorView& dx, const std::optional<TensorView>& dweight,
+                        const std::optional<TensorView>& dbias, const TensorView& dy,
+                        const TensorView& x, const std::optional<TensorView>& weight, double eps,
+                        const std::optional<TensorView>& workspace, cudaStream_t stream) {
+  const char* op = "layernorm_backward";
+  const Rows xr = check_x(op, x);
+  const Rows dyr = check_like_x(op, "dy", dy, x);
+  const Rows dxr = check_like_x(op, "dx", dx, x);
+  if (weight) check_column_param(op, "weight", *weight, x, xr.d);
+  LLMK_CHECK(!dweight || weight, op, ": dweight needs the weight it is the gradient of");
+  if (dweight) check_column_param(op, "dweight", *dweight, x, xr.d);
+  if (dbias) check_column_param(op, "dbias", *dbias, x, xr.d);
+  const DType affine = affine_dtype(op, x, weight, dbias);
+  if (dweight) detail::check_dtype(op, "dweight", *dweight, affine);
+  check_eps(op, eps);
+  for (const auto& [name, t] : {std::pair{"dy", &dy}, {"x", &x}})
+    detail::check_no_overlap(op, "dx", dx, name, *t, false);
+  for (const auto* grad : {dweight ? &*dweight : nullptr, dbias ? &*dbias : nullptr}) {
+    if (grad == nullptr) continue;
+    for (const auto& [name, t] : {std::pair{"dx", &dx}, {"dy", &dy}, {"x", &x}})
+      detail::check_no_overlap(op, "a parameter gradient", *grad, name, *t, false);
+    if (weight) detail::check_no_overlap(op, "a parameter gradient", *grad, "weight", *weight, false);
+  }
+  if (weight) detail::check_no_overlap(op, "dx", dx, "weight", *weight, false);
+  if (dweight && dbias) detail::check_no_overlap(op, "dweight", *dweight, "dbias", *dbias, false);
+
+  detail::NormBackwardParams p{};
+  p.dx = dxr.data;
+  p.dweight = dweight ? dweight->data() : nullptr;
+  p.dbias = dbias ? dbias->data() : nullptr;
+  p.dy = dyr.data;
+  p.x = xr.data;
+  p.weight = weight ? weight->data() : nullptr;
+  p.rows = xr.rows;
+  p.d = xr.d;
+  p.dx_stride = dxr.row_stride;
+  p.dy_stride = dyr.row_stride;
+  p.x_stride = xr.row_stride;
+  p.eps = static_cast<float>(eps);
+  if (!x.is_cuda()) return detail::layernorm_backward_cpu(p, x.dtype(), affine);
+
+  detail::DeviceGuard guard(x.device().index);
+  if (xr.rows == 0) {  // no rows: the parameter gradients are zero
+    for (const auto* grad : {dweight ? &*dweight : nullptr, dbias ? &*dbias : nullptr})
+      if (grad != nullptr)
+        LLMK_CUDA_CHECK(cudaMemsetAsync(grad->data(), 0, xr.d * dtype_size(grad->dtype()), stream));
+    return;
+  }
+  check_workspace(op, workspace, x, layernorm_backward_workspace_size(xr.rows, xr.d, x.device().index));
+  p.partial = static_cast<float*>(workspace->data());
+  const bool vector_ok = vectorizable({xr, dyr, dxr}, x.dtype(), {weight ? &*weight : nullptr});
+  detail::layernorm_backward_cuda(p, x.dtype(), affine, vector_ok, stream);
 }
 
 }  // namespace llmk

@@ -1,5 +1,5 @@
-// The RMSNorm family's CUDA launchers and CPU references, called by norm_api.cc after the
-// arguments are validated.
+// The normalization family's CUDA launchers and CPU references, called by norm_api.cc after
+// the arguments are validated. `affine` is the weight's (and bias's) dtype.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,18 +9,24 @@
 
 namespace llmk::detail {
 
-void rmsnorm_cuda(const RMSNormParams& p, DType act, DType weight, bool vector_ok,
-                  cudaStream_t stream);
-void add_rmsnorm_cuda(const RMSNormParams& p, DType act, DType weight, bool vector_ok,
+void rmsnorm_cuda(const NormParams& p, DType act, DType weight, bool vector_ok, cudaStream_t stream);
+void add_rmsnorm_cuda(const NormParams& p, DType act, DType weight, bool vector_ok,
                       cudaStream_t stream);
-void rmsnorm_backward_cuda(const RMSNormBackwardParams& p, DType act, DType weight,
-                           bool vector_ok, cudaStream_t stream);
-// Partial sums the backward splits the rows into on a device with `sm_count` SMs.
-int64_t rmsnorm_backward_blocks(int64_t rows, int sm_count);
+void layernorm_cuda(const NormParams& p, DType act, DType affine, bool vector_ok,
+                    cudaStream_t stream);
+void rmsnorm_backward_cuda(const NormBackwardParams& p, DType act, DType weight, bool vector_ok,
+                           cudaStream_t stream);
+void layernorm_backward_cuda(const NormBackwardParams& p, DType act, DType affine,
+                             bool vector_ok, cudaStream_t stream);
+// f32 workspace elements of the backward on a device with `sm_count` SMs.
+int64_t rmsnorm_backward_workspace_elems(int64_t rows, int64_t d, int sm_count);
+int64_t layernorm_backward_workspace_elems(int64_t rows, int64_t d, int sm_count);
 
 // CPU references (double accumulation); same parameter blocks, host pointers.
-void rmsnorm_cpu(const RMSNormParams& p, DType act, DType weight);
-void add_rmsnorm_cpu(const RMSNormParams& p, DType act, DType weight);
-void rmsnorm_backward_cpu(const RMSNormBackwardParams& p, DType act, DType weight);
+void rmsnorm_cpu(const NormParams& p, DType act, DType weight);
+void add_rmsnorm_cpu(const NormParams& p, DType act, DType weight);
+void layernorm_cpu(const NormParams& p, DType act, DType affine);
+void rmsnorm_backward_cpu(const NormBackwardParams& p, DType act, DType weight);
+void layernorm_backward_cpu(const NormBackwardParams& p, DType act, DType affine);
 
 }  // namespace llmk::detail

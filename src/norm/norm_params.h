@@ -1,16 +1,21 @@
-// Kernel parameter blocks of the RMSNorm family, shared by the launchers and the kernels.
+// Kernel parameter blocks of the normalization family (RMSNorm and LayerNorm), shared by
+// the launchers, the kernels and the CPU references.
 #pragma once
 
 #include <cstdint>
 
 namespace llmk::detail {
 
-struct RMSNormParams {
+// Forward: s = x (+ residual); y = (s - mean) * rstd * (offset + weight) + bias, where
+// mean = 0 for RMSNorm and rstd = rsqrt(mean((s - mean)^2) + eps).
+struct NormParams {
   void* out;                 // [rows, d]
   void* residual_out;        // [rows, d], add_rmsnorm only
   const void* x;             // [rows, d]
   const void* residual;      // [rows, d], add_rmsnorm only
-  const void* weight;        // [d]
+  const void* weight;        // [d]; nullptr (LayerNorm without affine weight): 1
+  const void* bias;          // [d]; nullptr: 0 (always nullptr for RMSNorm)
+  float* mean;               // [rows], optional (LayerNorm)
   float* rstd;               // [rows], optional
   int64_t rows;
   int64_t d;
@@ -22,14 +27,19 @@ struct RMSNormParams {
   float offset;
 };
 
-struct RMSNormBackwardParams {
+// Backward, with xhat = (x - mean) * rstd and g = dy * (offset + weight):
+//   dx = rstd * (g - [LayerNorm: mean(g)] - xhat * mean(g * xhat))  (+ dresidual)
+//   dweight = sum over rows of dy * xhat;  dbias = sum over rows of dy
+struct NormBackwardParams {
   void* dx;                  // [rows, d]
-  void* dweight;             // [d], weight's dtype
+  void* dweight;             // [d], weight's dtype; nullptr: not wanted
+  void* dbias;               // [d], LayerNorm only; nullptr: not wanted
   const void* dy;            // [rows, d]
   const void* x;             // [rows, d]
-  const void* weight;        // [d]
+  const void* weight;        // [d]; nullptr: 1
   const void* dresidual;     // [rows, d], optional: added to dx
-  float* partial;            // workspace: [blocks, d] partial dweight sums, then [rows] rstd
+  float* partial;            // workspace: partial dweight [blocks, d], partial dbias [blocks, d]
+                             // (LayerNorm), then per-row mean and rstd for the loop path
   int64_t rows;
   int64_t d;
   int64_t dx_stride;

@@ -1,5 +1,6 @@
-// Host-side launch of the RMSNorm forward kernels (plain and with residual add): picks the
-// vector kernel's shape from the row length, or the loop kernel for unaligned rows.
+// Host-side launch of the normalization forward kernels (RMSNorm, RMSNorm with residual
+// add, LayerNorm): picks the vector kernel's shape from the row length and the compiled
+// kernels' occupancy, or the loop kernel for unaligned rows.
 #pragma once
 
 #include <algorithm>
@@ -7,7 +8,7 @@
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
 #include "common/occupancy.h"
-#include "norm/rmsnorm_kernel.cuh"
+#include "norm/norm_kernel.cuh"
 
 namespace llmk::detail {
 
@@ -24,15 +25,15 @@ inline int round_up_warp(int64_t threads) {
   return static_cast<int>(std::max<int64_t>(32, (threads + 31) / 32 * 32));
 }
 
-template <bool kAdd, class T, class W>
-const void* rmsnorm_vec_kernel_for(int vpt) {
+template <bool kAdd, bool kCentered, class T, class W>
+const void* norm_vec_kernel_for(int vpt) {
   constexpr int N = kVec16<T>;
   switch (vpt) {
-    case 1: return reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, 1, kAdd>);
-    case 2: return reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, 2, kAdd>);
-    case 4: return reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, 4, kAdd>);
-    case 8: return reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, 8, kAdd>);
-    case 16: return reinterpret_cast<const void*>(rmsnorm_vec_kernel<T, W, N, 16, kAdd>);
+    case 1: return reinterpret_cast<const void*>(norm_vec_kernel<T, W, N, 1, kAdd, kCentered>);
+    case 2: return reinterpret_cast<const void*>(norm_vec_kernel<T, W, N, 2, kAdd, kCentered>);
+    case 4: return reinterpret_cast<const void*>(norm_vec_kernel<T, W, N, 4, kAdd, kCentered>);
+    case 8: return reinterpret_cast<const void*>(norm_vec_kernel<T, W, N, 8, kAdd, kCentered>);
+    case 16: return reinterpret_cast<const void*>(norm_vec_kernel<T, W, N, 16, kAdd, kCentered>);
   }
   return nullptr;
 }
@@ -43,8 +44,8 @@ const void* rmsnorm_vec_kernel_for(int vpt) {
 // (ties: more, smaller blocks), which keeps the most loads in flight, among the kernels
 // that do not spill (a spilling kernel only when nothing else holds the row).
 // vpt = 0: the row does not fit in registers.
-template <bool kAdd, class T, class W>
-RowShape rmsnorm_shape(int64_t rows, int64_t n) {
+template <bool kAdd, bool kCentered, class T, class W>
+RowShape norm_shape(int64_t rows, int64_t n) {
   int device = 0, sm_count = 0;
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
   LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
@@ -55,7 +56,7 @@ RowShape rmsnorm_shape(int64_t rows, int64_t n) {
     const int threads = round_up_warp((n + vpt - 1) / vpt);
     if (threads > 512 || (threads < 128 && vpt > 1)) continue;
     if (few_rows) return {vpt, threads};
-    const KernelFit fit = kernel_fit(rmsnorm_vec_kernel_for<kAdd, T, W>(vpt), threads, device);
+    const KernelFit fit = kernel_fit(norm_vec_kernel_for<kAdd, kCentered, T, W>(vpt), threads, device);
     // Non-spilling kernels rank above every spilling one.
     const int64_t score = int64_t{fit.blocks_per_sm} * threads + (fit.spills ? 0 : (int64_t{1} << 32));
     if (score >= best_score) {
@@ -66,25 +67,26 @@ RowShape rmsnorm_shape(int64_t rows, int64_t n) {
   return best;
 }
 
-// `vector_ok`: every pointer and row stride is aligned to 16 bytes and d to the vector.
-template <bool kAdd>
-void launch_rmsnorm(const RMSNormParams& p, DType act, DType weight, bool vector_ok,
-                    cudaStream_t stream) {
-  const char* op = kAdd ? "add_rmsnorm" : "rmsnorm";
+// `act`: x's dtype; `affine`: the weight's (and bias's) dtype. `vector_ok`: every pointer
+// and row stride is aligned to 16 bytes and d to the vector.
+template <bool kAdd, bool kCentered>
+void launch_norm(const char* op, const NormParams& p, DType act, DType affine, bool vector_ok,
+                 cudaStream_t stream) {
   const int blocks = static_cast<int>(std::min(p.rows, kMaxRowBlocks));
-  dispatch_act_weight(act, weight, op, [&](auto act_tag, auto weight_tag) {
+  dispatch_act_weight(act, affine, op, [&](auto act_tag, auto weight_tag) {
     using T = device_type_t<decltype(act_tag)>;
     using W = device_type_t<decltype(weight_tag)>;
     constexpr int N = kVec16<T>;
-    const RowShape shape = vector_ok ? rmsnorm_shape<kAdd, T, W>(p.rows, p.d / N) : RowShape{0, 0};
+    const RowShape shape =
+        vector_ok ? norm_shape<kAdd, kCentered, T, W>(p.rows, p.d / N) : RowShape{0, 0};
     switch (shape.vpt) {
-      case 1: rmsnorm_vec_kernel<T, W, N, 1, kAdd><<<blocks, shape.threads, 0, stream>>>(p); break;
-      case 2: rmsnorm_vec_kernel<T, W, N, 2, kAdd><<<blocks, shape.threads, 0, stream>>>(p); break;
-      case 4: rmsnorm_vec_kernel<T, W, N, 4, kAdd><<<blocks, shape.threads, 0, stream>>>(p); break;
-      case 8: rmsnorm_vec_kernel<T, W, N, 8, kAdd><<<blocks, shape.threads, 0, stream>>>(p); break;
-      case 16: rmsnorm_vec_kernel<T, W, N, 16, kAdd><<<blocks, shape.threads, 0, stream>>>(p); break;
+      case 1: norm_vec_kernel<T, W, N, 1, kAdd, kCentered><<<blocks, shape.threads, 0, stream>>>(p); break;
+      case 2: norm_vec_kernel<T, W, N, 2, kAdd, kCentered><<<blocks, shape.threads, 0, stream>>>(p); break;
+      case 4: norm_vec_kernel<T, W, N, 4, kAdd, kCentered><<<blocks, shape.threads, 0, stream>>>(p); break;
+      case 8: norm_vec_kernel<T, W, N, 8, kAdd, kCentered><<<blocks, shape.threads, 0, stream>>>(p); break;
+      case 16: norm_vec_kernel<T, W, N, 16, kAdd, kCentered><<<blocks, shape.threads, 0, stream>>>(p); break;
       default:
-        rmsnorm_loop_kernel<T, W, kAdd>
+        norm_loop_kernel<T, W, kAdd, kCentered>
             <<<blocks, round_up_warp(std::min<int64_t>(p.d, 512)), 0, stream>>>(p);
         break;
     }

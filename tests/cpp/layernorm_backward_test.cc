@@ -1,0 +1,131 @@
+// layernorm_backward: the CPU reference against finite differences of the CPU forward, the
+// CUDA kernels against the CPU reference on every path (with and without weight and
+// gradients), determinism, and bad inputs.
+#include "test_util.h"
+
+namespace llmk::test {
+namespace {
+
+// Loss L = sum(dy * layernorm(x)); checks dL/dx, dL/dw and dL/db by central differences.
+TEST(LayerNormBackwardCpu, MatchesFiniteDifferences) {
+  const int64_t rows = 3, d = 13;
+  HostTensor x(DType::f32, rows, d), w(DType::f32, 1, d), b(DType::f32, 1, d), dy(DType::f32, rows, d);
+  x.randomize(0.5f, 1.0f);
+  w.randomize();
+  b.randomize();
+  dy.randomize();
+  const double eps = 1e-3;
+  HostTensor dx(DType::f32, rows, d), dw(DType::f32, 1, d), db(DType::f32, 1, d);
+  layernorm_backward(dx.view(), dw.view(true), db.view(true), dy.view(), x.view(), w.view(true), eps);
+  auto loss = [&]() {
+    HostTensor y(DType::f32, rows, d);
+    layernorm(y.view(), x.view(), w.view(true), b.view(true), eps);
+    double l = 0;
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < d; ++c) l += double(dy.get(r, c)) * y.get(r, c);
+    return l;
+  };
+  const float h = 1e-2f;
+  auto central = [&](HostTensor& t, int r, int c) {
+    const float v = t.get(r, c);
+    t.set(r, c, v + h);
+    const double up = loss();
+    t.set(r, c, v - h);
+    const double down = loss();
+    t.set(r, c, v);
+    return (up - down) / (2 * h);
+  };
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < d; ++c) EXPECT_NEAR(dx.get(r, c), central(x, r, c), 2e-3) << "dx " << r << "," << c;
+  for (int c = 0; c < d; ++c) {
+    EXPECT_NEAR(dw.get(0, c), central(w, 0, c), 2e-3) << "dw " << c;
+    EXPECT_NEAR(db.get(0, c), central(b, 0, c), 2e-3) << "db " << c;
+  }
+}
+
+void run_gpu_case(DType dt, DType pdt, int64_t rows, int64_t d, int64_t stride, bool with_weight) {
+  SCOPED_TRACE(testing::Message() << dtype_name(dt) << " params " << dtype_name(pdt) << " rows " << rows
+                                  << " d " << d << " stride " << stride << " weight " << with_weight);
+  HostTensor x(dt, rows, d, stride), dy(dt, rows, d, stride), w(pdt, 1, d);
+  x.randomize(0.5f, 1.0f);
+  dy.randomize();
+  w.randomize(1.0f, 0.5f);
+  const auto wopt = with_weight ? std::optional<TensorView>(w.view(true)) : std::nullopt;
+  HostTensor ref_dx(dt, rows, d, stride), ref_dw(pdt, 1, d), ref_db(pdt, 1, d);
+  layernorm_backward(ref_dx.view(), with_weight ? std::optional<TensorView>(ref_dw.view(true)) : std::nullopt,
+                     ref_db.view(true), dy.view(), x.view(), wopt, 1e-5);
+
+  HostTensor dx(dt, rows, d, stride), dw(pdt, 1, d), db(pdt, 1, d);
+  dx.poison();
+  dw.poison();
+  db.poison();
+  DeviceTensor gx(x), gdy(dy), gw(w), gdx(dx), gdw(dw), gdb(db);
+  float* ws = nullptr;
+  const int64_t ws_n = std::max<int64_t>(layernorm_backward_workspace_size(rows, d), 1);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&ws), ws_n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(ws, 0xff, ws_n * 4), cudaSuccess);
+  const TensorView ws_view(ws, DType::f32, Device{DeviceType::cuda, 0}, {ws_n});
+  auto run = [&] {
+    layernorm_backward(gdx.view(), with_weight ? std::optional<TensorView>(gdw.view(true)) : std::nullopt,
+                       gdb.view(true), gdy.view(), gx.view(),
+                       with_weight ? std::optional<TensorView>(gw.view(true)) : std::nullopt, 1e-5, ws_view);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  };
+  run();
+  // dx is a difference of terms of size rstd * |dy * w|: its error is relative to them;
+  // dweight and dbias sum `rows` terms of size |dy * xhat| and |dy|.
+  float term = 0, dw_term = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < d; ++c) {
+      term = std::max(term, std::fabs(dy.get(r, c) * (with_weight ? w.get(0, c) : 1.0f)) * 4);
+      dw_term = std::max(dw_term, std::fabs(dy.get(r, c)) * 4);
+    }
+  expect_close(gdx.download(), ref_dx, dtype_rtol(dt), "dx", 2 * dtype_rtol(dt) * term);
+  const HostTensor db1 = gdb.download();
+  expect_close(db1, ref_db, dtype_rtol(pdt), "dbias", 4e-6f * rows * dw_term);
+  if (with_weight) expect_close(gdw.download(), ref_dw, dtype_rtol(pdt), "dweight", 4e-6f * rows * dw_term);
+  run();
+  EXPECT_EQ(gdb.download().bytes, db1.bytes) << "dbias is not deterministic";
+  cudaFree(ws);
+}
+
+TEST(LayerNormBackwardGpu, MatchesCpuReference) {
+  LLMK_REQUIRE_GPU();
+  for (DType dt : all_dtypes())
+    for (int64_t d : {1, 7, 64, 768, 1000, 4096, 5120, 16384, 32768})
+      for (int64_t rows : {1, 5, 300}) {
+        if (d >= 16384 && rows == 300) continue;
+        run_gpu_case(dt, dt, rows, d, d, true);
+      }
+}
+
+TEST(LayerNormBackwardGpu, ManyRowsStridesNoWeightFp32Params) {
+  LLMK_REQUIRE_GPU();
+  for (DType dt : all_dtypes()) {
+    run_gpu_case(dt, dt, 3000, 512, 512, true);          // more rows than partial sums
+    run_gpu_case(dt, dt, 2000, 256, 256 + 5, true);      // unaligned: loop path, many rows
+    run_gpu_case(dt, dt, 77, 2048, 3 * 2048, false);
+    run_gpu_case(dt, DType::f32, 77, 2048, 2048, true);
+  }
+}
+
+TEST(LayerNormBackwardBadInput, Arguments) {
+  HostTensor x(DType::bf16, 4, 64), w(DType::bf16, 1, 64), dy(DType::bf16, 4, 64);
+  HostTensor dx(DType::bf16, 4, 64), dw(DType::bf16, 1, 64), db32(DType::f32, 1, 64);
+  x.randomize();
+  dy.randomize();
+  w.randomize();
+  dx.poison();
+  expect_error([&] { layernorm_backward(dx.view(), dw.view(true), std::nullopt, dy.view(), x.view(), std::nullopt, 1e-5); },
+               "dweight needs the weight");
+  expect_error([&] { layernorm_backward(dx.view(), dw.view(true), db32.view(true), dy.view(), x.view(), w.view(true), 1e-5); },
+               "weight is bfloat16 but bias is float32");
+  expect_error([&] { layernorm_backward(dy.view(), dw.view(true), std::nullopt, dy.view(), x.view(), w.view(true), 1e-5); },
+               "dx and dy");
+  HostTensor fresh(DType::bf16, 4, 64);
+  fresh.poison();
+  EXPECT_EQ(dx.bytes, fresh.bytes);
+}
+
+}  // namespace
+}  // namespace llmk::test
