@@ -5,10 +5,11 @@ a fake (meta) implementation for ``torch.compile`` and, where it trains, autogra
 """
 
 from . import _C
-from .ops import add_rmsnorm, add_rmsnorm_, rmsnorm, rmsnorm_backward
+from .ops import add_rmsnorm, add_rmsnorm_, layernorm, layernorm_backward, rmsnorm, rmsnorm_backward
 from . import nn
 
-__all__ = ["rmsnorm", "add_rmsnorm", "add_rmsnorm_", "rmsnorm_backward", "nn", "device_info"]
+__all__ = ["rmsnorm", "add_rmsnorm", "add_rmsnorm_", "rmsnorm_backward", "layernorm", "layernorm_backward",
+           "nn", "device_info"]
 
 
 def device_info(index: int = 0) -> dict:

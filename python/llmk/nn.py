@@ -3,7 +3,7 @@
 import torch
 from torch import Tensor
 
-from .ops import add_rmsnorm, rmsnorm
+from .ops import add_rmsnorm, layernorm, rmsnorm
 
 
 class RMSNorm(torch.nn.Module):
@@ -49,3 +49,18 @@ def patch_rmsnorm(model: torch.nn.Module, offset: float = 0.0) -> int:
         else:
             replaced += patch_rmsnorm(child, offset)
     return replaced
+
+
+class LayerNorm(torch.nn.LayerNorm):
+    """``torch.nn.LayerNorm`` over the last dim, computed by llmk (same parameters and state
+    dict, so it loads any LayerNorm checkpoint)."""
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, device=None, dtype=None):
+        super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine, bias=bias,
+                         device=device, dtype=dtype)
+        if len(self.normalized_shape) != 1:
+            raise ValueError(f"llmk.nn.LayerNorm normalizes the last dim only, got {self.normalized_shape}")
+
+    def forward(self, x: Tensor) -> Tensor:
+        return layernorm(x, self.weight, self.bias, self.eps)

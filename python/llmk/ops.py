@@ -173,3 +173,73 @@ def add_rmsnorm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, 
 def add_rmsnorm_(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) -> None:
     """In place, as vLLM's ``fused_add_rms_norm``: ``residual += x; x = rmsnorm(residual)``."""
     torch.ops.llmk.add_rmsnorm_(x, residual, weight, eps, offset)
+
+
+# --------------------------------------------------------------------------------------
+# layernorm
+
+
+@torch.library.custom_op("llmk::layernorm", mutates_args=())
+def _layernorm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _C.layernorm(out, x, weight, bias, eps, None, None, _stream(x))
+    return out
+
+
+@_layernorm.register_fake
+def _(x, weight, bias, eps):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("llmk::layernorm_backward", mutates_args=())
+def _layernorm_backward(dy: Tensor, x: Tensor, weight: Optional[Tensor], eps: float,
+                        want_dbias: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dx, dweight, dbias); dweight is empty ([0]) without a weight, dbias without want_dbias."""
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    param_dtype = weight.dtype if weight is not None else x.dtype
+    d = x.shape[-1]
+    dweight = torch.empty(d if weight is not None else 0, dtype=param_dtype, device=x.device)
+    dbias = torch.empty(d if want_dbias else 0, dtype=param_dtype, device=x.device)
+    workspace = None
+    if x.is_cuda:
+        size = _C.layernorm_backward_workspace_size(_rows_shape(x).numel(), d, x.device.index or 0)
+        workspace = torch.empty(max(size, 1), dtype=torch.float32, device=x.device)
+    _C.layernorm_backward(dx, dweight if weight is not None else None, dbias if want_dbias else None,
+                          dy, x, weight, eps, workspace, _stream(x))
+    return dx, dweight, dbias
+
+
+@_layernorm_backward.register_fake
+def _(dy, x, weight, eps, want_dbias):
+    param_dtype = weight.dtype if weight is not None else x.dtype
+    d = x.shape[-1]
+    return (x.new_empty(x.shape), x.new_empty(d if weight is not None else 0, dtype=param_dtype),
+            x.new_empty(d if want_dbias else 0, dtype=param_dtype))
+
+
+def _layernorm_setup(ctx, inputs, output):
+    x, weight, bias, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps, ctx.has_bias = eps, bias is not None
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+
+
+def _layernorm_grad(ctx, dy):
+    x, weight = ctx.saved_tensors
+    dx, dweight, dbias = torch.ops.llmk.layernorm_backward(_dense_rows(dy), x, weight, ctx.eps, ctx.has_bias)
+    return dx, dweight if weight is not None else None, dbias if ctx.has_bias else None, None
+
+
+_layernorm.register_autograd(_layernorm_grad, setup_context=_layernorm_setup)
+
+
+def layernorm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
+    """LayerNorm over the last dim: ``(x - mean) * rsqrt(var + eps) * weight + bias``, fp32
+    math, one rounding; weight and bias optional (x's dtype or float32, the same when both)."""
+    return torch.ops.llmk.layernorm(x, weight, bias, eps)
+
+
+def layernorm_backward(dy: Tensor, x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-5,
+                       want_dbias: bool = True):
+    """Gradients ``(dx, dweight, dbias)`` of :func:`layernorm` (empty tensors for the absent ones)."""
+    return torch.ops.llmk.layernorm_backward(dy, x, weight, eps, want_dbias)

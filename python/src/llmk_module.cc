@@ -108,6 +108,34 @@ NB_MODULE(_C, m) {
   m.def("rmsnorm_backward_workspace_size", &llmk::rmsnorm_backward_workspace_size, "rows"_a,
         "d"_a, "device_index"_a = 0);
 
+  m.def(
+      "layernorm",
+      [](AnyArray out, AnyArray x, std::optional<AnyArray> weight, std::optional<AnyArray> bias,
+         double eps, std::optional<AnyArray> mean, std::optional<AnyArray> rstd, uintptr_t stream) {
+        auto o = view(out), xv = view(x);
+        auto w = view(weight), b = view(bias), mv = view(mean), rv = view(rstd);
+        without_gil([&] { llmk::layernorm(o, xv, w, b, eps, mv, rv, stream_of(stream)); });
+      },
+      "out"_a, "x"_a, "weight"_a = nb::none(), "bias"_a = nb::none(), "eps"_a = 1e-5,
+      "mean"_a = nb::none(), "rstd"_a = nb::none(), "stream"_a = 0);
+
+  m.def(
+      "layernorm_backward",
+      [](AnyArray dx, std::optional<AnyArray> dweight, std::optional<AnyArray> dbias, AnyArray dy,
+         AnyArray x, std::optional<AnyArray> weight, double eps, std::optional<AnyArray> workspace,
+         uintptr_t stream) {
+        auto dxv = view(dx), dyv = view(dy), xv = view(x);
+        auto dw = view(dweight), db = view(dbias), w = view(weight), ws = view(workspace);
+        without_gil([&] {
+          llmk::layernorm_backward(dxv, dw, db, dyv, xv, w, eps, ws, stream_of(stream));
+        });
+      },
+      "dx"_a, "dweight"_a, "dbias"_a, "dy"_a, "x"_a, "weight"_a, "eps"_a,
+      "workspace"_a = nb::none(), "stream"_a = 0);
+
+  m.def("layernorm_backward_workspace_size", &llmk::layernorm_backward_workspace_size, "rows"_a,
+        "d"_a, "device_index"_a = 0);
+
   m.def("cuda_device_count", &llmk::cuda_device_count);
   m.def("build_cuda_archs", &llmk::build_cuda_archs);
   m.def(

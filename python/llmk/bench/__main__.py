@@ -118,7 +118,8 @@ def plot(rows, path):
 
     ops = list(dict.fromkeys(r["op"] for r in rows))
     hiddens = sorted({int(r["hidden"]) for r in rows})
-    colors = {"llmk": "tab:blue", "eager": "tab:orange", "F.rms_norm": "tab:green", "compile": "tab:red"}
+    colors = {"llmk": "tab:blue", "eager": "tab:orange", "F.rms_norm": "tab:green", "F.layer_norm": "tab:green",
+              "compile": "tab:red"}
     fig, axes = plt.subplots(len(ops), len(hiddens), figsize=(3.2 * len(hiddens), 2.8 * len(ops)), squeeze=False)
     for i, op in enumerate(ops):
         for j, hidden in enumerate(hiddens):

@@ -1,9 +1,10 @@
-"""Benchmark cases of the RMSNorm family and their peers, all bf16.
+"""Benchmark cases of the normalization family and their peers, all bf16.
 
-Peers, measured in the same run: the Hugging Face Llama formula in eager PyTorch,
+RMSNorm peers, measured in the same run: the Hugging Face Llama formula in eager PyTorch,
 F.rms_norm (PyTorch's fused op), and torch.compile of the eager formula (compiled per
-shape, dynamic=False). The backward peers are autograd through F.rms_norm and through the
-compiled formula.
+shape, dynamic=False); the backward peers are autograd through F.rms_norm and through the
+compiled formula. LayerNorm peers: F.layer_norm (PyTorch's fused kernel) and torch.compile
+of it, forward and backward.
 """
 
 import torch
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 
 import llmk
 
-HIDDEN = [896, 2048, 4096, 5120, 8192, 16384]
+HIDDEN = [896, 2048, 4096, 5120, 8192, 16384]  # Qwen2-0.5B .. Llama-3-405B
 TOKENS = [1, 16, 128, 2048, 8192, 32768]
 EPS = 1e-6
 
@@ -29,6 +30,24 @@ def hf_add_rmsnorm(x, r, w):
 
 def _compiled(fn):
     return torch.compile(fn, dynamic=False)
+
+
+def autograd_peer(forward, with_bias=False):
+    """The backward of `forward` alone: the forward graph is built once per input set (x, w,
+    and a zero bias when `with_bias`), the timed call is autograd.grad through it."""
+    graphs = {}
+
+    def run(x, w, dy):
+        key = (x.data_ptr(), w.data_ptr())
+        if key not in graphs:
+            params = [x.detach().requires_grad_(), w.detach().requires_grad_()]
+            if with_bias:
+                params.append(torch.zeros_like(w, requires_grad=True))
+            graphs[key] = (forward(*params), params)
+        y, params = graphs[key]
+        return torch.autograd.grad(y, params, dy, retain_graph=True)
+
+    return run
 
 
 def rmsnorm_case(tokens, hidden, dtype):
@@ -91,20 +110,6 @@ def rmsnorm_backward_case(tokens, hidden, dtype):
         dy = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
         return x, w, dy
 
-    def autograd_peer(forward):
-        # Builds the forward graph once per input set; the timed call is the backward alone.
-        graphs = {}
-
-        def run(x, w, dy):
-            key = (x.data_ptr(), w.data_ptr())
-            if key not in graphs:
-                xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
-                graphs[key] = (forward(xg, wg), xg, wg)
-            y, xg, wg = graphs[key]
-            return torch.autograd.grad(y, (xg, wg), dy, retain_graph=True)
-
-        return run
-
     impls = {
         "llmk": lambda x, w, dy: llmk.rmsnorm_backward(dy, x, w, EPS),
         "F.rms_norm": autograd_peer(lambda x, w: F.rms_norm(x, (hidden,), w, EPS)),
@@ -119,9 +124,62 @@ def rmsnorm_backward_case(tokens, hidden, dtype):
     return bytes_moved, make, impls, reference
 
 
+def layernorm_case(tokens, hidden, dtype):
+    elt = torch.tensor([], dtype=dtype).element_size()
+    bytes_moved = 2 * tokens * hidden * elt + 2 * hidden * elt
+
+    def make():
+        return (torch.randn(tokens, hidden, device="cuda", dtype=dtype),
+                torch.randn(hidden, device="cuda", dtype=dtype),
+                torch.randn(hidden, device="cuda", dtype=dtype))
+
+    def torch_layernorm(x, w, b):
+        return F.layer_norm(x, (hidden,), w, b, EPS)
+
+    impls = {
+        "llmk": lambda x, w, b: llmk.layernorm(x, w, b, EPS),
+        "F.layer_norm": torch_layernorm,
+        "compile": _compiled(torch_layernorm),
+    }
+
+    def reference(x, w, b):
+        return F.layer_norm(x.double(), (hidden,), w.double(), b.double(), EPS)
+
+    return bytes_moved, make, impls, reference
+
+
+def layernorm_backward_case(tokens, hidden, dtype):
+    elt = torch.tensor([], dtype=dtype).element_size()
+    bytes_moved = 3 * tokens * hidden * elt + 3 * hidden * elt
+
+    def make():
+        x = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
+        w = torch.randn(hidden, device="cuda", dtype=dtype)
+        dy = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
+        return x, w, dy
+
+    def torch_layernorm(x, w, b):
+        return F.layer_norm(x, (hidden,), w, b, EPS)
+
+    impls = {
+        "llmk": lambda x, w, dy: llmk.layernorm_backward(dy, x, w, EPS),
+        "F.layer_norm": autograd_peer(torch_layernorm, with_bias=True),
+        "compile": autograd_peer(_compiled(torch_layernorm), with_bias=True),
+    }
+
+    def reference(x, w, dy):
+        x64 = x.double().requires_grad_()
+        y = F.layer_norm(x64, (hidden,), w.double(), None, EPS)
+        return torch.autograd.grad(y, x64, dy.double())[0]
+
+    return bytes_moved, make, impls, reference
+
+
 OPS = {
     "rmsnorm": rmsnorm_case,
     "add_rmsnorm": add_rmsnorm_case,
     "add_rmsnorm_": lambda t, h, d: add_rmsnorm_case(t, h, d, in_place=True),
     "rmsnorm_backward": rmsnorm_backward_case,
+    "layernorm": layernorm_case,
+    "layernorm_backward": layernorm_backward_case,
 }
