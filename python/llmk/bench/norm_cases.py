@@ -50,6 +50,16 @@ def autograd_peer(forward, with_bias=False):
     return run
 
 
+def backward_inputs(tokens, hidden, dtype):
+    """An input-set maker for the backward cases: (x, weight, dy)."""
+    def make():
+        return (torch.randn(tokens, hidden, device="cuda", dtype=dtype),
+                torch.randn(hidden, device="cuda", dtype=dtype),
+                torch.randn(tokens, hidden, device="cuda", dtype=dtype))
+
+    return make
+
+
 def rmsnorm_case(tokens, hidden, dtype):
     elt = torch.tensor([], dtype=dtype).element_size()
     bytes_moved = 2 * tokens * hidden * elt + hidden * elt
@@ -104,11 +114,7 @@ def rmsnorm_backward_case(tokens, hidden, dtype):
     elt = torch.tensor([], dtype=dtype).element_size()
     bytes_moved = 3 * tokens * hidden * elt + 2 * hidden * elt
 
-    def make():
-        x = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
-        w = torch.randn(hidden, device="cuda", dtype=dtype)
-        dy = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
-        return x, w, dy
+    make = backward_inputs(tokens, hidden, dtype)
 
     impls = {
         "llmk": lambda x, w, dy: llmk.rmsnorm_backward(dy, x, w, EPS),
@@ -152,11 +158,7 @@ def layernorm_backward_case(tokens, hidden, dtype):
     elt = torch.tensor([], dtype=dtype).element_size()
     bytes_moved = 3 * tokens * hidden * elt + 3 * hidden * elt
 
-    def make():
-        x = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
-        w = torch.randn(hidden, device="cuda", dtype=dtype)
-        dy = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
-        return x, w, dy
+    make = backward_inputs(tokens, hidden, dtype)
 
     def torch_layernorm(x, w, b):
         return F.layer_norm(x, (hidden,), w, b, EPS)
