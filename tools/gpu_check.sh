@@ -27,6 +27,8 @@ done
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
 export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
+# The commit the benchmark CSV names: the device copy has no .git, so it comes from here.
+[ -f .deps/commit ] && export LLMK_COMMIT=${LLMK_COMMIT:-$(cat .deps/commit)}
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -2;
   python3 -c "import torch; print('torch', torch.__version__)"; } > "$OUT/build.log" 2>&1
@@ -50,7 +52,8 @@ if [ $run_tests -eq 1 ]; then
   note "pytest: $(tail -1 "$OUT/pytest.log")"
   : > "$OUT/sanitizer.log"
   for t in "rmsnorm_test RMSNormGpu.StridedRows*" "add_rmsnorm_test AddRMSNormGpu.Strided*" \
-           "rmsnorm_backward_test RMSNormBackwardGpu.ManyRows*"; do
+           "rmsnorm_backward_test RMSNormBackwardGpu.ManyRows*" "layernorm_test LayerNormGpu.Optional*" \
+           "layernorm_backward_test LayerNormBackwardGpu.ManyRows*"; do
     set -- $t
     compute-sanitizer --tool memcheck --error-exitcode 3 $BUILD/tests/cpp/$1 --gtest_filter="$2" >> "$OUT/sanitizer.log" 2>&1
     rc=$?
