@@ -64,6 +64,7 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
   const int d = static_cast<int>(p.d);
   const float inv_d = 1.0f / static_cast<float>(d);
   const W* weight = static_cast<const W*>(p.weight);
+  const bool has_weight = !kCentered || weight != nullptr;  // RMSNorm: always, at compile time
   float dw[VPT][N], db[kCentered ? VPT : 1][N];
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
@@ -119,11 +120,11 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
         const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
         if (valid[q] && col < d) {
           Vec<W, N> w{};
-          if (weight != nullptr) w = load_vec<W, N>(weight + col);
+          if (has_weight) w = load_vec<W, N>(weight + col);
 #pragma unroll
           for (int j = 0; j < N; ++j) {
             const float xc = to_float(xv[q][i].v[j]) - mean[q];
-            const float g = to_float(dyv[q][i].v[j]) * norm_scale(p.offset, weight != nullptr, w.v[j]);
+            const float g = to_float(dyv[q][i].v[j]) * norm_scale(p.offset, has_weight, w.v[j]);
             sums[q * K] += xc * xc;
             sums[q * K + 1] += g * xc;
             if constexpr (kCentered) sums[q * K + 2] += g;
@@ -149,7 +150,7 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
           opaque(xv[q][i]);
           opaque(dyv[q][i]);
           Vec<W, N> w{};
-          if (weight != nullptr) w = load_vec<W, N>(weight + col);
+          if (has_weight) w = load_vec<W, N>(weight + col);
           Vec<T, N> extra;
           if (dres != nullptr) extra = load_vec<T, N>(dres + col);
           Vec<T, N> out;
@@ -157,7 +158,7 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
           for (int j = 0; j < N; ++j) {
             const float xhat = (to_float(xv[q][i].v[j]) - mean[q]) * r;
             const float dyf = to_float(dyv[q][i].v[j]);
-            const float g = dyf * norm_scale(p.offset, weight != nullptr, w.v[j]);
+            const float g = dyf * norm_scale(p.offset, has_weight, w.v[j]);
             float v = r * (g - mean_g - xhat * mean_gxhat);
             if (dres != nullptr) v += to_float(extra.v[j]);
             out.v[j] = from_float<T>(v);

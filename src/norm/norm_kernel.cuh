@@ -9,8 +9,9 @@
 // Algorithm. One block per row (grid-strided over rows). The vector kernel keeps the whole
 // row in registers: thread t holds VPT 16-byte vectors at columns (i * blockDim + t) * N,
 // so each of the VPT loads is coalesced across the block. One pass reads the row, block
-// reductions give the statistics (LayerNorm: the mean first, then the centered sum of
-// squares from registers, which is exact where E[x^2] - E[x]^2 would cancel), a second
+// reductions give the statistics (LayerNorm: each thread's own mean and centered sum of
+// squares from registers, merged over the block with Chan's formula in one reduction:
+// no E[x^2] - E[x]^2 cancellation and no second barrier round), a second
 // pass over the registers writes the output: the row is read from memory exactly once.
 // The row stays in registers in its storage dtype (4 registers per vector). The launcher
 // picks VPT (and so the block size, d / (N * VPT)) that keeps the most threads resident per
@@ -53,48 +54,57 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
   const float inv_d = 1.0f / static_cast<float>(d);
   const W* weight = static_cast<const W*>(p.weight);
   const W* bias = static_cast<const W*>(p.bias);
+  // RMSNorm always has a weight and never a bias: known at compile time, so its kernels
+  // spend no registers or branches on the optional parameters of LayerNorm.
+  const bool has_weight = !kCentered || weight != nullptr;
+  const bool has_bias = kCentered && bias != nullptr;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     Vec<T, N> s[VPT];
     Vec<W, N> w[kPrefetchWeight ? VPT : 1];
-    float sum = 0.0f;  // of s (LayerNorm) or of s^2 (RMSNorm)
+    float mean = 0.0f, r;
+    if constexpr (kCentered) {
+      // This thread's count, mean and M2 (two passes over its registers), merged over the
+      // block in one reduction.
+      MeanM2 own{0.0f, 0.0f, 0.0f};
+      float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-      if (col < d) {
-        s[i] = load_vec<T, N>(x + col);
-        if constexpr (kPrefetchWeight)
-          if (weight != nullptr) w[i] = load_vec<W, N>(weight + col);
-        if constexpr (kAdd) {
-          const T* res = static_cast<const T*>(p.residual) + row * p.residual_stride;
-          const Vec<T, N> r = load_vec<T, N>(res + col);
+      for (int i = 0; i < VPT; ++i) {
+        const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
+        if (col < d) {
+          own.n += N;
 #pragma unroll
-          for (int j = 0; j < N; ++j) s[i].v[j] = from_float<T>(to_float(s[i].v[j]) + to_float(r.v[j]));
-          store_vec(static_cast<T*>(p.residual_out) + row * p.residual_out_stride + col, s[i]);
-        }
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float v = to_float(s[i].v[j]);
-          sum += kCentered ? v : v * v;
+          for (int j = 0; j < N; ++j) sum += to_float(s[i].v[j]);
         }
       }
-    }
-    float mean = 0.0f;
-    if constexpr (kCentered) {
-      mean = block_sum(sum) * inv_d;
-      sum = 0.0f;
+      own.mean = own.n > 0.0f ? sum / own.n : 0.0f;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
         const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
         if (col < d)
 #pragma unroll
           for (int j = 0; j < N; ++j) {
-            const float c = to_float(s[i].v[j]) - mean;
-            sum += c * c;
+            const float c = to_float(s[i].v[j]) - own.mean;
+            own.m2 += c * c;
           }
       }
+      const MeanM2 total = block_mean_m2(own);
+      mean = total.mean;
+      r = rsqrtf(total.m2 * inv_d + p.eps);
+    } else {
+      float sum_sq = 0.0f;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
+        if (col < d)
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            const float v = to_float(s[i].v[j]);
+            sum_sq += v * v;
+          }
+      }
+      r = rsqrtf(block_sum(sum_sq) * inv_d + p.eps);
     }
-    const float r = rsqrtf(block_sum(sum) * inv_d + p.eps);
     if (threadIdx.x == 0) {
       if (p.rstd != nullptr) p.rstd[row] = r;
       if (p.mean != nullptr) p.mean[row] = mean;
@@ -106,17 +116,16 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
       if (col < d) {
         opaque(s[i]);
         Vec<W, N> wv, bv;
-        if (weight != nullptr) {
+        if (has_weight) {
           if constexpr (kPrefetchWeight) wv = w[i];
           else wv = load_vec<W, N>(weight + col);
         }
-        if (bias != nullptr) bv = load_vec<W, N>(bias + col);
+        if (has_bias) bv = load_vec<W, N>(bias + col);
         Vec<T, N> y;
 #pragma unroll
         for (int j = 0; j < N; ++j)
-          y.v[j] = from_float<T>((to_float(s[i].v[j]) - mean) * r *
-                                     norm_scale(p.offset, weight != nullptr, wv.v[j]) +
-                                 norm_shift(bias != nullptr, bv.v[j]));
+          y.v[j] = from_float<T>((to_float(s[i].v[j]) - mean) * r * norm_scale(p.offset, has_weight, wv.v[j]) +
+                                 norm_shift(has_bias, bv.v[j]));
         store_vec(out + col, y);
       }
     }
@@ -133,8 +142,8 @@ __global__ void __launch_bounds__(512) norm_loop_kernel(NormParams p) {
     T* residual_out = static_cast<T*>(p.residual_out) + row * p.residual_out_stride;
     // Each thread revisits exactly the columns it read (and, with kAdd, wrote) in the
     // first pass, so in-place calls need no barrier between the passes.
-    auto value = [&](int64_t col) { return to_float(kAdd ? residual_out[col] : x[col]); };
-    float sum = 0.0f;
+    MeanM2 own{0.0f, 0.0f, 0.0f};  // LayerNorm: Welford over this thread's columns
+    float sum_sq = 0.0f;            // RMSNorm
     for (int64_t col = threadIdx.x; col < p.d; col += blockDim.x) {
       T s = x[col];
       if constexpr (kAdd) {
@@ -143,18 +152,23 @@ __global__ void __launch_bounds__(512) norm_loop_kernel(NormParams p) {
         residual_out[col] = s;
       }
       const float v = to_float(s);
-      sum += kCentered ? v : v * v;
-    }
-    float mean = 0.0f;
-    if constexpr (kCentered) {
-      mean = block_sum(sum) * inv_d;
-      sum = 0.0f;
-      for (int64_t col = threadIdx.x; col < p.d; col += blockDim.x) {
-        const float c = value(col) - mean;
-        sum += c * c;
+      if constexpr (kCentered) {
+        own.n += 1.0f;
+        const float delta = v - own.mean;
+        own.mean += delta / own.n;
+        own.m2 += delta * (v - own.mean);
+      } else {
+        sum_sq += v * v;
       }
     }
-    const float r = rsqrtf(block_sum(sum) * inv_d + p.eps);
+    float mean = 0.0f, r;
+    if constexpr (kCentered) {
+      const MeanM2 total = block_mean_m2(own);
+      mean = total.mean;
+      r = rsqrtf(total.m2 * inv_d + p.eps);
+    } else {
+      r = rsqrtf(block_sum(sum_sq) * inv_d + p.eps);
+    }
     if (threadIdx.x == 0) {
       if (p.rstd != nullptr) p.rstd[row] = r;
       if (p.mean != nullptr) p.mean[row] = mean;
@@ -163,7 +177,8 @@ __global__ void __launch_bounds__(512) norm_loop_kernel(NormParams p) {
     for (int64_t col = threadIdx.x; col < p.d; col += blockDim.x) {
       const W w = weight != nullptr ? weight[col] : W{};
       const W b = bias != nullptr ? bias[col] : W{};
-      out[col] = from_float<T>((value(col) - mean) * r * norm_scale(p.offset, weight != nullptr, w) +
+      const float v = to_float(kAdd ? residual_out[col] : x[col]);
+      out[col] = from_float<T>((v - mean) * r * norm_scale(p.offset, weight != nullptr, w) +
                                norm_shift(bias != nullptr, b));
     }
   }
