@@ -62,6 +62,29 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     Vec<T, N> s[VPT];
     Vec<W, N> w[kPrefetchWeight ? VPT : 1];
+    float sum_sq = 0.0f;  // RMSNorm: accumulated as the row arrives
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
+      if (col < d) {
+        s[i] = load_vec<T, N>(x + col);
+        if constexpr (kPrefetchWeight)
+          if (has_weight) w[i] = load_vec<W, N>(weight + col);
+        if constexpr (kAdd) {
+          const T* res = static_cast<const T*>(p.residual) + row * p.residual_stride;
+          const Vec<T, N> rv = load_vec<T, N>(res + col);
+#pragma unroll
+          for (int j = 0; j < N; ++j) s[i].v[j] = from_float<T>(to_float(s[i].v[j]) + to_float(rv.v[j]));
+          store_vec(static_cast<T*>(p.residual_out) + row * p.residual_out_stride + col, s[i]);
+        }
+        if constexpr (!kCentered)
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            const float v = to_float(s[i].v[j]);
+            sum_sq += v * v;
+          }
+      }
+    }
     float mean = 0.0f, r;
     if constexpr (kCentered) {
       // This thread's count, mean and M2 (two passes over its registers), merged over the
@@ -92,22 +115,12 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
       mean = total.mean;
       r = rsqrtf(total.m2 * inv_d + p.eps);
     } else {
-      float sum_sq = 0.0f;
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-        if (col < d)
-#pragma unroll
-          for (int j = 0; j < N; ++j) {
-            const float v = to_float(s[i].v[j]);
-            sum_sq += v * v;
-          }
-      }
-      r = rsqrtf(block_sum(sum_sq) * inv_d + p.eps);
+      r = rsqrtf(block_sum(sum_sq) / static_cast<float>(d) + p.eps);
     }
     if (threadIdx.x == 0) {
       if (p.rstd != nullptr) p.rstd[row] = r;
-      if (p.mean != nullptr) p.mean[row] = mean;
+      if constexpr (kCentered)
+        if (p.mean != nullptr) p.mean[row] = mean;
     }
     T* out = static_cast<T*>(p.out) + row * p.out_stride;
 #pragma unroll
@@ -123,9 +136,14 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
         if (has_bias) bv = load_vec<W, N>(bias + col);
         Vec<T, N> y;
 #pragma unroll
-        for (int j = 0; j < N; ++j)
-          y.v[j] = from_float<T>((to_float(s[i].v[j]) - mean) * r * norm_scale(p.offset, has_weight, wv.v[j]) +
-                                 norm_shift(has_bias, bv.v[j]));
+        for (int j = 0; j < N; ++j) {
+          const float v = to_float(s[i].v[j]);
+          if constexpr (kCentered)
+            y.v[j] = from_float<T>((v - mean) * r * norm_scale(p.offset, has_weight, wv.v[j]) +
+                                   norm_shift(has_bias, bv.v[j]));
+          else
+            y.v[j] = from_float<T>(v * r * (p.offset + to_float(wv.v[j])));
+        }
         store_vec(out + col, y);
       }
     }
