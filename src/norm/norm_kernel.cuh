@@ -9,9 +9,8 @@
 // Algorithm. One block per row (grid-strided over rows). The vector kernel keeps the whole
 // row in registers: thread t holds VPT 16-byte vectors at columns (i * blockDim + t) * N,
 // so each of the VPT loads is coalesced across the block. One pass reads the row, block
-// reductions give the statistics (LayerNorm: each thread's own mean and centered sum of
-// squares from registers, merged over the block with Chan's formula in one reduction:
-// no E[x^2] - E[x]^2 cancellation and no second barrier round), a second
+// reductions give the statistics (LayerNorm: the mean first, then the centered sum of
+// squares from registers, which is exact where E[x^2] - E[x]^2 would cancel), a second
 // pass over the registers writes the output: the row is read from memory exactly once.
 // The row stays in registers in its storage dtype (4 registers per vector). The launcher
 // picks VPT (and so the block size, d / (N * VPT)) that keeps the most threads resident per
@@ -87,33 +86,29 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
     }
     float mean = 0.0f, r;
     if constexpr (kCentered) {
-      // This thread's count, mean and M2 (two passes over its registers), merged over the
-      // block in one reduction.
-      MeanM2 own{0.0f, 0.0f, 0.0f};
+      // The mean first, then the centered sum of squares from registers: exact where
+      // E[x^2] - E[x]^2 would cancel (rows far from zero, outliers).
       float sum = 0.0f;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
         const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-        if (col < d) {
-          own.n += N;
+        if (col < d)
 #pragma unroll
           for (int j = 0; j < N; ++j) sum += to_float(s[i].v[j]);
-        }
       }
-      own.mean = own.n > 0.0f ? sum / own.n : 0.0f;
+      mean = block_sum(sum) * inv_d;
+      float m2 = 0.0f;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
         const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
         if (col < d)
 #pragma unroll
           for (int j = 0; j < N; ++j) {
-            const float c = to_float(s[i].v[j]) - own.mean;
-            own.m2 += c * c;
+            const float c = to_float(s[i].v[j]) - mean;
+            m2 += c * c;
           }
       }
-      const MeanM2 total = block_mean_m2(own);
-      mean = total.mean;
-      r = rsqrtf(total.m2 * inv_d + p.eps);
+      r = rsqrtf(block_sum(m2) * inv_d + p.eps);
     } else {
       r = rsqrtf(block_sum(sum_sq) / static_cast<float>(d) + p.eps);
     }
@@ -160,8 +155,7 @@ __global__ void __launch_bounds__(512) norm_loop_kernel(NormParams p) {
     T* residual_out = static_cast<T*>(p.residual_out) + row * p.residual_out_stride;
     // Each thread revisits exactly the columns it read (and, with kAdd, wrote) in the
     // first pass, so in-place calls need no barrier between the passes.
-    MeanM2 own{0.0f, 0.0f, 0.0f};  // LayerNorm: Welford over this thread's columns
-    float sum_sq = 0.0f;            // RMSNorm
+    float sum = 0.0f;  // of s (LayerNorm) or of s^2 (RMSNorm)
     for (int64_t col = threadIdx.x; col < p.d; col += blockDim.x) {
       T s = x[col];
       if constexpr (kAdd) {
@@ -170,23 +164,18 @@ __global__ void __launch_bounds__(512) norm_loop_kernel(NormParams p) {
         residual_out[col] = s;
       }
       const float v = to_float(s);
-      if constexpr (kCentered) {
-        own.n += 1.0f;
-        const float delta = v - own.mean;
-        own.mean += delta / own.n;
-        own.m2 += delta * (v - own.mean);
-      } else {
-        sum_sq += v * v;
+      sum += kCentered ? v : v * v;
+    }
+    float mean = 0.0f;
+    if constexpr (kCentered) {  // a second pass (from L1/L2) for the centered sum of squares
+      mean = block_sum(sum) * inv_d;
+      sum = 0.0f;
+      for (int64_t col = threadIdx.x; col < p.d; col += blockDim.x) {
+        const float c = to_float(x[col]) - mean;
+        sum += c * c;
       }
     }
-    float mean = 0.0f, r;
-    if constexpr (kCentered) {
-      const MeanM2 total = block_mean_m2(own);
-      mean = total.mean;
-      r = rsqrtf(total.m2 * inv_d + p.eps);
-    } else {
-      r = rsqrtf(block_sum(sum_sq) * inv_d + p.eps);
-    }
+    const float r = rsqrtf(block_sum(sum) * inv_d + p.eps);
     if (threadIdx.x == 0) {
       if (p.rstd != nullptr) p.rstd[row] = r;
       if (p.mean != nullptr) p.mean[row] = mean;
