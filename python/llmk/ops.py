@@ -221,7 +221,6 @@ def _layernorm_setup(ctx, inputs, output):
     x, weight, bias, eps = inputs
     ctx.save_for_backward(x, weight)
     ctx.eps, ctx.has_bias = eps, bias is not None
-    ctx.bias_dtype = bias.dtype if bias is not None else None
 
 
 def _layernorm_grad(ctx, dy):

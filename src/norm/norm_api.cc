@@ -102,6 +102,43 @@ void check_workspace(const char* op, const std::optional<TensorView>& workspace,
   LLMK_CHECK(detail::is_aligned(workspace->data(), 16), op, ": workspace must be 16-byte aligned");
 }
 
+// The fields every forward call fills the same way: rows of out and x, and eps.
+detail::NormParams forward_params(const Rows& outr, const Rows& xr, double eps) {
+  detail::NormParams p{};
+  p.out = outr.data;
+  p.x = xr.data;
+  p.rows = xr.rows;
+  p.d = xr.d;
+  p.out_stride = outr.row_stride;
+  p.x_stride = xr.row_stride;
+  p.eps = static_cast<float>(eps);
+  return p;
+}
+
+// The fields every backward call fills the same way: rows of dx, dy and x, and eps.
+detail::NormBackwardParams backward_params(const Rows& dxr, const Rows& dyr, const Rows& xr,
+                                           double eps) {
+  detail::NormBackwardParams p{};
+  p.dx = dxr.data;
+  p.dy = dyr.data;
+  p.x = xr.data;
+  p.rows = xr.rows;
+  p.d = xr.d;
+  p.dx_stride = dxr.row_stride;
+  p.dy_stride = dyr.row_stride;
+  p.x_stride = xr.row_stride;
+  p.eps = static_cast<float>(eps);
+  return p;
+}
+
+// A backward call with no rows: the parameter gradients given (non-null) are zero.
+void zero_parameter_gradients(std::initializer_list<const TensorView*> grads, int64_t d,
+                              cudaStream_t stream) {
+  for (const TensorView* grad : grads)
+    if (grad != nullptr)
+      LLMK_CUDA_CHECK(cudaMemsetAsync(grad->data(), 0, d * dtype_size(grad->dtype()), stream));
+}
+
 }  // namespace
 
 void rmsnorm(const TensorView& out, const TensorView& x, const TensorView& weight, double eps,
@@ -117,16 +154,9 @@ void rmsnorm(const TensorView& out, const TensorView& x, const TensorView& weigh
   if (rstd) check_row_stat(op, "rstd", *rstd, x, xr.rows, {{"out", &out}, {"x", &x}, {"weight", &weight}});
   if (xr.rows == 0) return;
 
-  detail::NormParams p{};
-  p.out = outr.data;
-  p.x = xr.data;
+  detail::NormParams p = forward_params(outr, xr, eps);
   p.weight = weight.data();
   p.rstd = rstd ? static_cast<float*>(rstd->data()) : nullptr;
-  p.rows = xr.rows;
-  p.d = xr.d;
-  p.out_stride = outr.row_stride;
-  p.x_stride = xr.row_stride;
-  p.eps = static_cast<float>(eps);
   p.offset = static_cast<float>(offset);
   if (!x.is_cuda()) return detail::rmsnorm_cpu(p, x.dtype(), weight.dtype());
   detail::DeviceGuard guard(x.device().index);
@@ -156,19 +186,12 @@ void add_rmsnorm(const TensorView& out, const TensorView& residual_out, const Te
     detail::check_no_overlap(op, name, *t, "weight", weight, false);
   if (xr.rows == 0) return;
 
-  detail::NormParams p{};
-  p.out = outr.data;
+  detail::NormParams p = forward_params(outr, xr, eps);
   p.residual_out = res_outr.data;
-  p.x = xr.data;
   p.residual = resr.data;
   p.weight = weight.data();
-  p.rows = xr.rows;
-  p.d = xr.d;
-  p.out_stride = outr.row_stride;
   p.residual_out_stride = res_outr.row_stride;
-  p.x_stride = xr.row_stride;
   p.residual_stride = resr.row_stride;
-  p.eps = static_cast<float>(eps);
   p.offset = static_cast<float>(offset);
   if (!x.is_cuda()) return detail::add_rmsnorm_cpu(p, x.dtype(), weight.dtype());
   detail::DeviceGuard guard(x.device().index);
@@ -210,28 +233,16 @@ void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const Ten
     detail::check_no_overlap(op, "dweight", dweight, "dresidual", *dresidual, false);
   }
 
-  detail::NormBackwardParams p{};
-  p.dx = dxr.data;
+  detail::NormBackwardParams p = backward_params(dxr, dyr, xr, eps);
   p.dweight = dweight.data();
-  p.dy = dyr.data;
-  p.x = xr.data;
   p.weight = weight.data();
   p.dresidual = dresidual ? dresr.data : nullptr;
-  p.rows = xr.rows;
-  p.d = xr.d;
-  p.dx_stride = dxr.row_stride;
-  p.dy_stride = dyr.row_stride;
-  p.x_stride = xr.row_stride;
   p.dresidual_stride = dresr.row_stride;
-  p.eps = static_cast<float>(eps);
   p.offset = static_cast<float>(offset);
   if (!x.is_cuda()) return detail::rmsnorm_backward_cpu(p, x.dtype(), weight.dtype());
 
   detail::DeviceGuard guard(x.device().index);
-  if (xr.rows == 0) {  // no rows: the weight gradient is zero
-    LLMK_CUDA_CHECK(cudaMemsetAsync(dweight.data(), 0, xr.d * dtype_size(dweight.dtype()), stream));
-    return;
-  }
+  if (xr.rows == 0) return zero_parameter_gradients({&dweight}, xr.d, stream);
   check_workspace(op, workspace, x, rmsnorm_backward_workspace_size(xr.rows, xr.d, x.device().index));
   p.partial = static_cast<float*>(workspace->data());
   const bool vector_ok =
@@ -271,18 +282,11 @@ void layernorm(const TensorView& out, const TensorView& x, const std::optional<T
   if (mean && rstd) detail::check_no_overlap(op, "mean", *mean, "rstd", *rstd, false);
   if (xr.rows == 0) return;
 
-  detail::NormParams p{};
-  p.out = outr.data;
-  p.x = xr.data;
+  detail::NormParams p = forward_params(outr, xr, eps);
   p.weight = weight ? weight->data() : nullptr;
   p.bias = bias ? bias->data() : nullptr;
   p.mean = mean ? static_cast<float*>(mean->data()) : nullptr;
   p.rstd = rstd ? static_cast<float*>(rstd->data()) : nullptr;
-  p.rows = xr.rows;
-  p.d = xr.d;
-  p.out_stride = outr.row_stride;
-  p.x_stride = xr.row_stride;
-  p.eps = static_cast<float>(eps);
   if (!x.is_cuda()) return detail::layernorm_cpu(p, x.dtype(), affine);
   detail::DeviceGuard guard(x.device().index);
   const bool vector_ok = vectorizable({xr, outr}, x.dtype(),
@@ -316,28 +320,16 @@ void layernorm_backward(const TensorView& dx, const std::optional<TensorView>& d
   if (weight) detail::check_no_overlap(op, "dx", dx, "weight", *weight, false);
   if (dweight && dbias) detail::check_no_overlap(op, "dweight", *dweight, "dbias", *dbias, false);
 
-  detail::NormBackwardParams p{};
-  p.dx = dxr.data;
+  detail::NormBackwardParams p = backward_params(dxr, dyr, xr, eps);
   p.dweight = dweight ? dweight->data() : nullptr;
   p.dbias = dbias ? dbias->data() : nullptr;
-  p.dy = dyr.data;
-  p.x = xr.data;
   p.weight = weight ? weight->data() : nullptr;
-  p.rows = xr.rows;
-  p.d = xr.d;
-  p.dx_stride = dxr.row_stride;
-  p.dy_stride = dyr.row_stride;
-  p.x_stride = xr.row_stride;
-  p.eps = static_cast<float>(eps);
   if (!x.is_cuda()) return detail::layernorm_backward_cpu(p, x.dtype(), affine);
 
   detail::DeviceGuard guard(x.device().index);
-  if (xr.rows == 0) {  // no rows: the parameter gradients are zero
-    for (const auto* grad : {dweight ? &*dweight : nullptr, dbias ? &*dbias : nullptr})
-      if (grad != nullptr)
-        LLMK_CUDA_CHECK(cudaMemsetAsync(grad->data(), 0, xr.d * dtype_size(grad->dtype()), stream));
-    return;
-  }
+  if (xr.rows == 0)
+    return zero_parameter_gradients({dweight ? &*dweight : nullptr, dbias ? &*dbias : nullptr},
+                                    xr.d, stream);
   check_workspace(op, workspace, x, layernorm_backward_workspace_size(xr.rows, xr.d, x.device().index));
   p.partial = static_cast<float*>(workspace->data());
   const bool vector_ok = vectorizable({xr, dyr, dxr}, x.dtype(), {weight ? &*weight : nullptr});
