@@ -1,6 +1,7 @@
 // llmk: fused GPU kernels for transformer language models. Umbrella header.
 #pragma once
 
+#include "llmk/activation.h"
 #include "llmk/device_info.h"
 #include "llmk/dtype.h"
 #include "llmk/error.h"

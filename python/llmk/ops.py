@@ -242,3 +242,139 @@ def layernorm_backward(dy: Tensor, x: Tensor, weight: Optional[Tensor] = None, e
                        want_dbias: bool = True):
     """Gradients ``(dx, dweight, dbias)`` of :func:`layernorm` (empty tensors for the absent ones)."""
     return torch.ops.llmk.layernorm_backward(dy, x, weight, eps, want_dbias)
+
+
+# --------------------------------------------------------------------------------------
+# gated activations: silu_and_mul, gelu_and_mul (x = [..., 2d], gate then up), swiglu
+
+
+def _half_shape(x: Tensor):
+    return (*x.shape[:-1], x.shape[-1] // 2)
+
+
+@torch.library.custom_op("llmk::silu_and_mul", mutates_args=())
+def _silu_and_mul(x: Tensor) -> Tensor:
+    out = torch.empty(_half_shape(x), dtype=x.dtype, device=x.device)
+    _C.silu_and_mul(out, x, _stream(x))
+    return out
+
+
+@_silu_and_mul.register_fake
+def _(x):
+    return x.new_empty(_half_shape(x))
+
+
+@torch.library.custom_op("llmk::gelu_and_mul", mutates_args=())
+def _gelu_and_mul(x: Tensor, approximate: str) -> Tensor:
+    out = torch.empty(_half_shape(x), dtype=x.dtype, device=x.device)
+    _C.gelu_and_mul(out, x, approximate, _stream(x))
+    return out
+
+
+@_gelu_and_mul.register_fake
+def _(x, approximate):
+    return x.new_empty(_half_shape(x))
+
+
+@torch.library.custom_op("llmk::gated_and_mul_backward", mutates_args=())
+def _gated_and_mul_backward(dy: Tensor, x: Tensor, activation: str) -> Tensor:
+    """dx of silu_and_mul (activation "silu") or gelu_and_mul ("gelu", "gelu_tanh")."""
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if activation == "silu":
+        _C.silu_and_mul_backward(dx, dy, x, _stream(x))
+    else:
+        _C.gelu_and_mul_backward(dx, dy, x, "tanh" if activation == "gelu_tanh" else "none", _stream(x))
+    return dx
+
+
+@_gated_and_mul_backward.register_fake
+def _(dy, x, activation):
+    return x.new_empty(x.shape)
+
+
+def _silu_and_mul_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.activation = "silu"
+
+
+def _gelu_and_mul_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.activation = "gelu_tanh" if inputs[1] == "tanh" else "gelu"
+
+
+def _gated_and_mul_grad(ctx, dy):
+    (x,) = ctx.saved_tensors
+    dx = torch.ops.llmk.gated_and_mul_backward(_dense_rows(dy), x, ctx.activation)
+    return (dx,) if ctx.activation == "silu" else (dx, None)
+
+
+_silu_and_mul.register_autograd(_gated_and_mul_grad, setup_context=_silu_and_mul_setup)
+_gelu_and_mul.register_autograd(_gated_and_mul_grad, setup_context=_gelu_and_mul_setup)
+
+
+@torch.library.custom_op("llmk::swiglu", mutates_args=())
+def _swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    _C.swiglu(out, gate, up, _stream(gate))
+    return out
+
+
+@_swiglu.register_fake
+def _(gate, up):
+    return gate.new_empty(gate.shape)
+
+
+@torch.library.custom_op("llmk::swiglu_backward", mutates_args=())
+def _swiglu_backward(dy: Tensor, gate: Tensor, up: Tensor) -> Tuple[Tensor, Tensor]:
+    dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    dup = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    _C.swiglu_backward(dgate, dup, dy, gate, up, _stream(gate))
+    return dgate, dup
+
+
+@_swiglu_backward.register_fake
+def _(dy, gate, up):
+    return gate.new_empty(gate.shape), gate.new_empty(gate.shape)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _swiglu_grad(ctx, dy):
+    gate, up = ctx.saved_tensors
+    return torch.ops.llmk.swiglu_backward(_dense_rows(dy), gate, up)
+
+
+_swiglu.register_autograd(_swiglu_grad, setup_context=_swiglu_setup)
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    """SwiGLU over a fused gate-and-up projection ``x = [..., 2d]``: ``silu(x[..., :d]) * x[..., d:]``,
+    fp32 math, one rounding (vLLM's and FlashInfer's ``silu_and_mul``)."""
+    return torch.ops.llmk.silu_and_mul(x)
+
+
+def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+    """GeGLU: ``gelu(x[..., :d], approximate) * x[..., d:]``; approximate is "none" (erf) or "tanh"."""
+    return torch.ops.llmk.gelu_and_mul(x, approximate)
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """``silu(gate) * up`` for separate gate and up tensors of one shape."""
+    return torch.ops.llmk.swiglu(gate, up)
+
+
+def silu_and_mul_backward(dy: Tensor, x: Tensor) -> Tensor:
+    """dx (``[..., 2d]``: dgate then dup) of :func:`silu_and_mul`."""
+    return torch.ops.llmk.gated_and_mul_backward(dy, x, "silu")
+
+
+def gelu_and_mul_backward(dy: Tensor, x: Tensor, approximate: str = "none") -> Tensor:
+    """dx of :func:`gelu_and_mul`."""
+    return torch.ops.llmk.gated_and_mul_backward(dy, x, "gelu_tanh" if approximate == "tanh" else "gelu")
+
+
+def swiglu_backward(dy: Tensor, gate: Tensor, up: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(dgate, dup)`` of :func:`swiglu`."""
+    return torch.ops.llmk.swiglu_backward(dy, gate, up)

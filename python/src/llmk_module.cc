@@ -51,6 +51,12 @@ std::optional<llmk::TensorView> view(const std::optional<AnyArray>& a) {
   return view(*a);
 }
 
+llmk::GeluApproximation gelu_approximation(const std::string& name) {
+  if (name == "none") return llmk::GeluApproximation::none;
+  if (name == "tanh") return llmk::GeluApproximation::tanh;
+  llmk::detail::throw_error("approximate must be 'none' or 'tanh', got '", name, "'");
+}
+
 cudaStream_t stream_of(uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
 
 // Converts the arguments with the GIL held, then runs `fn` without it.
@@ -135,6 +141,56 @@ NB_MODULE(_C, m) {
 
   m.def("layernorm_backward_workspace_size", &llmk::layernorm_backward_workspace_size, "rows"_a,
         "d"_a, "device_index"_a = 0);
+
+  m.def(
+      "silu_and_mul",
+      [](AnyArray out, AnyArray x, uintptr_t stream) {
+        auto o = view(out), xv = view(x);
+        without_gil([&] { llmk::silu_and_mul(o, xv, stream_of(stream)); });
+      },
+      "out"_a, "x"_a, "stream"_a = 0);
+
+  m.def(
+      "gelu_and_mul",
+      [](AnyArray out, AnyArray x, const std::string& approximate, uintptr_t stream) {
+        auto o = view(out), xv = view(x);
+        const auto a = gelu_approximation(approximate);
+        without_gil([&] { llmk::gelu_and_mul(o, xv, a, stream_of(stream)); });
+      },
+      "out"_a, "x"_a, "approximate"_a = "none", "stream"_a = 0);
+
+  m.def(
+      "swiglu",
+      [](AnyArray out, AnyArray gate, AnyArray up, uintptr_t stream) {
+        auto o = view(out), g = view(gate), u = view(up);
+        without_gil([&] { llmk::swiglu(o, g, u, stream_of(stream)); });
+      },
+      "out"_a, "gate"_a, "up"_a, "stream"_a = 0);
+
+  m.def(
+      "silu_and_mul_backward",
+      [](AnyArray dx, AnyArray dy, AnyArray x, uintptr_t stream) {
+        auto dxv = view(dx), dyv = view(dy), xv = view(x);
+        without_gil([&] { llmk::silu_and_mul_backward(dxv, dyv, xv, stream_of(stream)); });
+      },
+      "dx"_a, "dy"_a, "x"_a, "stream"_a = 0);
+
+  m.def(
+      "gelu_and_mul_backward",
+      [](AnyArray dx, AnyArray dy, AnyArray x, const std::string& approximate, uintptr_t stream) {
+        auto dxv = view(dx), dyv = view(dy), xv = view(x);
+        const auto a = gelu_approximation(approximate);
+        without_gil([&] { llmk::gelu_and_mul_backward(dxv, dyv, xv, a, stream_of(stream)); });
+      },
+      "dx"_a, "dy"_a, "x"_a, "approximate"_a = "none", "stream"_a = 0);
+
+  m.def(
+      "swiglu_backward",
+      [](AnyArray dgate, AnyArray dup, AnyArray dy, AnyArray gate, AnyArray up, uintptr_t stream) {
+        auto dg = view(dgate), du = view(dup), dyv = view(dy), g = view(gate), u = view(up);
+        without_gil([&] { llmk::swiglu_backward(dg, du, dyv, g, u, stream_of(stream)); });
+      },
+      "dgate"_a, "dup"_a, "dy"_a, "gate"_a, "up"_a, "stream"_a = 0);
 
   m.def("cuda_device_count", &llmk::cuda_device_count);
   m.def("build_cuda_archs", &llmk::build_cuda_archs);

@@ -79,6 +79,21 @@ void check_same_device(const char* op, const char* arg, const TensorView& t, con
              " is on ", device_type_name(ref.device().type), ":", ref.device().index);
 }
 
+void check_float_dtype(const char* op, const char* arg, const TensorView& t) {
+  LLMK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::bf16,
+             op, ": ", arg, " has unsupported dtype ", dtype_name(t.dtype()));
+}
+
+bool rows_vectorizable(std::initializer_list<Rows> rows, DType dtype) {
+  const int64_t elem = dtype_size(dtype), n = 16 / elem;
+  for (const Rows& r : rows) {
+    if (r.data == nullptr) continue;
+    if (!is_aligned(r.data, 16) || r.d % n != 0) return false;
+    if (r.rows > 1 && (r.row_stride * elem) % 16 != 0) return false;
+  }
+  return true;
+}
+
 bool same_view(const TensorView& a, const TensorView& b) {
   if (a.data() != b.data() || a.ndim() != b.ndim() || a.dtype() != b.dtype()) return false;
   for (int i = 0; i < a.ndim(); ++i)

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "llmk/tensor.h"
 
@@ -34,6 +35,14 @@ void check_no_overlap(const char* op, const char* a_arg, const TensorView& a,
                       const char* b_arg, const TensorView& b, bool allow_identical);
 
 bool same_view(const TensorView& a, const TensorView& b);
+
+// Checks that `t` holds f32, f16 or bf16 (the dtypes of every llmk activation tensor).
+void check_float_dtype(const char* op, const char* arg, const TensorView& t);
+
+// Every row set (data == nullptr: absent, skipped) starts 16-byte aligned, has a row
+// stride of whole 16-byte vectors and d a multiple of the vector of `dtype`: the
+// condition of the 16-byte vector kernels.
+bool rows_vectorizable(std::initializer_list<Rows> rows, DType dtype);
 
 inline bool is_aligned(const void* p, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;

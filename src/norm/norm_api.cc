@@ -23,11 +23,6 @@ void check_offset(const char* op, double offset) {
   LLMK_CHECK(std::isfinite(offset), op, ": offset must be finite, got ", offset);
 }
 
-void check_float_dtype(const char* op, const char* arg, const TensorView& t) {
-  LLMK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::bf16,
-             op, ": ", arg, " has unsupported dtype ", dtype_name(t.dtype()));
-}
-
 // A per-column parameter (weight, bias): [d], x's dtype or f32, on x's device.
 void check_column_param(const char* op, const char* arg, const TensorView& t, const TensorView& x,
                         int64_t d) {
@@ -56,7 +51,7 @@ void check_row_stat(const char* op, const char* arg, const TensorView& t, const 
 
 // Rows of x that the shared checks accept; d == 0 is rejected, rows == 0 is a no-op.
 Rows check_x(const char* op, const TensorView& x) {
-  check_float_dtype(op, "x", x);
+  detail::check_float_dtype(op, "x", x);
   Rows rows = detail::as_rows(op, "x", x);
   LLMK_CHECK(rows.d >= 1, op, ": x has an empty last dim; the hidden size must be >= 1");
   LLMK_CHECK(rows.d <= (int64_t{1} << 24), op, ": hidden size ", rows.d,
@@ -64,18 +59,12 @@ Rows check_x(const char* op, const TensorView& x) {
   return rows;
 }
 
-bool aligned16(const Rows& r, DType dtype) {
-  const int64_t elem = dtype_size(dtype);
-  return detail::is_aligned(r.data, 16) && (r.rows <= 1 || (r.row_stride * elem) % 16 == 0);
-}
-
-// The vector kernels need 16-byte aligned rows, d a multiple of the vector, and per-column
-// parameters aligned to one vector of their own dtype.
+// The vector kernels need rows_vectorizable rows and per-column parameters aligned to one
+// vector of their own dtype.
 bool vectorizable(std::initializer_list<Rows> rows, DType act,
                   std::initializer_list<const TensorView*> columns) {
+  if (!detail::rows_vectorizable(rows, act)) return false;
   const int64_t n = 16 / dtype_size(act);
-  for (const Rows& r : rows)
-    if (r.data != nullptr && (!aligned16(r, act) || r.d % n != 0)) return false;
   for (const TensorView* c : columns)
     if (c != nullptr && !detail::is_aligned(c->data(), n * dtype_size(c->dtype()))) return false;
   return true;

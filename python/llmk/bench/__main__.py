@@ -15,9 +15,12 @@ import sys
 import torch
 
 import llmk
-from . import norm_cases, timing
+from . import activation_cases, norm_cases, timing
 
-OPS = dict(norm_cases.OPS)
+CASE_MODULES = (norm_cases, activation_cases)
+OPS = {op: case for m in CASE_MODULES for op, case in m.OPS.items()}
+# Each op's default sweep: (tokens, hidden) lists; --tokens / --hidden override them.
+SWEEPS = {op: sweep for m in CASE_MODULES for op, sweep in m.SWEEPS.items()}
 
 
 def _commit() -> str:
@@ -53,8 +56,8 @@ def run_gpu(ops, tokens_list, hidden_list, dtype):
           f"empty kernel {empty_us:.2f} us per call", flush=True)
     rows = []
     for op in ops:
-        for hidden in hidden_list:
-            for tokens in tokens_list:
+        for hidden in hidden_list or SWEEPS[op][1]:
+            for tokens in tokens_list or SWEEPS[op][0]:
                 bytes_moved, make, impls, reference = OPS[op](tokens, hidden, dtype)
                 sets = timing.buffer_sets(make, bytes_moved)
                 results = {}
@@ -117,12 +120,15 @@ def plot(rows, path):
     import matplotlib.pyplot as plt
 
     ops = list(dict.fromkeys(r["op"] for r in rows))
-    hiddens = sorted({int(r["hidden"]) for r in rows})
+    hiddens = {op: sorted({int(r["hidden"]) for r in rows if r["op"] == op}) for op in ops}
+    columns = max(len(h) for h in hiddens.values())
     colors = {"llmk": "tab:blue", "eager": "tab:orange", "F.rms_norm": "tab:green", "F.layer_norm": "tab:green",
               "compile": "tab:red"}
-    fig, axes = plt.subplots(len(ops), len(hiddens), figsize=(3.2 * len(hiddens), 2.8 * len(ops)), squeeze=False)
+    fig, axes = plt.subplots(len(ops), columns, figsize=(3.2 * columns, 2.8 * len(ops)), squeeze=False)
     for i, op in enumerate(ops):
-        for j, hidden in enumerate(hiddens):
+        for ax in axes[i][len(hiddens[op]):]:
+            ax.axis("off")
+        for j, hidden in enumerate(hiddens[op]):
             ax = axes[i][j]
             for impl in dict.fromkeys(r["impl"] for r in rows if r["op"] == op):
                 pts = sorted((int(r["tokens"]), float(r["gbs"])) for r in rows
@@ -134,7 +140,7 @@ def plot(rows, path):
             ax.tick_params(labelsize=7)
             if j == 0:
                 ax.set_ylabel("GB/s", fontsize=8)
-            if i == len(ops) - 1:
+            if i == len(ops) - 1 or j >= len(hiddens[ops[i + 1]]):
                 ax.set_xlabel("tokens", fontsize=8)
         axes[i][0].legend(fontsize=6)
     fig.tight_layout()
@@ -173,8 +179,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m llmk.bench")
     parser.add_argument("--op", action="append", choices=sorted(OPS), help="op to benchmark (repeatable)")
     parser.add_argument("--all", action="store_true", help="every op")
-    parser.add_argument("--tokens", type=int, nargs="*", default=norm_cases.TOKENS)
-    parser.add_argument("--hidden", type=int, nargs="*", default=norm_cases.HIDDEN)
+    parser.add_argument("--tokens", type=int, nargs="*", help="token counts (default: each op's sweep)")
+    parser.add_argument("--hidden", type=int, nargs="*", help="hidden sizes (default: each op's sweep)")
     parser.add_argument("--csv", help="write every timing here")
     parser.add_argument("--table", help="write the markdown table here")
     parser.add_argument("--plot", help="write a PNG plot here")

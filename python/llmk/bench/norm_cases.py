@@ -185,3 +185,4 @@ OPS = {
     "layernorm": layernorm_case,
     "layernorm_backward": layernorm_backward_case,
 }
+SWEEPS = {op: (TOKENS, HIDDEN) for op in OPS}

@@ -1,0 +1,120 @@
+"""Benchmark cases of the gated activations and their peers, all bf16: eager PyTorch
+(``F.silu(gate) * up`` on the halves of x, as Hugging Face's LlamaMLP) and torch.compile
+of it (per shape, dynamic=False); the backward peers are autograd through each. `hidden`
+is the MLP's intermediate size d (x is [tokens, 2d])."""
+
+import torch
+import torch.nn.functional as F
+
+import llmk
+
+FFN = [4864, 14336]  # Qwen2-0.5B, Llama-3-8B intermediate sizes
+TOKENS = [1, 16, 2048, 8192]
+
+
+def _compiled(fn):
+    return torch.compile(fn, dynamic=False)
+
+
+def eager_silu_and_mul(x):
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def eager_gelu_tanh_and_mul(x):
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def eager_swiglu(gate, up):
+    return F.silu(gate) * up
+
+
+def grad_peer(forward):
+    """The backward of `forward` alone: its graph is built once per input set, the timed
+    call is autograd.grad through it. The last input is dy."""
+    graphs = {}
+
+    def run(*args):
+        *inputs, dy = args
+        key = tuple(t.data_ptr() for t in inputs)
+        if key not in graphs:
+            leaves = [t.detach().requires_grad_() for t in inputs]
+            graphs[key] = (forward(*leaves), leaves)
+        y, leaves = graphs[key]
+        return torch.autograd.grad(y, leaves, dy, retain_graph=True)
+
+    return run
+
+
+def _randn(*shape, dtype):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+def gated_case(eager, ours, reference):
+    def case(tokens, d, dtype):
+        elt = torch.tensor([], dtype=dtype).element_size()
+        impls = {"llmk": ours, "eager": eager, "compile": _compiled(eager)}
+        return 3 * tokens * d * elt, lambda: (_randn(tokens, 2 * d, dtype=dtype),), impls, reference
+
+    return case
+
+
+def silu_and_mul_reference(x):
+    return eager_silu_and_mul(x.double())
+
+
+def gelu_tanh_and_mul_reference(x):
+    return eager_gelu_tanh_and_mul(x.double())
+
+
+def silu_and_mul_backward_case(tokens, d, dtype):
+    elt = torch.tensor([], dtype=dtype).element_size()
+    impls = {
+        "llmk": lambda x, dy: llmk.silu_and_mul_backward(dy, x),
+        "eager": grad_peer(eager_silu_and_mul),
+        "compile": grad_peer(_compiled(eager_silu_and_mul)),
+    }
+
+    def reference(x, dy):
+        x64 = x.double().requires_grad_()
+        return torch.autograd.grad(eager_silu_and_mul(x64), x64, dy.double())[0]
+
+    return 5 * tokens * d * elt, lambda: (_randn(tokens, 2 * d, dtype=dtype), _randn(tokens, d, dtype=dtype)), \
+        impls, reference
+
+
+def swiglu_case(tokens, d, dtype):
+    elt = torch.tensor([], dtype=dtype).element_size()
+    impls = {"llmk": llmk.swiglu, "eager": eager_swiglu, "compile": _compiled(eager_swiglu)}
+    return 3 * tokens * d * elt, lambda: (_randn(tokens, d, dtype=dtype), _randn(tokens, d, dtype=dtype)), impls, \
+        lambda g, u: eager_swiglu(g.double(), u.double())
+
+
+def swiglu_backward_case(tokens, d, dtype):
+    elt = torch.tensor([], dtype=dtype).element_size()
+    impls = {
+        "llmk": lambda g, u, dy: llmk.swiglu_backward(dy, g, u),
+        "eager": grad_peer(eager_swiglu),
+        "compile": grad_peer(_compiled(eager_swiglu)),
+    }
+
+    def reference(g, u, dy):
+        g64 = g.double().requires_grad_()
+        return torch.autograd.grad(eager_swiglu(g64, u.double()), g64, dy.double())[0]
+
+    def make():
+        return _randn(tokens, d, dtype=dtype), _randn(tokens, d, dtype=dtype), _randn(tokens, d, dtype=dtype)
+
+    return 5 * tokens * d * elt, make, impls, reference
+
+
+OPS = {
+    "silu_and_mul": gated_case(eager_silu_and_mul, llmk.silu_and_mul, silu_and_mul_reference),
+    "gelu_and_mul": gated_case(eager_gelu_tanh_and_mul, lambda x: llmk.gelu_and_mul(x, "tanh"),
+                               gelu_tanh_and_mul_reference),
+    "silu_and_mul_backward": silu_and_mul_backward_case,
+    "swiglu": swiglu_case,
+    "swiglu_backward": swiglu_backward_case,
+}
+SWEEPS = {op: (TOKENS, FFN) for op in OPS}

@@ -1,0 +1,163 @@
+// Public entry points of the gated activations: validate every argument (a rejected call
+// writes nothing), then run the CUDA launcher or the CPU reference.
+#include <utility>
+
+#include "activation/gated_launchers.h"
+#include "common/cuda_check.h"
+#include "common/rows.h"
+#include "llmk/activation.h"
+
+namespace llmk {
+
+using detail::GatedAct;
+using detail::Rows;
+
+namespace {
+
+GatedAct gelu_act(const char* op, GeluApproximation approximate) {
+  switch (approximate) {
+    case GeluApproximation::none: return GatedAct::gelu;
+    case GeluApproximation::tanh: return GatedAct::gelu_tanh;
+  }
+  detail::throw_error(op, ": unknown GELU approximation ", static_cast<int>(approximate));
+}
+
+// `t` has ref's device, dtype and leading dims, and a last dim of `last`.
+Rows check_like(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                const TensorView& ref, int64_t last) {
+  detail::check_same_device(op, arg, t, ref_arg, ref);
+  detail::check_dtype(op, arg, t, ref.dtype());
+  bool same = t.ndim() == ref.ndim() && t.size(-1) == last;
+  for (int i = 0; same && i < t.ndim() - 1; ++i) same = t.size(i) == ref.size(i);
+  LLMK_CHECK(same, op, ": ", arg, " must have ", ref_arg, "'s leading dims and a last dim of ",
+             last);
+  return detail::as_rows(op, arg, t);
+}
+
+// The rows of the fused input x = [..., 2d] (gate then up).
+Rows check_fused_x(const char* op, const TensorView& x) {
+  detail::check_float_dtype(op, "x", x);
+  const Rows xr = detail::as_rows(op, "x", x);
+  LLMK_CHECK(xr.d >= 2 && xr.d % 2 == 0, op,
+             ": x's last dim must be even and >= 2 (gate then up halves), got ", xr.d);
+  return xr;
+}
+
+// The up half of fused rows (the gate half is the rows with d halved).
+const void* up_half(const Rows& fused, DType dtype) {
+  return static_cast<const char*>(fused.data) + fused.d / 2 * dtype_size(dtype);
+}
+
+// The CPU reference for host tensors, else the CUDA launcher on ref's device.
+template <class Params, class Cpu, class Cuda>
+void run(const Params& p, GatedAct act, const TensorView& ref, bool vector_ok, cudaStream_t stream,
+         Cpu cpu, Cuda cuda) {
+  if (p.rows == 0 || p.d == 0) return;
+  if (!ref.is_cuda()) return cpu(p, act, ref.dtype());
+  detail::DeviceGuard guard(ref.device().index);
+  cuda(p, act, ref.dtype(), vector_ok, stream);
+}
+
+void run_forward(const detail::GatedParams& p, GatedAct act, const TensorView& ref,
+                 bool vector_ok, cudaStream_t stream) {
+  run(p, act, ref, vector_ok, stream, detail::gated_forward_cpu, detail::gated_forward_cuda);
+}
+
+void run_backward(const detail::GatedBackwardParams& p, GatedAct act, const TensorView& ref,
+                  bool vector_ok, cudaStream_t stream) {
+  run(p, act, ref, vector_ok, stream, detail::gated_backward_cpu, detail::gated_backward_cuda);
+}
+
+void fused_forward(const char* op, GatedAct act, const TensorView& out, const TensorView& x,
+                   cudaStream_t stream) {
+  const Rows xr = check_fused_x(op, x);
+  const int64_t d = xr.d / 2;
+  const Rows outr = check_like(op, "out", out, "x", x, d);
+  detail::check_no_overlap(op, "out", out, "x", x, false);
+  const detail::GatedParams p{outr.data, xr.data, up_half(xr, x.dtype()), xr.rows, d,
+                              outr.row_stride, xr.row_stride, xr.row_stride};
+  // The up half starts d elements into the row: aligned when d is a multiple of the vector.
+  Rows gate = xr;
+  gate.d = d;
+  run_forward(p, act, x, detail::rows_vectorizable({outr, gate}, x.dtype()), stream);
+}
+
+void fused_backward(const char* op, GatedAct act, const TensorView& dx, const TensorView& dy,
+                    const TensorView& x, cudaStream_t stream) {
+  const Rows xr = check_fused_x(op, x);
+  const int64_t d = xr.d / 2;
+  const Rows dxr = check_like(op, "dx", dx, "x", x, xr.d);
+  const Rows dyr = check_like(op, "dy", dy, "x", x, d);
+  detail::check_no_overlap(op, "dx", dx, "x", x, true);
+  detail::check_no_overlap(op, "dx", dx, "dy", dy, false);
+  const detail::GatedBackwardParams p{dxr.data, const_cast<void*>(up_half(dxr, x.dtype())),
+                                      dyr.data, xr.data, up_half(xr, x.dtype()), xr.rows, d,
+                                      dxr.row_stride, dxr.row_stride, dyr.row_stride,
+                                      xr.row_stride, xr.row_stride};
+  Rows gate = xr, dgate = dxr;
+  gate.d = dgate.d = d;
+  run_backward(p, act, x, detail::rows_vectorizable({gate, dgate, dyr}, x.dtype()), stream);
+}
+
+}  // namespace
+
+void silu_and_mul(const TensorView& out, const TensorView& x, cudaStream_t stream) {
+  fused_forward("silu_and_mul", GatedAct::silu, out, x, stream);
+}
+
+void gelu_and_mul(const TensorView& out, const TensorView& x, GeluApproximation approximate,
+                  cudaStream_t stream) {
+  fused_forward("gelu_and_mul", gelu_act("gelu_and_mul", approximate), out, x, stream);
+}
+
+void silu_and_mul_backward(const TensorView& dx, const TensorView& dy, const TensorView& x,
+                           cudaStream_t stream) {
+  fused_backward("silu_and_mul_backward", GatedAct::silu, dx, dy, x, stream);
+}
+
+void gelu_and_mul_backward(const TensorView& dx, const TensorView& dy, const TensorView& x,
+                           GeluApproximation approximate, cudaStream_t stream) {
+  const char* op = "gelu_and_mul_backward";
+  fused_backward(op, gelu_act(op, approximate), dx, dy, x, stream);
+}
+
+void swiglu(const TensorView& out, const TensorView& gate, const TensorView& up,
+            cudaStream_t stream) {
+  const char* op = "swiglu";
+  detail::check_float_dtype(op, "gate", gate);
+  const Rows gr = detail::as_rows(op, "gate", gate);
+  const Rows ur = check_like(op, "up", up, "gate", gate, gr.d);
+  const Rows outr = check_like(op, "out", out, "gate", gate, gr.d);
+  detail::check_no_overlap(op, "out", out, "gate", gate, true);
+  detail::check_no_overlap(op, "out", out, "up", up, true);
+  const detail::GatedParams p{outr.data, gr.data, ur.data, gr.rows, gr.d,
+                              outr.row_stride, gr.row_stride, ur.row_stride};
+  run_forward(p, GatedAct::silu, gate, detail::rows_vectorizable({outr, gr, ur}, gate.dtype()),
+              stream);
+}
+
+void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dy,
+                     const TensorView& gate, const TensorView& up, cudaStream_t stream) {
+  const char* op = "swiglu_backward";
+  detail::check_float_dtype(op, "gate", gate);
+  const Rows gr = detail::as_rows(op, "gate", gate);
+  const Rows ur = check_like(op, "up", up, "gate", gate, gr.d);
+  const Rows dyr = check_like(op, "dy", dy, "gate", gate, gr.d);
+  const Rows dgr = check_like(op, "dgate", dgate, "gate", gate, gr.d);
+  const Rows dur = check_like(op, "dup", dup, "gate", gate, gr.d);
+  // Each gradient may replace its own input; every other pair is disjoint.
+  detail::check_no_overlap(op, "dgate", dgate, "gate", gate, true);
+  detail::check_no_overlap(op, "dup", dup, "up", up, true);
+  detail::check_no_overlap(op, "dgate", dgate, "dup", dup, false);
+  for (const auto& [name, t] : {std::pair{"dy", &dy}, {"up", &up}})
+    detail::check_no_overlap(op, "dgate", dgate, name, *t, false);
+  for (const auto& [name, t] : {std::pair{"dy", &dy}, {"gate", &gate}})
+    detail::check_no_overlap(op, "dup", dup, name, *t, false);
+  const detail::GatedBackwardParams p{dgr.data, dur.data, dyr.data, gr.data, ur.data, gr.rows,
+                                      gr.d, dgr.row_stride, dur.row_stride, dyr.row_stride,
+                                      gr.row_stride, ur.row_stride};
+  run_backward(p, GatedAct::silu, gate,
+               detail::rows_vectorizable({gr, ur, dyr, dgr, dur}, gate.dtype()), stream);
+}
+
+}  // namespace llmk

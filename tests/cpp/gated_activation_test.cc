@@ -1,0 +1,266 @@
+// Gated activations (silu_and_mul, gelu_and_mul, swiglu and their backwards): the CPU
+// reference against hand-computed values and finite differences, the CUDA kernels against
+// the CPU reference (both input forms, every activation and dtype, odd and strided rows,
+// in-place gradients), and bad inputs.
+#include "test_util.h"
+
+namespace llmk::test {
+namespace {
+
+enum class Act { silu, gelu, gelu_tanh };
+const Act kActs[] = {Act::silu, Act::gelu, Act::gelu_tanh};
+
+const char* act_name(Act a) {
+  return a == Act::silu ? "silu" : a == Act::gelu ? "gelu" : "gelu_tanh";
+}
+
+GeluApproximation approx(Act a) {
+  return a == Act::gelu_tanh ? GeluApproximation::tanh : GeluApproximation::none;
+}
+
+void fused(Act a, const TensorView& out, const TensorView& x) {
+  if (a == Act::silu) silu_and_mul(out, x);
+  else gelu_and_mul(out, x, approx(a));
+}
+
+void fused_backward(Act a, const TensorView& dx, const TensorView& dy, const TensorView& x) {
+  if (a == Act::silu) silu_and_mul_backward(dx, dy, x);
+  else gelu_and_mul_backward(dx, dy, x, approx(a));
+}
+
+double act_value(Act a, double g) {
+  switch (a) {
+    case Act::silu: return g / (1 + std::exp(-g));
+    case Act::gelu: return 0.5 * g * (1 + std::erf(g / std::sqrt(2.0)));
+    case Act::gelu_tanh:
+      return 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)));
+  }
+  return 0;
+}
+
+TEST(GatedActivationCpu, MatchesHandComputedValues) {
+  for (Act a : kActs) {
+    HostTensor x(DType::f32, 2, 6), out(DType::f32, 2, 3);
+    for (int r = 0; r < 2; ++r)
+      for (int c = 0; c < 3; ++c) {
+        x.set(r, c, -2.0f + c + r);   // gate
+        x.set(r, c + 3, 0.5f * c - r);  // up
+      }
+    fused(a, out.view(), x.view());
+    for (int r = 0; r < 2; ++r)
+      for (int c = 0; c < 3; ++c)
+        EXPECT_NEAR(out.get(r, c), act_value(a, -2.0 + c + r) * (0.5 * c - r), 1e-6) << act_name(a);
+  }
+  // The known constants: silu(1) = 1 / (1 + e^-1), gelu(1) = Phi(1) = 0.841344746...
+  HostTensor x(DType::f32, 1, 2), out(DType::f32, 1, 1);
+  x.set(0, 0, 1.0f);
+  x.set(0, 1, 1.0f);
+  silu_and_mul(out.view(), x.view());
+  EXPECT_NEAR(out.get(0, 0), 0.7310585786, 1e-7);
+  gelu_and_mul(out.view(), x.view());
+  EXPECT_NEAR(out.get(0, 0), 0.8413447461, 1e-7);
+}
+
+// The CPU backward is the derivative of the CPU forward (central differences in f32).
+TEST(GatedActivationCpu, BackwardMatchesFiniteDifferences) {
+  for (Act a : kActs) {
+    HostTensor x(DType::f32, 3, 10), dy(DType::f32, 3, 5), dx(DType::f32, 3, 10);
+    x.randomize();
+    dy.randomize();
+    fused_backward(a, dx.view(), dy.view(), x.view());
+    for (int r = 0; r < 3; ++r)
+      for (int c = 0; c < 10; ++c) {
+        const float h = 1e-2f, v = x.get(r, c);
+        HostTensor plus(DType::f32, 3, 5), minus(DType::f32, 3, 5);
+        x.set(r, c, v + h);
+        fused(a, plus.view(), x.view());
+        x.set(r, c, v - h);
+        fused(a, minus.view(), x.view());
+        x.set(r, c, v);
+        const int col = c % 5;  // gate and up column c % 5 feed output column c % 5
+        const double fd = dy.get(r, col) * (double(plus.get(r, col)) - minus.get(r, col)) / (2 * h);
+        EXPECT_NEAR(dx.get(r, c), fd, 2e-3 * (1 + std::fabs(fd))) << act_name(a) << " row " << r << " col " << c;
+      }
+  }
+}
+
+TEST(GatedActivationCpu, SwigluEqualsFusedSilu) {
+  HostTensor x(DType::bf16, 4, 16), gate(DType::bf16, 4, 8), up(DType::bf16, 4, 8);
+  x.randomize();
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 8; ++c) {
+      gate.set(r, c, x.get(r, c));
+      up.set(r, c, x.get(r, c + 8));
+    }
+  HostTensor fused_out(DType::bf16, 4, 8), two_out(DType::bf16, 4, 8);
+  silu_and_mul(fused_out.view(), x.view());
+  swiglu(two_out.view(), gate.view(), up.view());
+  expect_equal_elements(two_out, fused_out, "swiglu vs silu_and_mul");
+}
+
+// Largest |value| of the rows x d elements: gradients are differences of terms of that size.
+float max_abs(const HostTensor& t) {
+  float m = 0;
+  for (int64_t r = 0; r < t.rows; ++r)
+    for (int64_t c = 0; c < t.d; ++c) m = std::max(m, std::fabs(t.get(r, c)));
+  return m;
+}
+
+struct Case {
+  DType dt;
+  int64_t rows, d, x_stride;  // x is [rows, 2d] with rows x_stride apart
+};
+
+void run_fused_case(Act a, const Case& k) {
+  SCOPED_TRACE(testing::Message() << act_name(a) << " " << dtype_name(k.dt) << " rows " << k.rows
+                                  << " d " << k.d << " x_stride " << k.x_stride);
+  const float rtol = dtype_rtol(k.dt);
+  HostTensor x(k.dt, k.rows, 2 * k.d, k.x_stride), dy(k.dt, k.rows, k.d);
+  x.randomize(0.0f, 2.0f);
+  dy.randomize();
+  HostTensor ref(k.dt, k.rows, k.d), ref_dx(k.dt, k.rows, 2 * k.d, k.x_stride);
+  fused(a, ref.view(), x.view());
+  fused_backward(a, ref_dx.view(), dy.view(), x.view());
+
+  HostTensor out(k.dt, k.rows, k.d), dx(k.dt, k.rows, 2 * k.d, k.x_stride);
+  out.poison();
+  dx.poison();
+  DeviceTensor gx(x), gdy(dy), gout(out), gdx(dx);
+  fused(a, gout.view(), gx.view());
+  fused_backward(a, gdx.view(), gdy.view(), gx.view());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_close(gout.download(), ref, rtol, "out");
+  expect_close(gdx.download(), ref_dx, rtol, "dx", rtol * max_abs(ref_dx));
+  // In place: the gradient overwrites x.
+  fused_backward(a, gx.view(), gdy.view(), gx.view());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_close(gx.download(), ref_dx, rtol, "dx in place", rtol * max_abs(ref_dx));
+}
+
+TEST(GatedActivationGpu, FusedFormMatchesCpuReference) {
+  LLMK_REQUIRE_GPU();
+  for (Act a : kActs)
+    for (DType dt : all_dtypes()) {
+      for (int64_t d : {1, 7, 8, 33, 1000, 4864, 14336})
+        for (int64_t rows : {1, 3, 37}) run_fused_case(a, {dt, rows, d, 2 * d});
+      run_fused_case(a, {dt, 19, 512, 3 * 512});      // strided rows, vector path
+      run_fused_case(a, {dt, 19, 512, 2 * 512 + 1});  // unaligned rows, scalar path
+    }
+  // More rows than one grid column of blocks covers (gridDim.y is capped at 65535).
+  run_fused_case(Act::silu, {DType::bf16, 70001, 8, 16});
+}
+
+void run_two_tensor_case(DType dt, int64_t rows, int64_t d, int64_t stride, bool in_place) {
+  SCOPED_TRACE(testing::Message() << "swiglu " << dtype_name(dt) << " rows " << rows << " d " << d
+                                  << " stride " << stride << " in_place " << in_place);
+  const float rtol = dtype_rtol(dt);
+  HostTensor gate(dt, rows, d, stride), up(dt, rows, d, stride), dy(dt, rows, d, stride);
+  gate.randomize(0.0f, 2.0f);
+  up.randomize();
+  dy.randomize();
+  HostTensor ref(dt, rows, d, stride), ref_dg(dt, rows, d, stride), ref_du(dt, rows, d, stride);
+  swiglu(ref.view(), gate.view(), up.view());
+  swiglu_backward(ref_dg.view(), ref_du.view(), dy.view(), gate.view(), up.view());
+
+  HostTensor out(dt, rows, d, stride), dg(dt, rows, d, stride), du(dt, rows, d, stride);
+  out.poison();
+  dg.poison();
+  du.poison();
+  DeviceTensor ggate(gate), gup(up), gdy(dy), gout(out), gdg(dg), gdu(du);
+  if (in_place) {
+    swiglu_backward(ggate.view(), gup.view(), gdy.view(), ggate.view(), gup.view());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_close(ggate.download(), ref_dg, rtol, "dgate in place", rtol * max_abs(ref_dg));
+    expect_close(gup.download(), ref_du, rtol, "dup in place", rtol * max_abs(ref_du));
+    return;
+  }
+  swiglu(gout.view(), ggate.view(), gup.view());
+  swiglu_backward(gdg.view(), gdu.view(), gdy.view(), ggate.view(), gup.view());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_close(gout.download(), ref, rtol, "out");
+  expect_close(gdg.download(), ref_dg, rtol, "dgate", rtol * max_abs(ref_dg));
+  expect_close(gdu.download(), ref_du, rtol, "dup", rtol * max_abs(ref_du));
+}
+
+TEST(GatedActivationGpu, TwoTensorFormMatchesCpuReference) {
+  LLMK_REQUIRE_GPU();
+  for (DType dt : all_dtypes()) {
+    for (int64_t d : {1, 9, 64, 11008})
+      for (int64_t rows : {1, 5}) run_two_tensor_case(dt, rows, d, d, false);
+    run_two_tensor_case(dt, 7, 256, 3 * 256, false);  // slices of a wider tensor
+    run_two_tensor_case(dt, 7, 100, 100, true);
+  }
+}
+
+TEST(GatedActivationGpu, LargeInputsStayFinite) {
+  LLMK_REQUIRE_GPU();
+  // |gate| up to 1e4 (bf16 inputs far out in the tails): silu(-1e4) = -0, gelu(-1e4) = 0,
+  // act(1e4) = 1e4; nothing overflows to inf or NaN in the forward or the backward.
+  for (Act a : kActs) {
+    HostTensor x(DType::bf16, 4, 16), dy(DType::bf16, 4, 8);
+    x.randomize(0.0f, 5000.0f);
+    dy.randomize();
+    HostTensor ref(DType::bf16, 4, 8), ref_dx(DType::bf16, 4, 16), out(DType::bf16, 4, 8), dx(DType::bf16, 4, 16);
+    fused(a, ref.view(), x.view());
+    fused_backward(a, ref_dx.view(), dy.view(), x.view());
+    out.poison();
+    dx.poison();
+    DeviceTensor gx(x), gdy(dy), gout(out), gdx(dx);
+    fused(a, gout.view(), gx.view());
+    fused_backward(a, gdx.view(), gdy.view(), gx.view());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    SCOPED_TRACE(act_name(a));
+    expect_close(gout.download(), ref, dtype_rtol(DType::bf16), "out");
+    expect_close(gdx.download(), ref_dx, dtype_rtol(DType::bf16), "dx", dtype_rtol(DType::bf16) * max_abs(ref_dx));
+  }
+}
+
+class GatedActivationBadInput : public testing::Test {
+ protected:
+  HostTensor x{DType::bf16, 4, 64}, out{DType::bf16, 4, 32};
+  void SetUp() override {
+    x.randomize();
+    out.poison();
+  }
+  void expect_untouched() {
+    HostTensor fresh(DType::bf16, 4, 32);
+    fresh.poison();
+    EXPECT_EQ(out.bytes, fresh.bytes) << "a rejected call wrote to out";
+  }
+};
+
+TEST_F(GatedActivationBadInput, ShapesAndDtypes) {
+  HostTensor odd(DType::bf16, 4, 63), wide(DType::bf16, 4, 64), rows3(DType::bf16, 3, 32), f16(DType::f16, 4, 32);
+  expect_error([&] { silu_and_mul(out.view(), odd.view()); }, "x's last dim must be even");
+  expect_error([&] { silu_and_mul(wide.view(), x.view()); }, "out must have x's leading dims and a last dim of 32");
+  expect_error([&] { gelu_and_mul(rows3.view(), x.view()); }, "out must have x's leading dims");
+  expect_error([&] { silu_and_mul(f16.view(), x.view()); }, "out has dtype float16, expected bfloat16");
+  HostTensor gate(DType::bf16, 4, 32), up(DType::bf16, 4, 31);
+  expect_error([&] { swiglu(out.view(), gate.view(), up.view()); }, "up must have gate's leading dims");
+  expect_error([&] { swiglu(out.view(), gate.view(), f16.view()); }, "up has dtype float16");
+  HostTensor dy(DType::bf16, 4, 32), dx_bad(DType::bf16, 4, 32);
+  expect_error([&] { silu_and_mul_backward(dx_bad.view(), dy.view(), x.view()); },
+               "dx must have x's leading dims and a last dim of 64");
+  expect_error([&] { gelu_and_mul(out.view(), x.view(), static_cast<GeluApproximation>(7)); },
+               "unknown GELU approximation");
+  expect_untouched();
+}
+
+TEST_F(GatedActivationBadInput, OverlapAndDevices) {
+  // out aliasing the gate half of x.
+  const int64_t shape[2] = {4, 32}, strides[2] = {64, 1};
+  TensorView out_in_x(x.bytes.data(), DType::bf16, Device{}, 2, shape, strides);
+  expect_error([&] { silu_and_mul(out_in_x, x.view()); }, "overlap");
+  HostTensor gate(DType::bf16, 4, 32), dy(DType::bf16, 4, 32);
+  expect_error([&] { swiglu_backward(gate.view(), gate.view(), dy.view(), gate.view(), out.view()); },
+               "dgate and dup are the same tensor");
+  TensorView xg(x.bytes.data(), DType::bf16, Device{DeviceType::cuda, 0}, {4, 64});
+  expect_error([&] { silu_and_mul(out.view(), xg); }, "out is on cpu:0 but x is on cuda:0");
+  TensorView x0(x.bytes.data(), DType::bf16, Device{}, {0, 64});
+  TensorView o0(out.bytes.data(), DType::bf16, Device{}, {0, 32});
+  silu_and_mul(o0, x0);  // empty: a no-op
+  expect_untouched();
+}
+
+}  // namespace
+}  // namespace llmk::test
