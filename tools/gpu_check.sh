@@ -53,7 +53,8 @@ if [ $run_tests -eq 1 ]; then
   : > "$OUT/sanitizer.log"
   for t in "rmsnorm_test RMSNormGpu.StridedRows*" "add_rmsnorm_test AddRMSNormGpu.Strided*" \
            "rmsnorm_backward_test RMSNormBackwardGpu.ManyRows*" "layernorm_test LayerNormGpu.Optional*" \
-           "layernorm_backward_test LayerNormBackwardGpu.ManyRows*"; do
+           "layernorm_backward_test LayerNormBackwardGpu.ManyRows*" \
+           "gated_activation_test GatedActivationGpu.TwoTensor*" "softmax_test SoftmaxGpu.Scales*"; do
     set -- $t
     compute-sanitizer --tool memcheck --error-exitcode 3 $BUILD/tests/cpp/$1 --gtest_filter="$2" >> "$OUT/sanitizer.log" 2>&1
     rc=$?
@@ -63,10 +64,13 @@ if [ $run_tests -eq 1 ]; then
     cmake -S examples/cpp -B $BUILD/example -G Ninja -DCMAKE_PREFIX_PATH=$PWD/$BUILD/install > /dev/null &&
     cmake --build $BUILD/example > /dev/null
   note "installed-package example: $($BUILD/example/rmsnorm_example 2>&1)"
-  compute-sanitizer --tool racecheck --error-exitcode 3 $BUILD/tests/cpp/rmsnorm_backward_test \
-    --gtest_filter="RMSNormBackwardGpu.ManyRows*" >> "$OUT/sanitizer.log" 2>&1
-  rc=$?
-  note "racecheck rmsnorm_backward: $([ $rc -eq 0 ] && echo clean || echo "FAILED rc=$rc")"
+  for t in "rmsnorm_backward_test RMSNormBackwardGpu.ManyRows*" "softmax_test SoftmaxGpu.Scales*"; do
+    set -- $t
+    compute-sanitizer --tool racecheck --error-exitcode 3 $BUILD/tests/cpp/$1 --gtest_filter="$2" \
+      >> "$OUT/sanitizer.log" 2>&1
+    rc=$?
+    note "racecheck $1 $2: $([ $rc -eq 0 ] && echo clean || echo "FAILED rc=$rc")"
+  done
 fi
 
 if [ $run_bench -eq 1 ]; then

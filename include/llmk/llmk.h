@@ -6,4 +6,5 @@
 #include "llmk/dtype.h"
 #include "llmk/error.h"
 #include "llmk/norm.h"
+#include "llmk/softmax.h"
 #include "llmk/tensor.h"

@@ -378,3 +378,65 @@ def gelu_and_mul_backward(dy: Tensor, x: Tensor, approximate: str = "none") -> T
 def swiglu_backward(dy: Tensor, gate: Tensor, up: Tensor) -> Tuple[Tensor, Tensor]:
     """``(dgate, dup)`` of :func:`swiglu`."""
     return torch.ops.llmk.swiglu_backward(dy, gate, up)
+
+
+# --------------------------------------------------------------------------------------
+# softmax, log_softmax
+
+
+@torch.library.custom_op("llmk::softmax", mutates_args=())
+def _softmax(x: Tensor, scale: float, log: bool) -> Tensor:
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _C.softmax(out, x, scale, log, _stream(x))
+    return out
+
+
+@_softmax.register_fake
+def _(x, scale, log):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("llmk::softmax_backward", mutates_args=())
+def _softmax_backward(dy: Tensor, y: Tensor, scale: float, log: bool) -> Tensor:
+    dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    _C.softmax_backward(dx, dy, y, scale, log, _stream(y))
+    return dx
+
+
+@_softmax_backward.register_fake
+def _(dy, y, scale, log):
+    return y.new_empty(y.shape)
+
+
+def _softmax_setup(ctx, inputs, output):
+    _, ctx.scale, ctx.log = inputs
+    ctx.save_for_backward(output)
+
+
+def _softmax_grad(ctx, dy):
+    (y,) = ctx.saved_tensors
+    return torch.ops.llmk.softmax_backward(_dense_rows(dy), y, ctx.scale, ctx.log), None, None
+
+
+_softmax.register_autograd(_softmax_grad, setup_context=_softmax_setup)
+
+
+def softmax(x: Tensor, scale: float = 1.0) -> Tensor:
+    """``softmax(scale * x)`` over the last dim, fp32 math, one rounding. A row that is all
+    -inf (fully masked) gives zeros rather than NaN."""
+    return torch.ops.llmk.softmax(x, scale, False)
+
+
+def log_softmax(x: Tensor, scale: float = 1.0) -> Tensor:
+    """``log_softmax(scale * x)`` over the last dim; a fully masked row gives -inf."""
+    return torch.ops.llmk.softmax(x, scale, True)
+
+
+def softmax_backward(dy: Tensor, y: Tensor, scale: float = 1.0) -> Tensor:
+    """dx of :func:`softmax` from its output ``y``: ``scale * y * (dy - sum(dy * y))``."""
+    return torch.ops.llmk.softmax_backward(dy, y, scale, False)
+
+
+def log_softmax_backward(dy: Tensor, y: Tensor, scale: float = 1.0) -> Tensor:
+    """dx of :func:`log_softmax` from its output ``y``: ``scale * (dy - exp(y) * sum(dy))``."""
+    return torch.ops.llmk.softmax_backward(dy, y, scale, True)

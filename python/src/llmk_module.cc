@@ -192,6 +192,28 @@ NB_MODULE(_C, m) {
       },
       "dgate"_a, "dup"_a, "dy"_a, "gate"_a, "up"_a, "stream"_a = 0);
 
+  m.def(
+      "softmax",
+      [](AnyArray out, AnyArray x, double scale, bool log, uintptr_t stream) {
+        auto o = view(out), xv = view(x);
+        without_gil([&] {
+          if (log) llmk::log_softmax(o, xv, scale, stream_of(stream));
+          else llmk::softmax(o, xv, scale, stream_of(stream));
+        });
+      },
+      "out"_a, "x"_a, "scale"_a = 1.0, "log"_a = false, "stream"_a = 0);
+
+  m.def(
+      "softmax_backward",
+      [](AnyArray dx, AnyArray dy, AnyArray y, double scale, bool log, uintptr_t stream) {
+        auto dxv = view(dx), dyv = view(dy), yv = view(y);
+        without_gil([&] {
+          if (log) llmk::log_softmax_backward(dxv, dyv, yv, scale, stream_of(stream));
+          else llmk::softmax_backward(dxv, dyv, yv, scale, stream_of(stream));
+        });
+      },
+      "dx"_a, "dy"_a, "y"_a, "scale"_a = 1.0, "log"_a = false, "stream"_a = 0);
+
   m.def("cuda_device_count", &llmk::cuda_device_count);
   m.def("build_cuda_archs", &llmk::build_cuda_archs);
   m.def(

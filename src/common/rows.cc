@@ -79,6 +79,14 @@ void check_same_device(const char* op, const char* arg, const TensorView& t, con
              " is on ", device_type_name(ref.device().type), ":", ref.device().index);
 }
 
+Rows check_like(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                const TensorView& ref) {
+  check_same_device(op, arg, t, ref_arg, ref);
+  check_dtype(op, arg, t, ref.dtype());
+  check_same_shape(op, arg, t, ref_arg, ref);
+  return as_rows(op, arg, t);
+}
+
 void check_float_dtype(const char* op, const char* arg, const TensorView& t) {
   LLMK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::bf16,
              op, ": ", arg, " has unsupported dtype ", dtype_name(t.dtype()));

@@ -36,6 +36,10 @@ void check_no_overlap(const char* op, const char* a_arg, const TensorView& a,
 
 bool same_view(const TensorView& a, const TensorView& b);
 
+// Checks that `t` matches `ref` in device, dtype and shape; returns t's rows.
+Rows check_like(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                const TensorView& ref);
+
 // Checks that `t` holds f32, f16 or bf16 (the dtypes of every llmk activation tensor).
 void check_float_dtype(const char* op, const char* arg, const TensorView& t);
 

@@ -34,10 +34,7 @@ void check_column_param(const char* op, const char* arg, const TensorView& t, co
 
 // A tensor that must match x in shape, dtype and device.
 Rows check_like_x(const char* op, const char* arg, const TensorView& t, const TensorView& x) {
-  detail::check_same_device(op, arg, t, "x", x);
-  detail::check_dtype(op, arg, t, x.dtype());
-  detail::check_same_shape(op, arg, t, "x", x);
-  return detail::as_rows(op, arg, t);
+  return detail::check_like(op, arg, t, "x", x);
 }
 
 // A per-row f32 statistic output ([rows]) that must not overlap the op's other tensors.

@@ -7,23 +7,10 @@
 
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
-#include "common/occupancy.h"
+#include "common/row_shape.h"
 #include "norm/norm_kernel.cuh"
 
 namespace llmk::detail {
-
-// The largest grid a row-wise kernel launches; longer inputs are grid-strided.
-inline constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
-
-// Vectors per thread and threads per block of a row kernel.
-struct RowShape {
-  int vpt;
-  int threads;
-};
-
-inline int round_up_warp(int64_t threads) {
-  return static_cast<int>(std::max<int64_t>(32, (threads + 31) / 32 * 32));
-}
 
 template <bool kAdd, bool kCentered, class T, class W>
 const void* norm_vec_kernel_for(int vpt) {
@@ -38,33 +25,10 @@ const void* norm_vec_kernel_for(int vpt) {
   return nullptr;
 }
 
-// The vector kernel's shape for rows of n 16-byte vectors: VPT in {1, 2, 4, 8, 16} with
-// 128 <= d / (N * VPT) <= 512 threads (fewer only for VPT = 1). Few rows (under two per
-// SM): the most threads per row, for latency. Otherwise the most resident threads per SM
-// (ties: more, smaller blocks), which keeps the most loads in flight, among the kernels
-// that do not spill (a spilling kernel only when nothing else holds the row).
-// vpt = 0: the row does not fit in registers.
+// The vector kernel's shape (common/row_shape.h) for rows of n 16-byte vectors.
 template <bool kAdd, bool kCentered, class T, class W>
 RowShape norm_shape(int64_t rows, int64_t n) {
-  int device = 0, sm_count = 0;
-  LLMK_CUDA_CHECK(cudaGetDevice(&device));
-  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-  const bool few_rows = rows < 2 * int64_t{sm_count};
-  RowShape best{0, 0};
-  int64_t best_score = -1;
-  for (int vpt : {1, 2, 4, 8, 16}) {
-    const int threads = round_up_warp((n + vpt - 1) / vpt);
-    if (threads > 512 || (threads < 128 && vpt > 1)) continue;
-    if (few_rows) return {vpt, threads};
-    const KernelFit fit = kernel_fit(norm_vec_kernel_for<kAdd, kCentered, T, W>(vpt), threads, device);
-    // Non-spilling kernels rank above every spilling one.
-    const int64_t score = int64_t{fit.blocks_per_sm} * threads + (fit.spills ? 0 : (int64_t{1} << 32));
-    if (score >= best_score) {
-      best = {vpt, threads};
-      best_score = score;
-    }
-  }
-  return best;
+  return pick_row_shape(rows, n, [](int vpt) { return norm_vec_kernel_for<kAdd, kCentered, T, W>(vpt); });
 }
 
 // `act`: x's dtype; `affine`: the weight's (and bias's) dtype. `vector_ok`: every pointer

@@ -1,0 +1,113 @@
+"""torch.ops.llmk.softmax (softmax and log_softmax) and softmax_backward: values against the
+float64 definition on CPU and CUDA (short, long and two-pass rows, scales, magnitude 1e4,
+masked entries and rows, strided rows), autograd against float64 autograd, opcheck,
+torch.compile(fullgraph=True), bad inputs."""
+
+import pytest
+import torch
+
+import llmk
+from conftest import DEVICES, DTYPES, RTOL, assert_close
+
+
+def softmax_ref(x, scale, log):
+    u = x.double() * scale
+    y = torch.log_softmax(u, -1) if log else torch.softmax(u, -1)
+    masked = torch.isneginf(u).all(-1, keepdim=True)  # our documented rule for fully masked rows
+    return torch.where(masked, torch.full_like(y, float("-inf") if log else 0.0), y)
+
+
+def ours(x, scale, log):
+    return llmk.log_softmax(x, scale) if log else llmk.softmax(x, scale)
+
+
+def check(y, ref, dtype, log):
+    if log:  # -inf (also from fp16 overflow) must match; finite values carry an error relative to their size
+        assert torch.equal(torch.isneginf(y.cpu()), torch.isneginf(ref.to(dtype).cpu()))
+        finite = torch.isfinite(ref.to(dtype))
+        y, ref = y[finite], ref[finite]
+        assert_close(y, ref, RTOL[dtype], atol=RTOL[dtype] * max(1.0, ref.abs().max().item() if ref.numel() else 1))
+    else:
+        assert_close(y, ref, RTOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 5, 1000), (17, 4096), (4, 32000), (2, 65544), (1, 262144)])
+def test_matches_definition(device, dtype, log, shape):
+    x = torch.randn(shape, device=device, dtype=dtype) * 3
+    y = ours(x, 1.0, log)
+    assert y.dtype == dtype and y.shape == x.shape
+    check(y, softmax_ref(x, 1.0, log), dtype, log)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("log", [False, True])
+def test_scale_magnitude_masking_strides(device, dtype, log):
+    scores = torch.randn(4, 8, 3 * 512, device=device, dtype=dtype)
+    x = scores[..., 512:1024]  # strided rows
+    check(ours(x, 0.125, log), softmax_ref(x, 0.125, log), dtype, log)
+    big = torch.randn(6, 2048, device=device, dtype=dtype) * 1e4
+    check(ours(big, 1.0, log), softmax_ref(big, 1.0, log), dtype, log)
+    masked = torch.randn(5, 300, device=device, dtype=dtype)
+    masked[:, ::3] = float("-inf")
+    masked[1] = float("-inf")  # a fully masked row: zeros (log: -inf), never NaN
+    y = ours(masked, 0.5, log)
+    assert not torch.isnan(y).any()
+    check(y, softmax_ref(masked, 0.5, log), dtype, log)
+    check(ours(x, -2.0, log), softmax_ref(x, -2.0, log), dtype, log)  # a negative scale
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("log", [False, True])
+def test_autograd_matches_float64(device, dtype, log):
+    x = (torch.randn(6, 3, 700, device=device, dtype=dtype) * 2).requires_grad_()
+    dy = torch.randn(6, 3, 700, device=device, dtype=dtype)
+    ours(x, 0.3, log).backward(dy)
+    x64 = x.detach().double().requires_grad_()
+    softmax_ref(x64, 0.3, log).backward(dy.double())
+    term = 0.3 * dy.double().abs().max().item()
+    assert_close(x.grad, x64.grad, RTOL[dtype], "dx", atol=RTOL[dtype] * term)
+
+
+def test_opcheck():
+    x = torch.randn(5, 64, requires_grad=True)
+    torch.library.opcheck(torch.ops.llmk.softmax.default, (x, 0.5, False))
+    torch.library.opcheck(torch.ops.llmk.softmax.default, (x, 1.0, True))
+    y = torch.softmax(torch.randn(5, 64), -1)
+    torch.library.opcheck(torch.ops.llmk.softmax_backward.default, (torch.randn(5, 64), y, 1.0, False))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    backend = "inductor" if device == "cuda" else "aot_eager"
+
+    def attention_weights(q, k):
+        return (llmk.softmax(q @ k.t(), 0.125) + llmk.log_softmax(q @ k.t()).exp()).square().sum()
+
+    q = torch.randn(16, 32, device=device, requires_grad=True)
+    k = torch.randn(24, 32, device=device)
+    out = torch.compile(attention_weights, fullgraph=True, backend=backend)(q, k)
+    out.backward()
+    q64 = q.detach().double().requires_grad_()
+    s = q64 @ k.double().t()
+    want = (torch.softmax(s * 0.125, -1) + torch.softmax(s, -1)).square().sum()
+    want.backward()
+    assert_close(out.detach().reshape(1), want.detach().reshape(1), 1e-4)
+    assert_close(q.grad, q64.grad, 1e-4, "dq", atol_scale=0.05)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_inputs(device):
+    x = torch.randn(4, 64, device=device)
+    with pytest.raises(ValueError, match="softmax: scale must be finite"):
+        llmk.softmax(x, float("inf"))
+    with pytest.raises(ValueError, match="softmax_backward: dy has dtype float16, expected float32"):
+        llmk.softmax_backward(x.half(), x)
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        llmk.softmax(x.double())
+    assert llmk.softmax(x[:0]).shape == (0, 64)
+    assert llmk.log_softmax(x[:, :0]).shape == (4, 0)

@@ -1,0 +1,72 @@
+// The launch shape of a row kernel that holds a row in registers: thread t of a block
+// holds VPT 16-byte vectors of the row. Shared by every row-wise op (normalization,
+// softmax) so that each picks its block size by the same rule.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include "common/cuda_check.h"
+#include "common/occupancy.h"
+
+namespace llmk::detail {
+
+// The largest grid a row-wise kernel launches; longer inputs are grid-strided.
+inline constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
+
+// Vectors per thread and threads per block of a row kernel.
+struct RowShape {
+  int vpt;
+  int threads;
+};
+
+inline int round_up_warp(int64_t threads) {
+  return static_cast<int>(std::max<int64_t>(32, (threads + 31) / 32 * 32));
+}
+
+// The shape for rows of n 16-byte vectors: VPT in {1, 2, 4, 8, 16} with
+// 128 <= n / VPT <= 512 threads (fewer only for VPT = 1). Few rows (under two per SM):
+// the most threads per row, for latency. Otherwise the most resident threads per SM
+// (ties: more, smaller blocks), which keeps the most loads in flight, among the kernels
+// that do not spill (a spilling kernel only when nothing else holds the row).
+// `kernel_for(vpt)` gives the compiled kernel of each VPT. vpt = 0: the row does not fit.
+template <class KernelFor>
+RowShape pick_row_shape(int64_t rows, int64_t n, KernelFor&& kernel_for) {
+  int device = 0, sm_count = 0;
+  LLMK_CUDA_CHECK(cudaGetDevice(&device));
+  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  const bool few_rows = rows < 2 * int64_t{sm_count};
+  RowShape best{0, 0};
+  int64_t best_score = -1;
+  for (int vpt : {1, 2, 4, 8, 16}) {
+    const int threads = round_up_warp((n + vpt - 1) / vpt);
+    if (threads > 512 || (threads < 128 && vpt > 1)) continue;
+    if (few_rows) return {vpt, threads};
+    const KernelFit fit = kernel_fit(kernel_for(vpt), threads, device);
+    // Non-spilling kernels rank above every spilling one.
+    const int64_t score = int64_t{fit.blocks_per_sm} * threads + (fit.spills ? 0 : (int64_t{1} << 32));
+    if (score >= best_score) {
+      best = {vpt, threads};
+      best_score = score;
+    }
+  }
+  return best;
+}
+
+// Calls f(std::integral_constant<int, VPT>) for a run-time vpt in {1, 2, 4, 8, 16};
+// false (f not called) for any other value.
+template <class F>
+bool dispatch_vpt(int vpt, F&& f) {
+  switch (vpt) {
+    case 1: f(std::integral_constant<int, 1>{}); return true;
+    case 2: f(std::integral_constant<int, 2>{}); return true;
+    case 4: f(std::integral_constant<int, 4>{}); return true;
+    case 8: f(std::integral_constant<int, 8>{}); return true;
+    case 16: f(std::integral_constant<int, 16>{}); return true;
+  }
+  return false;
+}
+
+}  // namespace llmk::detail
