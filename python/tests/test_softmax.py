@@ -27,8 +27,9 @@ def check(y, ref, dtype, log):
         finite = torch.isfinite(ref.to(dtype))
         y, ref = y[finite], ref[finite]
         assert_close(y, ref, RTOL[dtype], atol=RTOL[dtype] * max(1.0, ref.abs().max().item() if ref.numel() else 1))
-    else:
-        assert_close(y, ref, RTOL[dtype])
+    else:  # float16 probabilities below 6e-5 are subnormal: an absolute rounding step of 6e-8
+        atol = RTOL[dtype] * 1e-3 * ref.abs().max().item() + (2.0**-24 if dtype == torch.float16 else 0.0)
+        assert_close(y, ref, RTOL[dtype], atol=atol)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -24,15 +24,16 @@ void act_value_and_slope(GatedAct act, double g, double& v, double& slope) {
       return;
     }
     case GatedAct::gelu: {
-      const double cdf = 0.5 * (1.0 + std::erf(g * kInvSqrt2));
+      const double cdf = 0.5 * std::erfc(-g * kInvSqrt2);  // 1 + erf(z) cancels for z << 0
       v = g * cdf;
       slope = cdf + g * kInvSqrt2Pi * std::exp(-0.5 * g * g);
       return;
     }
     case GatedAct::gelu_tanh: {
-      const double t = std::tanh(kAlpha * (g + kBeta * g * g * g));
-      v = 0.5 * g * (1.0 + t);
-      slope = 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * kAlpha * (1.0 + 3.0 * kBeta * g * g);
+      // 0.5 (1 + tanh(z)) as sigmoid(2z): 1 + tanh(z) cancels for z << 0.
+      const double s = 1.0 / (1.0 + std::exp(-2.0 * kAlpha * (g + kBeta * g * g * g)));
+      v = g * s;
+      slope = s + 2.0 * g * s * (1.0 - s) * kAlpha * (1.0 + 3.0 * kBeta * g * g);
       return;
     }
   }

@@ -37,13 +37,16 @@ struct GatedMath<GatedAct::silu> {
   }
 };
 
+// GELU through erfc and the tanh form through a sigmoid: 1 + erf(z) = erfc(-z) and
+// 1 + tanh(z) = 2 sigmoid(2z) stay accurate for large negative g, where 1 + erf(z) and
+// 1 + tanh(z) cancel to a few bits.
 template <>
 struct GatedMath<GatedAct::gelu> {
   static __device__ __forceinline__ float value(float g) {
-    return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f));
+    return 0.5f * g * erfcf(-g * 0.70710678118654752f);
   }
   static __device__ __forceinline__ void value_and_slope(float g, float& v, float& slope) {
-    const float cdf = 0.5f * (1.0f + erff(g * 0.70710678118654752f));
+    const float cdf = 0.5f * erfcf(-g * 0.70710678118654752f);
     const float pdf = 0.39894228040143268f * __expf(-0.5f * g * g);
     v = g * cdf;
     slope = cdf + g * pdf;
@@ -54,13 +57,16 @@ template <>
 struct GatedMath<GatedAct::gelu_tanh> {
   static constexpr float kAlpha = 0.79788456080286536f;  // sqrt(2 / pi)
   static constexpr float kBeta = 0.044715f;
-  static __device__ __forceinline__ float value(float g) {
-    return 0.5f * g * (1.0f + tanhf(kAlpha * (g + kBeta * g * g * g)));
+  // sigmoid(2 z), z = alpha (g + beta g^3): the tanh form's 0.5 (1 + tanh(z)).
+  static __device__ __forceinline__ float half_one_plus_tanh(float g) {
+    return 1.0f / (1.0f + __expf(-2.0f * kAlpha * (g + kBeta * g * g * g)));
   }
+  static __device__ __forceinline__ float value(float g) { return g * half_one_plus_tanh(g); }
   static __device__ __forceinline__ void value_and_slope(float g, float& v, float& slope) {
-    const float t = tanhf(kAlpha * (g + kBeta * g * g * g));
-    v = 0.5f * g * (1.0f + t);
-    slope = 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * kAlpha * (1.0f + 3.0f * kBeta * g * g);
+    const float s = half_one_plus_tanh(g);
+    v = g * s;
+    // d/dg [g s] = s + g * 2 s (1 - s) * alpha (1 + 3 beta g^2), since 1 - tanh^2 = 4 s (1 - s).
+    slope = s + 2.0f * g * s * (1.0f - s) * kAlpha * (1.0f + 3.0f * kBeta * g * g);
   }
 };
 

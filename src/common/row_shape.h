@@ -31,7 +31,8 @@ inline int round_up_warp(int64_t threads) {
 // the most threads per row, for latency. Otherwise the most resident threads per SM
 // (ties: more, smaller blocks), which keeps the most loads in flight, among the kernels
 // that do not spill (a spilling kernel only when nothing else holds the row).
-// `kernel_for(vpt)` gives the compiled kernel of each VPT. vpt = 0: the row does not fit.
+// `kernel_for(vpt)` gives the compiled kernel of each VPT, nullptr for a VPT the op does
+// not compile. vpt = 0: the row does not fit.
 template <class KernelFor>
 RowShape pick_row_shape(int64_t rows, int64_t n, KernelFor&& kernel_for) {
   int device = 0, sm_count = 0;
@@ -42,9 +43,10 @@ RowShape pick_row_shape(int64_t rows, int64_t n, KernelFor&& kernel_for) {
   int64_t best_score = -1;
   for (int vpt : {1, 2, 4, 8, 16}) {
     const int threads = round_up_warp((n + vpt - 1) / vpt);
-    if (threads > 512 || (threads < 128 && vpt > 1)) continue;
+    const void* kernel = kernel_for(vpt);
+    if (kernel == nullptr || threads > 512 || (threads < 128 && vpt > 1)) continue;
     if (few_rows) return {vpt, threads};
-    const KernelFit fit = kernel_fit(kernel_for(vpt), threads, device);
+    const KernelFit fit = kernel_fit(kernel, threads, device);
     // Non-spilling kernels rank above every spilling one.
     const int64_t score = int64_t{fit.blocks_per_sm} * threads + (fit.spills ? 0 : (int64_t{1} << 32));
     if (score >= best_score) {

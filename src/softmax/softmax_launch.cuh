@@ -13,11 +13,14 @@
 
 namespace llmk::detail {
 
+// The backward holds two rows (y and dy) in registers: at 16 vectors per thread it would
+// spill, so it stops at 8 (rows up to 4096 vectors) and longer rows take the loop kernel.
 template <class Params, class T, int N, int VPT, bool kLog>
 const void* softmax_vec_kernel_ptr() {
-  if constexpr (std::is_same_v<Params, SoftmaxBackwardParams>)
-    return reinterpret_cast<const void*>(softmax_backward_vec_kernel<T, N, VPT, kLog>);
-  else
+  if constexpr (std::is_same_v<Params, SoftmaxBackwardParams>) {
+    if constexpr (VPT > 8) return nullptr;
+    else return reinterpret_cast<const void*>(softmax_backward_vec_kernel<T, N, VPT, kLog>);
+  } else
     return reinterpret_cast<const void*>(softmax_vec_kernel<T, N, VPT, kLog>);
 }
 
