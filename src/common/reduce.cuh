@@ -36,4 +36,23 @@ __device__ __forceinline__ float block_sum(float v) {
   return sums[0];
 }
 
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// The block's max of v, returned to every thread (same contract as block_sum).
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_max(v);
+  if (warps == 1) return v;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = warp_max(lane < warps ? partial[lane] : -INFINITY);
+  __syncthreads();
+  return v;
+}
+
 }  // namespace llmk::detail

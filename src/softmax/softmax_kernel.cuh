@@ -12,8 +12,8 @@
 //     memory once.
 //   - softmax_loop_kernel serves rows that do not fit (longer than 16 vectors x 512
 //     threads: 65536 bf16 columns) or that are not 16-byte aligned (N = 1): a first pass
-//     folds each chunk into the running (max, sum), the second re-reads the row (from L2
-//     when it fits there) and writes y.
+//     folds each chunk into the running (max, sum), the second re-reads the row and
+//     writes y. The launcher bounds the rows in flight so that the re-read hits the L2.
 // Masked (-inf) entries contribute 0; a fully masked row gives zeros (log: -inf).
 //
 // Roofline (bf16, rows x n): read n, write n: 4 bytes per element (vector path), 6 with
@@ -33,7 +33,12 @@ namespace llmk::detail {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ float exp_e(float d) { return exp2f(d * kLog2e); }
+// exp(d) as one ex2.approx (relative error ~2^-22, flushing results below 2^-126 to 0).
+__device__ __forceinline__ float exp_e(float d) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(d * kLog2e));
+  return y;
+}
 
 // A partial softmax denominator: the max of a set of values and the sum of exp(v - max)
 // over the set. Empty or fully masked sets are {-inf, 0}.
@@ -42,29 +47,13 @@ struct MaxSum {
   float sum;
 };
 
-__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
-  const float m = fmaxf(a.max, b.max);
-  if (m == -INFINITY) return {m, 0.0f};
-  return {m, a.sum * exp_e(a.max - m) + b.sum * exp_e(b.max - m)};
-}
-
-// Merges every thread's pair; all threads get the row's pair. blockDim.x is a multiple
-// of 32; every thread of the block calls it.
+// Merges every thread's pair; all threads get the row's pair. The row max first (a cheap
+// max reduction), then each thread rescales its own sum to it once and the block sums:
+// one exp per thread instead of one per merge step. Every thread of the block calls it.
 __device__ __forceinline__ MaxSum block_max_sum(MaxSum v) {
-  __shared__ MaxSum partial[32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = merge(v, {__shfl_xor_sync(0xffffffffu, v.max, offset), __shfl_xor_sync(0xffffffffu, v.sum, offset)});
-  if (warps == 1) return v;
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = lane < warps ? partial[lane] : MaxSum{-INFINITY, 0.0f};
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = merge(v, {__shfl_xor_sync(0xffffffffu, v.max, offset), __shfl_xor_sync(0xffffffffu, v.sum, offset)});
-  __syncthreads();
-  return v;
+  const float m = block_max(v.max);
+  if (m == -INFINITY) return {m, 0.0f};  // the whole row is masked (uniform across the block)
+  return {m, block_sum(v.sum * exp_e(v.max - m))};
 }
 
 // The output of one element from its scaled value u = s * x and the row's pair. A fully masked row (sum 0) gives 0 (softmax) or -inf (log_softmax).
@@ -80,6 +69,7 @@ struct SoftmaxOut {
   }
 };
 
+// Folds a vector of values (scaled by `scale`) into a thread's running pair.
 template <class T, int N>
 __device__ __forceinline__ MaxSum fold(MaxSum acc, const Vec<T, N>& v, float scale) {
   float m = acc.max;
@@ -134,6 +124,10 @@ __global__ void __launch_bounds__(512) softmax_vec_kernel(SoftmaxParams p) {
   }
 }
 
+// Chunks of a loop kernel's row in flight per thread: enough loads outstanding per SM to
+// cover the memory latency with one or two blocks per SM.
+inline constexpr int kLoopUnroll = 4;
+
 template <class T, int N, bool kLog>
 __global__ void __launch_bounds__(512) softmax_loop_kernel(SoftmaxParams p) {
   const float scale = p.scale;
@@ -141,18 +135,33 @@ __global__ void __launch_bounds__(512) softmax_loop_kernel(SoftmaxParams p) {
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     MaxSum acc{-INFINITY, 0.0f};
-    for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += step)
-      acc = fold(acc, load_vec<T, N>(x + col), scale);
+    for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += kLoopUnroll * step) {
+      Vec<T, N> v[kLoopUnroll];
+#pragma unroll
+      for (int u = 0; u < kLoopUnroll; ++u)
+        if (col + u * step < p.n) v[u] = load_vec<T, N>(x + col + u * step);
+#pragma unroll
+      for (int u = 0; u < kLoopUnroll; ++u)
+        if (col + u * step < p.n) acc = fold(acc, v[u], scale);
+    }
     // The block reduction's barriers also order every first-pass read before any write,
-    // so out may be x; each thread then rewrites only the columns it read.
+    // so out may be x; each thread then rewrites only the columns it read. The launcher
+    // keeps few enough rows in flight that this second read is served by the L2.
     const SoftmaxOut<kLog> y_of(block_max_sum(acc));
     T* out = static_cast<T*>(p.out) + row * p.out_stride;
-    for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += step) {
-      const Vec<T, N> v = load_vec<T, N>(x + col);
-      Vec<T, N> y;
+    for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += kLoopUnroll * step) {
+      Vec<T, N> v[kLoopUnroll];
 #pragma unroll
-      for (int j = 0; j < N; ++j) y.v[j] = from_float<T>(y_of(to_float(v.v[j]) * scale));
-      store_vec(out + col, y);
+      for (int u = 0; u < kLoopUnroll; ++u)
+        if (col + u * step < p.n) v[u] = load_vec<T, N>(x + col + u * step);
+#pragma unroll
+      for (int u = 0; u < kLoopUnroll; ++u)
+        if (col + u * step < p.n) {
+          Vec<T, N> y;
+#pragma unroll
+          for (int j = 0; j < N; ++j) y.v[j] = from_float<T>(y_of(to_float(v[u].v[j]) * scale));
+          store_vec(out + col + u * step, y);
+        }
     }
   }
 }
