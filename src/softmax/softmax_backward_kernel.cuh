@@ -78,12 +78,8 @@ __global__ void __launch_bounds__(512) softmax_backward_loop_kernel(SoftmaxBackw
     float dot = 0.0f;
     for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += kLoopUnroll * step) {
       Vec<T, N> yv[kLoopUnroll], dyv[kLoopUnroll];
-#pragma unroll
-      for (int u = 0; u < kLoopUnroll; ++u)
-        if (col + u * step < p.n) {
-          yv[u] = load_vec<T, N>(y + col + u * step);
-          dyv[u] = load_vec<T, N>(dy + col + u * step);
-        }
+      load_chunks(yv, y, col, step, p.n);
+      load_chunks(dyv, dy, col, step, p.n);
 #pragma unroll
       for (int u = 0; u < kLoopUnroll; ++u)
         if (col + u * step < p.n)
@@ -97,12 +93,8 @@ __global__ void __launch_bounds__(512) softmax_backward_loop_kernel(SoftmaxBackw
     T* dx = static_cast<T*>(p.dx) + row * p.dx_stride;
     for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += kLoopUnroll * step) {
       Vec<T, N> yv[kLoopUnroll], dyv[kLoopUnroll];
-#pragma unroll
-      for (int u = 0; u < kLoopUnroll; ++u)
-        if (col + u * step < p.n) {
-          yv[u] = load_vec<T, N>(y + col + u * step);
-          dyv[u] = load_vec<T, N>(dy + col + u * step);
-        }
+      load_chunks(yv, y, col, step, p.n);
+      load_chunks(dyv, dy, col, step, p.n);
 #pragma unroll
       for (int u = 0; u < kLoopUnroll; ++u)
         if (col + u * step < p.n) {

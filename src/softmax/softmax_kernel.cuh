@@ -128,6 +128,15 @@ __global__ void __launch_bounds__(512) softmax_vec_kernel(SoftmaxParams p) {
 // cover the memory latency with one or two blocks per SM.
 inline constexpr int kLoopUnroll = 4;
 
+// Loads the chunks at col, col + step, ... (those inside the row of n elements).
+template <class T, int N>
+__device__ __forceinline__ void load_chunks(Vec<T, N> (&v)[kLoopUnroll], const T* row, int64_t col,
+                                            int64_t step, int64_t n) {
+#pragma unroll
+  for (int u = 0; u < kLoopUnroll; ++u)
+    if (col + u * step < n) v[u] = load_vec<T, N>(row + col + u * step);
+}
+
 template <class T, int N, bool kLog>
 __global__ void __launch_bounds__(512) softmax_loop_kernel(SoftmaxParams p) {
   const float scale = p.scale;
@@ -137,9 +146,7 @@ __global__ void __launch_bounds__(512) softmax_loop_kernel(SoftmaxParams p) {
     MaxSum acc{-INFINITY, 0.0f};
     for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += kLoopUnroll * step) {
       Vec<T, N> v[kLoopUnroll];
-#pragma unroll
-      for (int u = 0; u < kLoopUnroll; ++u)
-        if (col + u * step < p.n) v[u] = load_vec<T, N>(x + col + u * step);
+      load_chunks(v, x, col, step, p.n);
 #pragma unroll
       for (int u = 0; u < kLoopUnroll; ++u)
         if (col + u * step < p.n) acc = fold(acc, v[u], scale);
@@ -151,9 +158,7 @@ __global__ void __launch_bounds__(512) softmax_loop_kernel(SoftmaxParams p) {
     T* out = static_cast<T*>(p.out) + row * p.out_stride;
     for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += kLoopUnroll * step) {
       Vec<T, N> v[kLoopUnroll];
-#pragma unroll
-      for (int u = 0; u < kLoopUnroll; ++u)
-        if (col + u * step < p.n) v[u] = load_vec<T, N>(x + col + u * step);
+      load_chunks(v, x, col, step, p.n);
 #pragma unroll
       for (int u = 0; u < kLoopUnroll; ++u)
         if (col + u * step < p.n) {
