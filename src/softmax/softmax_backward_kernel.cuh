@@ -3,11 +3,11 @@
 //   log_softmax: dx = s * (dy - exp(y) * dot),  dot = sum(dy)
 //
 // Algorithm. One block per row, one block sum per row. softmax_backward_vec_kernel holds
-// the row's y and dy in registers (VPT <= 4 16-byte vectors of each per thread: rows up to
-// 2048 vectors): each is read once. softmax_backward_loop_kernel (longer rows, or
-// unaligned with N = 1) re-reads both on its second pass, from the L2: longer rows held
-// in registers would leave one block per SM, with nothing to overlap its load phase
-// (measured 76% of copy at 32000 bf16 columns with VPT 8).
+// the row's y and dy in registers (VPT <= 8 16-byte vectors of each per thread: rows up to
+// 4096 vectors): each is read once. softmax_backward_loop_kernel (longer rows, or
+// unaligned with N = 1) re-reads both on its second pass. At VPT 8 only one block fits
+// per SM, with nothing to overlap its load phase: 76% of copy at 32000 bf16 columns (the
+// loop kernel measured 62% there).
 //
 // Roofline (bf16): read y and dy, write dx: 6 bytes per element; ~4 FLOPs (log: plus one
 // exp): bandwidth bound. 8192 x 32000 bf16: 1.57 GB -> 524 us at 3.0 TB/s.
@@ -87,8 +87,7 @@ __global__ void __launch_bounds__(512) softmax_backward_loop_kernel(SoftmaxBackw
           for (int j = 0; j < N; ++j) dot += softmax_dot_term<kLog>(to_float(yv[u].v[j]), to_float(dyv[u].v[j]));
     }
     // The barriers of block_sum order the first pass's reads before any write (dx may be
-    // dy or y); each thread then rewrites only the columns it read. The launcher keeps few
-    // enough rows in flight that the second read is served by the L2.
+    // dy or y); each thread then rewrites only the columns it read.
     dot = block_sum(dot);
     T* dx = static_cast<T*>(p.dx) + row * p.dx_stride;
     for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += kLoopUnroll * step) {
