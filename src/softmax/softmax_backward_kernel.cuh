@@ -18,7 +18,6 @@
 #include "common/device_types.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
-#include "softmax/softmax_kernel.cuh"
 #include "softmax/softmax_params.h"
 
 namespace llmk::detail {
@@ -76,33 +75,22 @@ __global__ void __launch_bounds__(512) softmax_backward_loop_kernel(SoftmaxBackw
     const T* y = static_cast<const T*>(p.y) + row * p.y_stride;
     const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
     float dot = 0.0f;
-    for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += kLoopUnroll * step) {
-      Vec<T, N> yv[kLoopUnroll], dyv[kLoopUnroll];
-      load_chunks(yv, y, col, step, p.n);
-      load_chunks(dyv, dy, col, step, p.n);
+    for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += step) {
+      const Vec<T, N> yv = load_vec<T, N>(y + col), dyv = load_vec<T, N>(dy + col);
 #pragma unroll
-      for (int u = 0; u < kLoopUnroll; ++u)
-        if (col + u * step < p.n)
-#pragma unroll
-          for (int j = 0; j < N; ++j) dot += softmax_dot_term<kLog>(to_float(yv[u].v[j]), to_float(dyv[u].v[j]));
+      for (int j = 0; j < N; ++j) dot += softmax_dot_term<kLog>(to_float(yv.v[j]), to_float(dyv.v[j]));
     }
     // The barriers of block_sum order the first pass's reads before any write (dx may be
     // dy or y); each thread then rewrites only the columns it read.
     dot = block_sum(dot);
     T* dx = static_cast<T*>(p.dx) + row * p.dx_stride;
-    for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += kLoopUnroll * step) {
-      Vec<T, N> yv[kLoopUnroll], dyv[kLoopUnroll];
-      load_chunks(yv, y, col, step, p.n);
-      load_chunks(dyv, dy, col, step, p.n);
+    for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += step) {
+      const Vec<T, N> yv = load_vec<T, N>(y + col), dyv = load_vec<T, N>(dy + col);
+      Vec<T, N> g;
 #pragma unroll
-      for (int u = 0; u < kLoopUnroll; ++u)
-        if (col + u * step < p.n) {
-          Vec<T, N> g;
-#pragma unroll
-          for (int j = 0; j < N; ++j)
-            g.v[j] = from_float<T>(softmax_dx<kLog>(to_float(yv[u].v[j]), to_float(dyv[u].v[j]), dot, p.scale));
-          store_vec(dx + col + u * step, g);
-        }
+      for (int j = 0; j < N; ++j)
+        g.v[j] = from_float<T>(softmax_dx<kLog>(to_float(yv.v[j]), to_float(dyv.v[j]), dot, p.scale));
+      store_vec(dx + col, g);
     }
   }
 }

@@ -13,8 +13,8 @@
 //   - softmax_loop_kernel serves rows that do not fit (longer than 16 vectors x 512
 //     threads: 65536 bf16 columns) or that are not 16-byte aligned (N = 1): a first pass
 //     folds each chunk into the running (max, sum), the second re-reads the row and
-//     writes y. (Bounding the rows in flight to half the L2, so that the re-read would
-//     hit it, measured slower: fewer blocks left too few loads in flight.)
+//     writes y. (Measured and reverted: bounding the rows in flight to half the L2 so
+//     that the re-read hits it, and unrolling the loops x4: slower or no faster.)
 // Masked (-inf) entries contribute 0; a fully masked row gives zeros (log: -inf).
 //
 // Roofline (bf16, rows x n): read n, write n: 4 bytes per element (vector path), 6 with
@@ -125,19 +125,6 @@ __global__ void __launch_bounds__(512) softmax_vec_kernel(SoftmaxParams p) {
   }
 }
 
-// Chunks of a loop kernel's row in flight per thread: enough loads outstanding per SM to
-// cover the memory latency with one or two blocks per SM.
-inline constexpr int kLoopUnroll = 4;
-
-// Loads the chunks at col, col + step, ... (those inside the row of n elements).
-template <class T, int N>
-__device__ __forceinline__ void load_chunks(Vec<T, N> (&v)[kLoopUnroll], const T* row, int64_t col,
-                                            int64_t step, int64_t n) {
-#pragma unroll
-  for (int u = 0; u < kLoopUnroll; ++u)
-    if (col + u * step < n) v[u] = load_vec<T, N>(row + col + u * step);
-}
-
 template <class T, int N, bool kLog>
 __global__ void __launch_bounds__(512) softmax_loop_kernel(SoftmaxParams p) {
   const float scale = p.scale;
@@ -145,28 +132,18 @@ __global__ void __launch_bounds__(512) softmax_loop_kernel(SoftmaxParams p) {
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     MaxSum acc{-INFINITY, 0.0f};
-    for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += kLoopUnroll * step) {
-      Vec<T, N> v[kLoopUnroll];
-      load_chunks(v, x, col, step, p.n);
-#pragma unroll
-      for (int u = 0; u < kLoopUnroll; ++u)
-        if (col + u * step < p.n) acc = fold(acc, v[u], scale);
-    }
+    for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += step)
+      acc = fold(acc, load_vec<T, N>(x + col), scale);
     // The block reduction's barriers also order every first-pass read before any write,
     // so out may be x; each thread then rewrites only the columns it read.
     const SoftmaxOut<kLog> y_of(block_max_sum(acc));
     T* out = static_cast<T*>(p.out) + row * p.out_stride;
-    for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += kLoopUnroll * step) {
-      Vec<T, N> v[kLoopUnroll];
-      load_chunks(v, x, col, step, p.n);
+    for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += step) {
+      const Vec<T, N> v = load_vec<T, N>(x + col);
+      Vec<T, N> y;
 #pragma unroll
-      for (int u = 0; u < kLoopUnroll; ++u)
-        if (col + u * step < p.n) {
-          Vec<T, N> y;
-#pragma unroll
-          for (int j = 0; j < N; ++j) y.v[j] = from_float<T>(y_of(to_float(v[u].v[j]) * scale));
-          store_vec(out + col + u * step, y);
-        }
+      for (int j = 0; j < N; ++j) y.v[j] = from_float<T>(y_of(to_float(v.v[j]) * scale));
+      store_vec(out + col, y);
     }
   }
 }
