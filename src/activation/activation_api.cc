@@ -23,8 +23,8 @@ GatedAct gelu_act(const char* op, GeluApproximation approximate) {
 }
 
 // `t` has ref's device, dtype and leading dims, and a last dim of `last`.
-Rows check_like(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
-                const TensorView& ref, int64_t last) {
+Rows check_leading_dims(const char* op, const char* arg, const TensorView& t,
+                        const char* ref_arg, const TensorView& ref, int64_t last) {
   detail::check_same_device(op, arg, t, ref_arg, ref);
   detail::check_dtype(op, arg, t, ref.dtype());
   bool same = t.ndim() == ref.ndim() && t.size(-1) == last;
@@ -72,7 +72,7 @@ void fused_forward(const char* op, GatedAct act, const TensorView& out, const Te
                    cudaStream_t stream) {
   const Rows xr = check_fused_x(op, x);
   const int64_t d = xr.d / 2;
-  const Rows outr = check_like(op, "out", out, "x", x, d);
+  const Rows outr = check_leading_dims(op, "out", out, "x", x, d);
   detail::check_no_overlap(op, "out", out, "x", x, false);
   const detail::GatedParams p{outr.data, xr.data, up_half(xr, x.dtype()), xr.rows, d,
                               outr.row_stride, xr.row_stride, xr.row_stride};
@@ -86,8 +86,8 @@ void fused_backward(const char* op, GatedAct act, const TensorView& dx, const Te
                     const TensorView& x, cudaStream_t stream) {
   const Rows xr = check_fused_x(op, x);
   const int64_t d = xr.d / 2;
-  const Rows dxr = check_like(op, "dx", dx, "x", x, xr.d);
-  const Rows dyr = check_like(op, "dy", dy, "x", x, d);
+  const Rows dxr = check_leading_dims(op, "dx", dx, "x", x, xr.d);
+  const Rows dyr = check_leading_dims(op, "dy", dy, "x", x, d);
   detail::check_no_overlap(op, "dx", dx, "x", x, true);
   detail::check_no_overlap(op, "dx", dx, "dy", dy, false);
   const detail::GatedBackwardParams p{dxr.data, const_cast<void*>(up_half(dxr, x.dtype())),
@@ -126,8 +126,8 @@ void swiglu(const TensorView& out, const TensorView& gate, const TensorView& up,
   const char* op = "swiglu";
   detail::check_float_dtype(op, "gate", gate);
   const Rows gr = detail::as_rows(op, "gate", gate);
-  const Rows ur = check_like(op, "up", up, "gate", gate, gr.d);
-  const Rows outr = check_like(op, "out", out, "gate", gate, gr.d);
+  const Rows ur = check_leading_dims(op, "up", up, "gate", gate, gr.d);
+  const Rows outr = check_leading_dims(op, "out", out, "gate", gate, gr.d);
   detail::check_no_overlap(op, "out", out, "gate", gate, true);
   detail::check_no_overlap(op, "out", out, "up", up, true);
   const detail::GatedParams p{outr.data, gr.data, ur.data, gr.rows, gr.d,
@@ -141,10 +141,10 @@ void swiglu_backward(const TensorView& dgate, const TensorView& dup, const Tenso
   const char* op = "swiglu_backward";
   detail::check_float_dtype(op, "gate", gate);
   const Rows gr = detail::as_rows(op, "gate", gate);
-  const Rows ur = check_like(op, "up", up, "gate", gate, gr.d);
-  const Rows dyr = check_like(op, "dy", dy, "gate", gate, gr.d);
-  const Rows dgr = check_like(op, "dgate", dgate, "gate", gate, gr.d);
-  const Rows dur = check_like(op, "dup", dup, "gate", gate, gr.d);
+  const Rows ur = check_leading_dims(op, "up", up, "gate", gate, gr.d);
+  const Rows dyr = check_leading_dims(op, "dy", dy, "gate", gate, gr.d);
+  const Rows dgr = check_leading_dims(op, "dgate", dgate, "gate", gate, gr.d);
+  const Rows dur = check_leading_dims(op, "dup", dup, "gate", gate, gr.d);
   // Each gradient may replace its own input; every other pair is disjoint.
   detail::check_no_overlap(op, "dgate", dgate, "gate", gate, true);
   detail::check_no_overlap(op, "dup", dup, "up", up, true);

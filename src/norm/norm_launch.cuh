@@ -14,15 +14,11 @@ namespace llmk::detail {
 
 template <bool kAdd, bool kCentered, class T, class W>
 const void* norm_vec_kernel_for(int vpt) {
-  constexpr int N = kVec16<T>;
-  switch (vpt) {
-    case 1: return reinterpret_cast<const void*>(norm_vec_kernel<T, W, N, 1, kAdd, kCentered>);
-    case 2: return reinterpret_cast<const void*>(norm_vec_kernel<T, W, N, 2, kAdd, kCentered>);
-    case 4: return reinterpret_cast<const void*>(norm_vec_kernel<T, W, N, 4, kAdd, kCentered>);
-    case 8: return reinterpret_cast<const void*>(norm_vec_kernel<T, W, N, 8, kAdd, kCentered>);
-    case 16: return reinterpret_cast<const void*>(norm_vec_kernel<T, W, N, 16, kAdd, kCentered>);
-  }
-  return nullptr;
+  const void* kernel = nullptr;
+  dispatch_vpt(vpt, [&](auto v) {
+    kernel = reinterpret_cast<const void*>(norm_vec_kernel<T, W, kVec16<T>, decltype(v)::value, kAdd, kCentered>);
+  });
+  return kernel;
 }
 
 // The vector kernel's shape (common/row_shape.h) for rows of n 16-byte vectors.
@@ -43,17 +39,11 @@ void launch_norm(const char* op, const NormParams& p, DType act, DType affine, b
     constexpr int N = kVec16<T>;
     const RowShape shape =
         vector_ok ? norm_shape<kAdd, kCentered, T, W>(p.rows, p.d / N) : RowShape{0, 0};
-    switch (shape.vpt) {
-      case 1: norm_vec_kernel<T, W, N, 1, kAdd, kCentered><<<blocks, shape.threads, 0, stream>>>(p); break;
-      case 2: norm_vec_kernel<T, W, N, 2, kAdd, kCentered><<<blocks, shape.threads, 0, stream>>>(p); break;
-      case 4: norm_vec_kernel<T, W, N, 4, kAdd, kCentered><<<blocks, shape.threads, 0, stream>>>(p); break;
-      case 8: norm_vec_kernel<T, W, N, 8, kAdd, kCentered><<<blocks, shape.threads, 0, stream>>>(p); break;
-      case 16: norm_vec_kernel<T, W, N, 16, kAdd, kCentered><<<blocks, shape.threads, 0, stream>>>(p); break;
-      default:
-        norm_loop_kernel<T, W, kAdd, kCentered>
-            <<<blocks, round_up_warp(std::min<int64_t>(p.d, 512)), 0, stream>>>(p);
-        break;
-    }
+    const bool vector_launched = dispatch_vpt(shape.vpt, [&](auto v) {
+      norm_vec_kernel<T, W, N, decltype(v)::value, kAdd, kCentered><<<blocks, shape.threads, 0, stream>>>(p);
+    });
+    if (!vector_launched)
+      norm_loop_kernel<T, W, kAdd, kCentered><<<blocks, round_up_warp(std::min<int64_t>(p.d, 512)), 0, stream>>>(p);
   });
   LLMK_CHECK_LAUNCH(op, stream);
 }
