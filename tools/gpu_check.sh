@@ -54,7 +54,8 @@ if [ $run_tests -eq 1 ]; then
   for t in "rmsnorm_test RMSNormGpu.StridedRows*" "add_rmsnorm_test AddRMSNormGpu.Strided*" \
            "rmsnorm_backward_test RMSNormBackwardGpu.ManyRows*" "layernorm_test LayerNormGpu.Optional*" \
            "layernorm_backward_test LayerNormBackwardGpu.ManyRows*" \
-           "gated_activation_test GatedActivationGpu.TwoTensor*" "softmax_test SoftmaxGpu.Scales*"; do
+           "gated_activation_test GatedActivationGpu.TwoTensor*" "softmax_test SoftmaxGpu.Scales*" \
+           "rope_test RopeGpu.*"; do
     set -- $t
     compute-sanitizer --tool memcheck --error-exitcode 3 $BUILD/tests/cpp/$1 --gtest_filter="$2" >> "$OUT/sanitizer.log" 2>&1
     rc=$?

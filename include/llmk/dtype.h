@@ -9,6 +9,8 @@ enum class DType : int32_t {
   f32,
   f16,
   bf16,
+  i32,  // indices (RoPE positions)
+  i64,
 };
 
 inline int64_t dtype_size(DType dtype) {
@@ -16,6 +18,8 @@ inline int64_t dtype_size(DType dtype) {
     case DType::f32: return 4;
     case DType::f16: return 2;
     case DType::bf16: return 2;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
   }
   return 0;
 }
@@ -25,6 +29,8 @@ inline const char* dtype_name(DType dtype) {
     case DType::f32: return "float32";
     case DType::f16: return "float16";
     case DType::bf16: return "bfloat16";
+    case DType::i32: return "int32";
+    case DType::i64: return "int64";
   }
   return "unknown";
 }

@@ -6,5 +6,6 @@
 #include "llmk/dtype.h"
 #include "llmk/error.h"
 #include "llmk/norm.h"
+#include "llmk/rope.h"
 #include "llmk/softmax.h"
 #include "llmk/tensor.h"

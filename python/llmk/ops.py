@@ -5,7 +5,8 @@ C++ API through DLPack together with the current CUDA stream, and has a fake
 implementation so that ``torch.compile(fullgraph=True)`` traces through it.
 """
 
-from typing import Optional, Tuple
+import math
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -440,3 +441,102 @@ def softmax_backward(dy: Tensor, y: Tensor, scale: float = 1.0) -> Tensor:
 def log_softmax_backward(dy: Tensor, y: Tensor, scale: float = 1.0) -> Tensor:
     """dx of :func:`log_softmax` from its output ``y``: ``scale * (dy - exp(y) * sum(dy))``."""
     return torch.ops.llmk.softmax_backward(dy, y, scale, True)
+
+
+# --------------------------------------------------------------------------------------
+# RoPE
+
+
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _llama3_list(llama3_scaling: Optional[dict]) -> Optional[List[float]]:
+    if llama3_scaling is None:
+        return None
+    missing = [key for key in _LLAMA3_KEYS if key not in llama3_scaling]
+    if missing:
+        raise ValueError(f"llama3_scaling lacks {missing} (Hugging Face's rope_scaling keys)")
+    return [float(llama3_scaling[key]) for key in _LLAMA3_KEYS]
+
+
+@torch.library.custom_op("llmk::rope_", mutates_args=("q", "k"))
+def _rope_inplace(q: Tensor, k: Optional[Tensor], positions: Tensor, cos_sin_cache: Optional[Tensor],
+                  theta: float, rot_dim: int, style: str, llama3: Optional[List[float]], inverse: bool) -> None:
+    _C.rope(q, k, positions, cos_sin_cache, theta, rot_dim, style, llama3, inverse, _stream(q))
+
+
+@_rope_inplace.register_fake
+def _(q, k, positions, cos_sin_cache, theta, rot_dim, style, llama3, inverse):
+    return None
+
+
+@torch.library.custom_op("llmk::rope", mutates_args=())
+def _rope(x: Tensor, positions: Tensor, cos_sin_cache: Optional[Tensor], theta: float, rot_dim: int,
+          style: str, llama3: Optional[List[float]], inverse: bool) -> Tensor:
+    out = x.clone(memory_format=torch.contiguous_format)
+    _C.rope(out, None, positions, cos_sin_cache, theta, rot_dim, style, llama3, inverse, _stream(x))
+    return out
+
+
+@_rope.register_fake
+def _(x, positions, cos_sin_cache, theta, rot_dim, style, llama3, inverse):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _rope_setup(ctx, inputs, output):
+    _, positions, cache, ctx.theta, ctx.rot_dim, ctx.style, ctx.llama3, ctx.inverse = inputs
+    ctx.save_for_backward(positions, cache)
+
+
+def _rope_grad(ctx, dy):
+    positions, cache = ctx.saved_tensors
+    dx = torch.ops.llmk.rope(dy, positions, cache, ctx.theta, ctx.rot_dim, ctx.style, ctx.llama3,
+                             not ctx.inverse)
+    return dx, None, None, None, None, None, None, None
+
+
+_rope.register_autograd(_rope_grad, setup_context=_rope_setup)
+
+
+def rope_(q: Tensor, k: Optional[Tensor], positions: Tensor, cos_sin_cache: Optional[Tensor] = None, *,
+          theta: float = 10000.0, rot_dim: Optional[int] = None, style: str = "neox",
+          llama3_scaling: Optional[dict] = None, inverse: bool = False) -> None:
+    """Rotary position embedding in place on ``q`` and ``k`` (one launch).
+
+    q: ``[tokens, heads_q, head_dim]`` or ``[batch, seq, heads_q, head_dim]`` (any strides with a
+    contiguous last dim, e.g. head slices of a fused qkv tensor); k: the same leading dims and
+    head_dim with its own head count, or None. positions: int32/int64 with q's leading dims
+    (``[seq]`` broadcasts over the batch). The angles come from ``cos_sin_cache`` (float32
+    ``[max_pos, rot_dim]``, cos then sin: vLLM's layout) or from ``theta`` over ``rot_dim``
+    (default head_dim) with optional Llama 3.1 ``llama3_scaling`` (Hugging Face's rope_scaling
+    dict). style: ``"neox"`` (rotate halves) or ``"gptj"`` (interleaved pairs). ``inverse``
+    applies the inverse rotation (the backward). On the GPU a position outside the cache gives
+    NaN for that token; on the CPU it raises."""
+    torch.ops.llmk.rope_(q, k, positions, cos_sin_cache, float(theta), int(rot_dim or 0), style,
+                         _llama3_list(llama3_scaling), bool(inverse))
+
+
+def rope(q: Tensor, k: Optional[Tensor], positions: Tensor, cos_sin_cache: Optional[Tensor] = None, *,
+         theta: float = 10000.0, rot_dim: Optional[int] = None, style: str = "neox",
+         llama3_scaling: Optional[dict] = None):
+    """Out-of-place, differentiable :func:`rope_`: returns the rotated ``(q, k)`` (k None when
+    not given) as new contiguous tensors; their gradient is the inverse rotation."""
+    args = (positions, cos_sin_cache, float(theta), int(rot_dim or 0), style, _llama3_list(llama3_scaling), False)
+    q_out = torch.ops.llmk.rope(q, *args)
+    return q_out, (torch.ops.llmk.rope(k, *args) if k is not None else None)
+
+
+def rope_cos_sin_cache(max_position: int, rot_dim: int, theta: float = 10000.0,
+                       llama3_scaling: Optional[dict] = None, device=None) -> Tensor:
+    """The float32 ``[max_position, rot_dim]`` cos/sin cache of :func:`rope_`, computed in float64."""
+    i = torch.arange(0, rot_dim // 2, dtype=torch.float64)
+    inv_freq = theta ** (-2.0 * i / rot_dim)
+    if llama3_scaling is not None:
+        factor, low, high, original = _llama3_list(llama3_scaling)
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (original / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+        medium = (wavelen >= original / high) & (wavelen <= original / low)
+        inv_freq = torch.where(medium, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+    angles = torch.arange(max_position, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).to(torch.float32).to(device)

@@ -5,9 +5,11 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "llmk/llmk.h"
 
@@ -24,9 +26,11 @@ llmk::DType to_dtype(nb::dlpack::dtype dt) {
     if (dt.code == static_cast<uint8_t>(Code::Float) && dt.bits == 32) return llmk::DType::f32;
     if (dt.code == static_cast<uint8_t>(Code::Float) && dt.bits == 16) return llmk::DType::f16;
     if (dt.code == static_cast<uint8_t>(Code::Bfloat) && dt.bits == 16) return llmk::DType::bf16;
+    if (dt.code == static_cast<uint8_t>(Code::Int) && dt.bits == 32) return llmk::DType::i32;
+    if (dt.code == static_cast<uint8_t>(Code::Int) && dt.bits == 64) return llmk::DType::i64;
   }
   llmk::detail::throw_error("unsupported dtype (DLPack code ", int(dt.code), ", ", int(dt.bits),
-                            " bits); llmk takes float32, float16 and bfloat16");
+                            " bits); llmk takes float32, float16, bfloat16 and int32/int64 indices");
 }
 
 llmk::TensorView view(const AnyArray& a) {
@@ -55,6 +59,20 @@ llmk::GeluApproximation gelu_approximation(const std::string& name) {
   if (name == "none") return llmk::GeluApproximation::none;
   if (name == "tanh") return llmk::GeluApproximation::tanh;
   llmk::detail::throw_error("approximate must be 'none' or 'tanh', got '", name, "'");
+}
+
+llmk::RopeStyle rope_style(const std::string& name) {
+  if (name == "neox") return llmk::RopeStyle::neox;
+  if (name == "gptj") return llmk::RopeStyle::gptj;
+  llmk::detail::throw_error("rope style must be 'neox' or 'gptj', got '", name, "'");
+}
+
+// [factor, low_freq_factor, high_freq_factor, original_max_position], or none.
+std::optional<llmk::Llama3RopeScaling> llama3_scaling(const std::optional<std::vector<double>>& v) {
+  if (!v) return std::nullopt;
+  LLMK_CHECK(v->size() == 4, "llama3 scaling takes 4 values (factor, low_freq_factor, "
+             "high_freq_factor, original_max_position), got ", v->size());
+  return llmk::Llama3RopeScaling{(*v)[0], (*v)[1], (*v)[2], (*v)[3]};
 }
 
 cudaStream_t stream_of(uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
@@ -213,6 +231,29 @@ NB_MODULE(_C, m) {
         });
       },
       "dx"_a, "dy"_a, "y"_a, "scale"_a = 1.0, "log"_a = false, "stream"_a = 0);
+
+  // RoPE in place on q (and k); the angles from cos_sin_cache when given, else from theta.
+  m.def(
+      "rope",
+      [](AnyArray q, std::optional<AnyArray> k, AnyArray positions, std::optional<AnyArray> cache,
+         double theta, int64_t rot_dim, const std::string& style,
+         std::optional<std::vector<double>> llama3, bool inverse, uintptr_t stream) {
+        auto qv = view(q), pv = view(positions);
+        auto kv = k ? view(*k) : llmk::TensorView{};
+        auto cv = view(cache);
+        const llmk::RopeStyle st = rope_style(style);
+        const llmk::RopeTheta freqs{rot_dim, theta, llama3_scaling(llama3)};
+        without_gil([&] {
+          const cudaStream_t s = stream_of(stream);
+          if (cv && inverse) llmk::rope_backward(qv, kv, pv, *cv, st, s);
+          else if (cv) llmk::rope(qv, kv, pv, *cv, st, s);
+          else if (inverse) llmk::rope_backward(qv, kv, pv, freqs, st, s);
+          else llmk::rope(qv, kv, pv, freqs, st, s);
+        });
+      },
+      "q"_a, "k"_a.none(), "positions"_a, "cos_sin_cache"_a.none(), "theta"_a = 10000.0,
+      "rot_dim"_a = 0, "style"_a = "neox", "llama3"_a.none() = nb::none(), "inverse"_a = false,
+      "stream"_a = 0);
 
   m.def("cuda_device_count", &llmk::cuda_device_count);
   m.def("build_cuda_archs", &llmk::build_cuda_archs);

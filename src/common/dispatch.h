@@ -1,5 +1,5 @@
-// dispatch_dtype: turns a run-time DType into a compile-time tag so that one generic
-// lambda serves every element type. The tag is std::integral_constant<DType, ...>; the
+// dispatch_dtype: turns a run-time floating-point DType into a compile-time tag so that
+// one generic lambda serves every element type. The tag is std::integral_constant<DType, ...>; the
 // caller maps it to a type with host_type_t (CPU code) or device_type_t (CUDA code).
 #pragma once
 
@@ -19,8 +19,10 @@ decltype(auto) dispatch_dtype(DType dtype, const char* op, F&& f) {
     case DType::f32: return f(DTypeTag<DType::f32>{});
     case DType::f16: return f(DTypeTag<DType::f16>{});
     case DType::bf16: return f(DTypeTag<DType::bf16>{});
+    case DType::i32:
+    case DType::i64: break;
   }
-  throw_error(op, ": unsupported dtype ", static_cast<int>(dtype));
+  throw_error(op, ": unsupported dtype ", dtype_name(dtype));
 }
 
 // Dispatch on the dtype of the activations and of the weight, where the weight is

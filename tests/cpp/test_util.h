@@ -119,6 +119,8 @@ inline float dtype_rtol(DType dt) {
     case DType::f32: return 2e-5f;
     case DType::f16: return 2.0f / 1024;
     case DType::bf16: return 2.0f / 128;
+    case DType::i32:
+    case DType::i64: break;
   }
   return 0;
 }

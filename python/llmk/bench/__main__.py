@@ -15,9 +15,9 @@ import sys
 import torch
 
 import llmk
-from . import activation_cases, norm_cases, softmax_cases, timing
+from . import activation_cases, norm_cases, rope_cases, softmax_cases, timing
 
-CASE_MODULES = (norm_cases, activation_cases, softmax_cases)
+CASE_MODULES = (norm_cases, activation_cases, softmax_cases, rope_cases)
 OPS = {op: case for m in CASE_MODULES for op, case in m.OPS.items()}
 # Each op's default sweep: (tokens, hidden) lists; --tokens / --hidden override them.
 SWEEPS = {op: sweep for m in CASE_MODULES for op, sweep in m.SWEEPS.items()}

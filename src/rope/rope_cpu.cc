@@ -1,0 +1,70 @@
+// CPU reference of RoPE: double math, one rounding per element. The oracle of the GPU
+// tests and the host backend. Positions are range-checked by the caller (rope_api.cc).
+#include <cmath>
+#include <vector>
+
+#include "common/host_types.h"
+#include "rope/rope_params.h"
+
+namespace llmk::detail {
+
+namespace {
+
+int64_t position(const RopeParams& p, int64_t b, int64_t s) {
+  const int64_t i = b * p.positions_batch_stride + s;
+  return p.positions_i64 ? static_cast<const int64_t*>(p.positions)[i]
+                         : static_cast<const int32_t*>(p.positions)[i];
+}
+
+// Element index of pair i's two members within a head.
+void pair_index(RopeStyle style, int i, int half, int* i1, int* i2) {
+  *i1 = style == RopeStyle::neox ? i : 2 * i;
+  *i2 = style == RopeStyle::neox ? i + half : 2 * i + 1;
+}
+
+template <class T>
+void rotate_heads(const RopeParams& p, const RopeTensor& t, RopeStyle style, int64_t b,
+                  int64_t s, const std::vector<double>& cos_v, const std::vector<double>& sin_v) {
+  const int half = p.rot_dim / 2;
+  for (int h = 0; h < t.heads; ++h) {
+    T* x = static_cast<T*>(t.data) + b * t.batch_stride + s * t.seq_stride + h * t.head_stride;
+    for (int i = 0; i < half; ++i) {
+      int i1, i2;
+      pair_index(style, i, half, &i1, &i2);
+      const double x1 = to_float(x[i1]), x2 = to_float(x[i2]);
+      x[i1] = from_float<T>(static_cast<float>(x1 * cos_v[i] - x2 * sin_v[i]));
+      x[i2] = from_float<T>(static_cast<float>(x2 * cos_v[i] + x1 * sin_v[i]));
+    }
+  }
+}
+
+template <class T>
+void rope_tokens(const RopeParams& p, RopeStyle style) {
+  const int half = p.rot_dim / 2;
+  std::vector<double> cos_v(half), sin_v(half);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t s = 0; s < p.seq; ++s) {
+      const int64_t pos = position(p, b, s);
+      for (int i = 0; i < half; ++i) {
+        if (p.cache) {
+          cos_v[i] = p.cache[pos * p.rot_dim + i];
+          sin_v[i] = p.cache[pos * p.rot_dim + half + i];
+        } else {
+          const double angle = static_cast<double>(pos) * rope_inv_freq(p.theta, i, p.rot_dim);
+          cos_v[i] = std::cos(angle);
+          sin_v[i] = std::sin(angle);
+        }
+        sin_v[i] *= p.sin_sign;
+      }
+      rotate_heads<T>(p, p.q, style, b, s, cos_v, sin_v);
+      rotate_heads<T>(p, p.k, style, b, s, cos_v, sin_v);
+    }
+}
+
+}  // namespace
+
+void rope_cpu(const RopeParams& p, RopeStyle style, DType dtype) {
+  dispatch_dtype(dtype, "rope", [&](auto tag) { rope_tokens<host_type_t<decltype(tag)>>(p, style); });
+}
+
+}  // namespace llmk::detail
