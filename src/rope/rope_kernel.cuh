@@ -1,17 +1,19 @@
 // RoPE kernel: rotates the first rot_dim elements of every q and k head in place.
 //
-// Block layout (x, y, z) = (pair chunks of one head, head lanes, tokens). Thread x owns
-// the P pairs [x * P, x * P + P) of the rotation: it computes their cos/sin once for its
-// token (from the cache or from theta) and then rotates those pairs in every head of q
-// and k that its head lane visits (heads y, y + blockDim.y, ...). A pair chunk is two
+// Block layout (x, y, z) = (pair chunks of one head, head lanes, tokens). First the block
+// computes the cos/sin of every (token, pair) of its tokens into shared memory, each once
+// (from the cache, coalesced, or from theta); then thread x rotates the P pairs
+// [x * P, x * P + P) in every head of q and k that its head lane visits (heads y,
+// y + blockDim.y, ...). The first head's vectors are loaded before the angle phase, so
+// their latency overlaps the position -> cache (or angle) chain. A pair chunk is two
 // vectors of P elements: x[i .. i+P) and x[half + i .. half + i + P) in the NeoX style,
 // x[2i .. 2i + 2P) in the GPT-J style (pairs adjacent), 16-byte vectors where alignment
 // allows (P = 8 for f16/bf16, 4 for f32), else P = 1.
 //
 // Roofline: each rotated element is read and written once, 2 * tokens * (heads_q + heads_k)
-// * rot_dim * sizeof(T) bytes, plus the positions and (per token) rot_dim floats of cache
-// read by every head lane, mostly from L1/L2; ~6 FLOPs per pair. Memory-bound: at 8192
-// tokens, 32 + 8 heads of 128 bf16, 168 MB move in ~56 us at 3.0 TB/s.
+// * rot_dim * sizeof(T) bytes, plus per token its position and rot_dim cache floats
+// (~3% more at 40 heads of 128); ~6 FLOPs per pair. Memory-bound: at 8192 tokens, 32 + 8
+// heads of 128 bf16, 168 MB move in ~56 us at 3.0 TB/s.
 #pragma once
 
 #include <cmath>
@@ -29,80 +31,105 @@ __device__ __forceinline__ int64_t rope_position(const RopeParams& p, int64_t b,
                          : static_cast<const int32_t*>(p.positions)[i];
 }
 
-// cos/sin of the P pairs starting at pair `i` for position `pos`; false when the position
-// lies outside the cache (the caller then writes NaN instead of reading past it).
-template <int P, bool kCache>
-__device__ __forceinline__ bool rope_angles(const RopeParams& p, int64_t pos, int i,
-                                            float (&cos_v)[P], float (&sin_v)[P]) {
+// (cos, sin) of pair i at position `pos`; NaN for a position outside the cache, which is
+// never read past (the rotated elements of that token become NaN).
+template <bool kCache>
+__device__ __forceinline__ float2 rope_angle(const RopeParams& p, int64_t pos, int i) {
+  float c, s;
   if constexpr (kCache) {
-    if (pos < 0 || pos >= p.cache_rows) return false;
-    const float* row = p.cache + pos * p.rot_dim + i;
-#pragma unroll
-    for (int j = 0; j < P; ++j) {
-      cos_v[j] = row[j];
-      sin_v[j] = p.sin_sign * row[p.rot_dim / 2 + j];
-    }
+    if (pos < 0 || pos >= p.cache_rows) return make_float2(NAN, NAN);
+    const float* row = p.cache + pos * p.rot_dim;
+    c = row[i];
+    s = row[p.rot_dim / 2 + i];
   } else {
-#pragma unroll
-    for (int j = 0; j < P; ++j) {
-      // The angle in double, reduced to [-pi, pi] before the float sincos: pos * inv_freq
-      // in float would be off by ~1e-7 * pos radians.
-      double angle = static_cast<double>(pos) * rope_inv_freq(p.theta, i + j, p.rot_dim);
-      angle -= rint(angle * (1.0 / kTwoPi)) * kTwoPi;
-      sincosf(static_cast<float>(angle), &sin_v[j], &cos_v[j]);
-      sin_v[j] *= p.sin_sign;
-    }
+    // The angle in double, reduced to [-pi, pi] before the float sincos: pos * inv_freq in
+    // float would be off by ~1e-7 * pos radians.
+    double angle = static_cast<double>(pos) * rope_inv_freq(p.theta, i, p.rot_dim);
+    angle -= rint(angle * (1.0 / kTwoPi)) * kTwoPi;
+    sincosf(static_cast<float>(angle), &s, &c);
   }
-  return true;
+  return make_float2(c, p.sin_sign * s);
 }
 
+// The two vectors of a pair chunk: NeoX x[i..i+P) and x[half+i..); GPT-J x[2i..2i+2P).
 template <class T, int P, RopeStyle S>
-__device__ __forceinline__ void rope_rotate(T* x, int i, int half, const float (&cos_v)[P],
-                                            const float (&sin_v)[P], bool valid) {
+struct PairChunk {
+  T* pa;
+  T* pb;
+  Vec<T, P> a, b;
+
+  __device__ __forceinline__ void load(T* x, int i, int half) {
+    pa = S == RopeStyle::neox ? x + i : x + 2 * i;
+    pb = S == RopeStyle::neox ? x + half + i : x + 2 * i + P;
+    a = load_vec<T, P>(pa);
+    b = load_vec<T, P>(pb);
+  }
+
   // NeoX: pair j is (a[j], b[j]); GPT-J: a and b are adjacent, pair j is elements 2j, 2j+1.
-  T* pa = S == RopeStyle::neox ? x + i : x + 2 * i;
-  T* pb = S == RopeStyle::neox ? x + half + i : x + 2 * i + P;
-  Vec<T, P> a = load_vec<T, P>(pa), b = load_vec<T, P>(pb);
-  float e[2 * P];
+  __device__ __forceinline__ void rotate_and_store(const float2* cs) {
+    float e[2 * P];
 #pragma unroll
-  for (int j = 0; j < P; ++j) {
-    e[j] = to_float(a.v[j]);
-    e[P + j] = to_float(b.v[j]);
-  }
+    for (int j = 0; j < P; ++j) {
+      e[j] = to_float(a.v[j]);
+      e[P + j] = to_float(b.v[j]);
+    }
 #pragma unroll
-  for (int j = 0; j < P; ++j) {
-    const int i1 = S == RopeStyle::neox ? j : 2 * j;
-    const int i2 = S == RopeStyle::neox ? P + j : 2 * j + 1;
-    const float x1 = e[i1], x2 = e[i2];
-    e[i1] = valid ? x1 * cos_v[j] - x2 * sin_v[j] : NAN;
-    e[i2] = valid ? x2 * cos_v[j] + x1 * sin_v[j] : NAN;
-  }
+    for (int j = 0; j < P; ++j) {
+      const int i1 = S == RopeStyle::neox ? j : 2 * j;
+      const int i2 = S == RopeStyle::neox ? P + j : 2 * j + 1;
+      const float x1 = e[i1], x2 = e[i2];
+      const float2 r = cs[j];
+      e[i1] = x1 * r.x - x2 * r.y;
+      e[i2] = x2 * r.x + x1 * r.y;
+    }
 #pragma unroll
-  for (int j = 0; j < P; ++j) {
-    a.v[j] = from_float<T>(e[j]);
-    b.v[j] = from_float<T>(e[P + j]);
+    for (int j = 0; j < P; ++j) {
+      a.v[j] = from_float<T>(e[j]);
+      b.v[j] = from_float<T>(e[P + j]);
+    }
+    store_vec<T, P>(pa, a);
+    store_vec<T, P>(pb, b);
   }
-  store_vec<T, P>(pa, a);
-  store_vec<T, P>(pb, b);
-}
+};
 
 template <class T, int P, RopeStyle S, bool kCache>
 __global__ void rope_kernel(const RopeParams p) {
-  const int64_t token = static_cast<int64_t>(blockIdx.x) * blockDim.z + threadIdx.z;
-  if (token >= p.batch * p.seq) return;
-  const int64_t b = token / p.seq, s = token - b * p.seq;
-  const int i = threadIdx.x * P;
-  float cos_v[P], sin_v[P];
-  const bool valid = rope_angles<P, kCache>(p, rope_position(p, b, s), i, cos_v, sin_v);
+  extern __shared__ float2 angles[];  // [blockDim.z tokens][rot_dim / 2] (cos, sin)
+  const int half = p.rot_dim / 2;
+  const int64_t tokens = p.batch * p.seq;
+  const int64_t first_token = static_cast<int64_t>(blockIdx.x) * blockDim.z;
+  const int64_t token = first_token + threadIdx.z;
   const int heads = p.q.heads + p.k.heads;
-  for (int h = threadIdx.y; h < heads; h += blockDim.y) {
+  const int64_t b = token / p.seq, s = token - b * p.seq;
+  auto head_data = [&](int h) {
     const bool in_q = h < p.q.heads;
     const int head = in_q ? h : h - p.q.heads;
-    T* base = static_cast<T*>(in_q ? p.q.data : p.k.data);
-    const int64_t offset = b * (in_q ? p.q.batch_stride : p.k.batch_stride) +
-                           s * (in_q ? p.q.seq_stride : p.k.seq_stride) +
-                           head * (in_q ? p.q.head_stride : p.k.head_stride);
-    rope_rotate<T, P, S>(base + offset, i, p.rot_dim / 2, cos_v, sin_v, valid);
+    return static_cast<T*>(in_q ? p.q.data : p.k.data) +
+           b * (in_q ? p.q.batch_stride : p.k.batch_stride) +
+           s * (in_q ? p.q.seq_stride : p.k.seq_stride) +
+           head * (in_q ? p.q.head_stride : p.k.head_stride);
+  };
+  const int i = threadIdx.x * P;
+  PairChunk<T, P, S> chunk;
+  const bool active = token < tokens && static_cast<int>(threadIdx.y) < heads;
+  if (active) chunk.load(head_data(threadIdx.y), i, half);
+
+  const int block_tokens =
+      tokens - first_token < blockDim.z ? static_cast<int>(tokens - first_token) : blockDim.z;
+  const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  for (int idx = tid; idx < block_tokens * half; idx += blockDim.x * blockDim.y * blockDim.z) {
+    const int t = idx / half;
+    const int64_t tb = (first_token + t) / p.seq, ts = first_token + t - tb * p.seq;
+    angles[idx] = rope_angle<kCache>(p, rope_position(p, tb, ts), idx - t * half);
+  }
+  __syncthreads();
+  if (!active) return;
+  const float2* cs = angles + threadIdx.z * half + i;
+  for (int h = threadIdx.y;;) {
+    chunk.rotate_and_store(cs);
+    h += blockDim.y;
+    if (h >= heads) break;
+    chunk.load(head_data(h), i, half);
   }
 }
 
