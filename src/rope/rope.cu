@@ -36,7 +36,7 @@ void rope_cuda(const RopeParams& p, RopeStyle style, DType dtype, bool vector_ok
       const int64_t blocks = (tokens + block.z - 1) / block.z;
       LLMK_CHECK(blocks <= INT32_MAX, "rope: ", tokens, " tokens are more than one launch covers");
       const dim3 grid(static_cast<unsigned>(blocks));
-      const size_t smem = sizeof(float2) * block.z * (p.rot_dim / 2);
+      const size_t smem = p.cache ? 0 : sizeof(float2) * block.z * (p.rot_dim / 2);
       rope_kernel<T, P, decltype(style_constant)::value, decltype(cache_constant)::value>
           <<<grid, block, smem, stream>>>(p);
     };
