@@ -6,6 +6,7 @@
 #include "llmk/dtype.h"
 #include "llmk/error.h"
 #include "llmk/norm.h"
+#include "llmk/optim.h"
 #include "llmk/rope.h"
 #include "llmk/softmax.h"
 #include "llmk/tensor.h"

@@ -540,3 +540,21 @@ def rope_cos_sin_cache(max_position: int, rot_dim: int, theta: float = 10000.0,
         inv_freq = torch.where(medium, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
     angles = torch.arange(max_position, dtype=torch.float64)[:, None] * inv_freq[None, :]
     return torch.cat([angles.cos(), angles.sin()], dim=-1).to(torch.float32).to(device)
+
+
+# --------------------------------------------------------------------------------------
+# fused AdamW (the optimizer class is llmk.optim.AdamW)
+
+
+@torch.library.custom_op("llmk::adamw_step_", mutates_args=("params", "exp_avgs", "exp_avg_sqs"))
+def _adamw_step(params: List[Tensor], grads: List[Tensor], exp_avgs: List[Tensor], exp_avg_sqs: List[Tensor],
+                steps: List[Tensor], lr: float, lr_tensor: Optional[Tensor], beta1: float, beta2: float,
+                eps: float, weight_decay: float, maximize: bool) -> None:
+    stream = _stream(params[0]) if params else 0
+    _C.adamw_step(params, grads, exp_avgs, exp_avg_sqs, steps, lr, lr_tensor, beta1, beta2, eps, weight_decay,
+                  maximize, stream)
+
+
+@_adamw_step.register_fake
+def _(params, grads, exp_avgs, exp_avg_sqs, steps, lr, lr_tensor, beta1, beta2, eps, weight_decay, maximize):
+    return None

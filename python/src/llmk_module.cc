@@ -255,6 +255,32 @@ NB_MODULE(_C, m) {
       "rot_dim"_a = 0, "style"_a = "neox", "llama3"_a.none() = nb::none(), "inverse"_a = false,
       "stream"_a = 0);
 
+  // One fused AdamW step over lists of tensors (one entry per parameter).
+  m.def(
+      "adamw_step",
+      [](const std::vector<AnyArray>& params, const std::vector<AnyArray>& grads,
+         const std::vector<AnyArray>& exp_avgs, const std::vector<AnyArray>& exp_avg_sqs,
+         const std::vector<AnyArray>& steps, double lr, std::optional<AnyArray> lr_tensor,
+         double beta1, double beta2, double eps, double weight_decay, bool maximize,
+         uintptr_t stream) {
+        const size_t n = params.size();
+        LLMK_CHECK(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n &&
+                       steps.size() == n,
+                   "adamw_step: params, grads, exp_avgs, exp_avg_sqs and steps must have the same "
+                   "length, got ", n, ", ", grads.size(), ", ", exp_avgs.size(), ", ",
+                   exp_avg_sqs.size(), ", ", steps.size());
+        std::vector<llmk::AdamWParam> list(n);
+        for (size_t i = 0; i < n; ++i)
+          list[i] = {view(params[i]), view(grads[i]), view(exp_avgs[i]), view(exp_avg_sqs[i]),
+                     view(steps[i])};
+        const llmk::AdamWOptions options{lr, beta1, beta2, eps, weight_decay, maximize};
+        const llmk::TensorView lr_view = lr_tensor ? view(*lr_tensor) : llmk::TensorView{};
+        without_gil([&] { llmk::adamw_step(list, options, lr_view, stream_of(stream)); });
+      },
+      "params"_a, "grads"_a, "exp_avgs"_a, "exp_avg_sqs"_a, "steps"_a, "lr"_a,
+      "lr_tensor"_a.none(), "beta1"_a, "beta2"_a, "eps"_a, "weight_decay"_a, "maximize"_a = false,
+      "stream"_a = 0);
+
   m.def("cuda_device_count", &llmk::cuda_device_count);
   m.def("build_cuda_archs", &llmk::build_cuda_archs);
   m.def(

@@ -15,9 +15,9 @@ import sys
 import torch
 
 import llmk
-from . import activation_cases, norm_cases, rope_cases, softmax_cases, timing
+from . import activation_cases, norm_cases, optim_cases, rope_cases, softmax_cases, timing
 
-CASE_MODULES = (norm_cases, activation_cases, softmax_cases, rope_cases)
+CASE_MODULES = (norm_cases, activation_cases, softmax_cases, rope_cases, optim_cases)
 OPS = {op: case for m in CASE_MODULES for op, case in m.OPS.items()}
 # Each op's default sweep: (tokens, hidden) lists; --tokens / --hidden override them.
 SWEEPS = {op: sweep for m in CASE_MODULES for op, sweep in m.SWEEPS.items()}
@@ -123,7 +123,7 @@ def plot(rows, path):
     hiddens = {op: sorted({int(r["hidden"]) for r in rows if r["op"] == op}) for op in ops}
     columns = max(len(h) for h in hiddens.values())
     colors = {"llmk": "tab:blue", "eager": "tab:orange", "F.rms_norm": "tab:green", "F.layer_norm": "tab:green",
-              "torch": "tab:green",
+              "torch": "tab:green", "foreach": "tab:orange", "fused": "tab:green",
               "compile": "tab:red"}
     fig, axes = plt.subplots(len(ops), columns, figsize=(3.2 * columns, 2.8 * len(ops)), squeeze=False)
     for i, op in enumerate(ops):

@@ -25,7 +25,7 @@ def time_cuda(fn: Callable, sets: List, min_calls: int = 20, replays: int = 7) -
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for s in sets[:3]:  # warm up: compile, autotune, allocate outside the capture
+        for s in sets:  # warm up every set: compile, autotune, allocate outside the capture
             fn(*s)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()

@@ -1,0 +1,39 @@
+// Launch description of the multi-tensor AdamW kernel: up to kAdamWMaxTensors tensors of
+// one parameter dtype, split into chunks of kAdamWChunk elements (one block each). It is
+// passed by value as the kernel parameter (~2.7 KB, under the classic 4 KB limit).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "llmk/dtype.h"
+
+namespace llmk::detail {
+
+constexpr int kAdamWMaxTensors = 48;
+constexpr int64_t kAdamWChunk = 16384;
+
+struct AdamWHyper {
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  bool maximize = false;
+  const float* lr_ptr = nullptr;  // device lr, replaces `lr` when set
+};
+
+struct AdamWLaunch {
+  void* param[kAdamWMaxTensors];
+  const void* grad[kAdamWMaxTensors];
+  float* exp_avg[kAdamWMaxTensors];
+  float* exp_avg_sq[kAdamWMaxTensors];
+  const float* step[kAdamWMaxTensors];
+  int64_t numel[kAdamWMaxTensors];
+  int32_t block_end[kAdamWMaxTensors];  // prefix sums of each tensor's chunk count
+  bool vector_ok[kAdamWMaxTensors];     // all four pointers 16-byte aligned
+  int count = 0;
+  AdamWHyper hyper;
+};
+
+void adamw_cuda(const AdamWLaunch& launch, DType dtype, cudaStream_t stream);
+void adamw_cpu(const AdamWLaunch& launch, DType dtype);
+
+}  // namespace llmk::detail
