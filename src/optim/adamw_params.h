@@ -1,5 +1,5 @@
 // Launch description of the multi-tensor AdamW kernel: up to kAdamWMaxTensors tensors of
-// one parameter dtype, split into chunks of kAdamWChunk elements (one block each). It is
+// one parameter dtype, split into chunks of kAdamWChunk elements (a block's unit of work). It is
 // passed by value as the kernel parameter (~2.7 KB, under the classic 4 KB limit).
 #pragma once
 
@@ -12,7 +12,7 @@
 namespace llmk::detail {
 
 constexpr int kAdamWMaxTensors = 48;
-constexpr int64_t kAdamWChunk = 16384;
+constexpr int64_t kAdamWChunk = 4096;
 
 struct AdamWHyper {
   double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
@@ -27,7 +27,7 @@ struct AdamWLaunch {
   float* exp_avg_sq[kAdamWMaxTensors];
   const float* step[kAdamWMaxTensors];
   int64_t numel[kAdamWMaxTensors];
-  int32_t block_end[kAdamWMaxTensors];  // prefix sums of each tensor's chunk count
+  int32_t chunk_end[kAdamWMaxTensors];  // prefix sums of the tensors' chunk counts
   bool vector_ok[kAdamWMaxTensors];     // all four pointers 16-byte aligned
   int count = 0;
   AdamWHyper hyper;

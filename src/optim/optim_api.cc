@@ -108,7 +108,7 @@ void adamw_step(const std::vector<AdamWParam>& params, const AdamWOptions& optio
     for (const AdamWParam& a : params) {
       if (a.param.dtype() != dtype || a.param.numel() == 0) continue;
       const int64_t chunks = (a.param.numel() + detail::kAdamWChunk - 1) / detail::kAdamWChunk;
-      const int64_t before = launch.count ? launch.block_end[launch.count - 1] : 0;
+      const int64_t before = launch.count ? launch.chunk_end[launch.count - 1] : 0;
       if (launch.count == detail::kAdamWMaxTensors || before + chunks > INT32_MAX) flush(dtype);
       const int c = launch.count++;
       launch.param[c] = a.param.data();
@@ -117,7 +117,7 @@ void adamw_step(const std::vector<AdamWParam>& params, const AdamWOptions& optio
       launch.exp_avg_sq[c] = static_cast<float*>(a.exp_avg_sq.data());
       launch.step[c] = static_cast<const float*>(a.step.data());
       launch.numel[c] = a.param.numel();
-      launch.block_end[c] = static_cast<int32_t>((c ? launch.block_end[c - 1] : 0) + chunks);
+      launch.chunk_end[c] = static_cast<int32_t>((c ? launch.chunk_end[c - 1] : 0) + chunks);
       launch.vector_ok[c] = detail::is_aligned(a.param.data(), 16) && detail::is_aligned(a.grad.data(), 16) &&
                             detail::is_aligned(a.exp_avg.data(), 16) &&
                             detail::is_aligned(a.exp_avg_sq.data(), 16);
