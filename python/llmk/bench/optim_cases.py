@@ -28,34 +28,35 @@ def _optimizers():
 def adamw_case(dtype_override=None):
     def case(tensors, millions, dtype):
         dtype = dtype_override or torch.float32
+        tensors_count = tensors
         total = millions * 1_000_000 // tensors * tensors
         size = total // tensors
         bytes_per = 28 if dtype == torch.float32 else 22
 
-        def make():  # one flat buffer each for parameters and gradients; the tensors are views
-            return (torch.randn(total, device="cuda", dtype=dtype),
-                    torch.randn(total, device="cuda", dtype=dtype) * 1e-2)
+        def make():  # each parameter and gradient its own allocation, as in a model
+            params = [torch.randn(size, device="cuda", dtype=dtype) for _ in range(tensors)]
+            return (*params, *[torch.randn_like(p) * 1e-2 for p in params])
 
         def impl(build):
             optimizers = {}
 
-            def step(flat_p, flat_g):
-                key = flat_p.data_ptr()
+            def step(*tensors):
+                key = tensors[0].data_ptr()
                 if key not in optimizers:  # first call of a buffer set: state created outside the capture
-                    params = list(flat_p.split(size))
-                    for p, g in zip(params, flat_g.split(size)):
+                    params = list(tensors[:tensors_count])
+                    for p, g in zip(params, tensors[tensors_count:]):
                         p.grad = g
                     optimizers[key] = build(params)
                 optimizers[key].step()
-                return flat_p
+                return tensors[0]
 
             return step
 
-        def reference(flat_p, flat_g):  # the first step from zero state, float64
-            g = flat_g.double()
+        def reference(*tensors):  # the first tensor after one step from zero state, float64
+            p, g = tensors[0].double(), tensors[tensors_count].double()
             m, v = (1 - BETAS[0]) * g, (1 - BETAS[1]) * g * g
             update = LR / (1 - BETAS[0]) * m / ((v / (1 - BETAS[1])).sqrt() + EPS)
-            return flat_p.double() * (1 - LR * WEIGHT_DECAY) - update
+            return p * (1 - LR * WEIGHT_DECAY) - update
 
         return bytes_per * total, make, {name: impl(b) for name, b in _optimizers().items()}, reference
 
