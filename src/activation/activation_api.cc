@@ -9,15 +9,15 @@
 
 namespace llmk {
 
-using detail::GatedAct;
+using detail::Activation;
 using detail::Rows;
 
 namespace {
 
-GatedAct gelu_act(const char* op, GeluApproximation approximate) {
+Activation gelu_act(const char* op, GeluApproximation approximate) {
   switch (approximate) {
-    case GeluApproximation::none: return GatedAct::gelu;
-    case GeluApproximation::tanh: return GatedAct::gelu_tanh;
+    case GeluApproximation::none: return Activation::gelu;
+    case GeluApproximation::tanh: return Activation::gelu_tanh;
   }
   detail::throw_error(op, ": unknown GELU approximation ", static_cast<int>(approximate));
 }
@@ -50,7 +50,7 @@ const void* up_half(const Rows& fused, DType dtype) {
 
 // The CPU reference for host tensors, else the CUDA launcher on ref's device.
 template <class Params, class Cpu, class Cuda>
-void run(const Params& p, GatedAct act, const TensorView& ref, bool vector_ok, cudaStream_t stream,
+void run(const Params& p, Activation act, const TensorView& ref, bool vector_ok, cudaStream_t stream,
          Cpu cpu, Cuda cuda) {
   if (p.rows == 0 || p.d == 0) return;
   if (!ref.is_cuda()) return cpu(p, act, ref.dtype());
@@ -58,17 +58,17 @@ void run(const Params& p, GatedAct act, const TensorView& ref, bool vector_ok, c
   cuda(p, act, ref.dtype(), vector_ok, stream);
 }
 
-void run_forward(const detail::GatedParams& p, GatedAct act, const TensorView& ref,
+void run_forward(const detail::GatedParams& p, Activation act, const TensorView& ref,
                  bool vector_ok, cudaStream_t stream) {
   run(p, act, ref, vector_ok, stream, detail::gated_forward_cpu, detail::gated_forward_cuda);
 }
 
-void run_backward(const detail::GatedBackwardParams& p, GatedAct act, const TensorView& ref,
+void run_backward(const detail::GatedBackwardParams& p, Activation act, const TensorView& ref,
                   bool vector_ok, cudaStream_t stream) {
   run(p, act, ref, vector_ok, stream, detail::gated_backward_cpu, detail::gated_backward_cuda);
 }
 
-void fused_forward(const char* op, GatedAct act, const TensorView& out, const TensorView& x,
+void fused_forward(const char* op, Activation act, const TensorView& out, const TensorView& x,
                    cudaStream_t stream) {
   const Rows xr = check_fused_x(op, x);
   const int64_t d = xr.d / 2;
@@ -82,7 +82,7 @@ void fused_forward(const char* op, GatedAct act, const TensorView& out, const Te
   run_forward(p, act, x, detail::rows_vectorizable({outr, gate}, x.dtype()), stream);
 }
 
-void fused_backward(const char* op, GatedAct act, const TensorView& dx, const TensorView& dy,
+void fused_backward(const char* op, Activation act, const TensorView& dx, const TensorView& dy,
                     const TensorView& x, cudaStream_t stream) {
   const Rows xr = check_fused_x(op, x);
   const int64_t d = xr.d / 2;
@@ -102,7 +102,7 @@ void fused_backward(const char* op, GatedAct act, const TensorView& dx, const Te
 }  // namespace
 
 void silu_and_mul(const TensorView& out, const TensorView& x, cudaStream_t stream) {
-  fused_forward("silu_and_mul", GatedAct::silu, out, x, stream);
+  fused_forward("silu_and_mul", Activation::silu, out, x, stream);
 }
 
 void gelu_and_mul(const TensorView& out, const TensorView& x, GeluApproximation approximate,
@@ -112,7 +112,7 @@ void gelu_and_mul(const TensorView& out, const TensorView& x, GeluApproximation 
 
 void silu_and_mul_backward(const TensorView& dx, const TensorView& dy, const TensorView& x,
                            cudaStream_t stream) {
-  fused_backward("silu_and_mul_backward", GatedAct::silu, dx, dy, x, stream);
+  fused_backward("silu_and_mul_backward", Activation::silu, dx, dy, x, stream);
 }
 
 void gelu_and_mul_backward(const TensorView& dx, const TensorView& dy, const TensorView& x,
@@ -132,7 +132,7 @@ void swiglu(const TensorView& out, const TensorView& gate, const TensorView& up,
   detail::check_no_overlap(op, "out", out, "up", up, true);
   const detail::GatedParams p{outr.data, gr.data, ur.data, gr.rows, gr.d,
                               outr.row_stride, gr.row_stride, ur.row_stride};
-  run_forward(p, GatedAct::silu, gate, detail::rows_vectorizable({outr, gr, ur}, gate.dtype()),
+  run_forward(p, Activation::silu, gate, detail::rows_vectorizable({outr, gr, ur}, gate.dtype()),
               stream);
 }
 
@@ -156,7 +156,7 @@ void swiglu_backward(const TensorView& dgate, const TensorView& dup, const Tenso
   const detail::GatedBackwardParams p{dgr.data, dur.data, dyr.data, gr.data, ur.data, gr.rows,
                                       gr.d, dgr.row_stride, dur.row_stride, dyr.row_stride,
                                       gr.row_stride, ur.row_stride};
-  run_backward(p, GatedAct::silu, gate,
+  run_backward(p, Activation::silu, gate,
                detail::rows_vectorizable({gr, ur, dyr, dgr, dur}, gate.dtype()), stream);
 }
 

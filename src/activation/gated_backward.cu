@@ -4,7 +4,7 @@
 
 namespace llmk::detail {
 
-void gated_backward_cuda(const GatedBackwardParams& p, GatedAct act, DType dtype, bool vector_ok,
+void gated_backward_cuda(const GatedBackwardParams& p, Activation act, DType dtype, bool vector_ok,
                          cudaStream_t stream) {
   launch_gated("gated_backward_kernel", p, act, dtype, vector_ok, stream);
 }

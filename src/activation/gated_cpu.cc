@@ -9,38 +9,8 @@ namespace llmk::detail {
 
 namespace {
 
-constexpr double kInvSqrt2 = 0.70710678118654752440;
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;
-constexpr double kAlpha = 0.79788456080286535588;  // sqrt(2 / pi)
-constexpr double kBeta = 0.044715;
-
-// act(g) and act'(g).
-void act_value_and_slope(GatedAct act, double g, double& v, double& slope) {
-  switch (act) {
-    case GatedAct::silu: {
-      const double s = 1.0 / (1.0 + std::exp(-g));
-      v = g * s;
-      slope = s * (1.0 + g * (1.0 - s));
-      return;
-    }
-    case GatedAct::gelu: {
-      const double cdf = 0.5 * std::erfc(-g * kInvSqrt2);  // 1 + erf(z) cancels for z << 0
-      v = g * cdf;
-      slope = cdf + g * kInvSqrt2Pi * std::exp(-0.5 * g * g);
-      return;
-    }
-    case GatedAct::gelu_tanh: {
-      // 0.5 (1 + tanh(z)) as sigmoid(2z): 1 + tanh(z) cancels for z << 0.
-      const double s = 1.0 / (1.0 + std::exp(-2.0 * kAlpha * (g + kBeta * g * g * g)));
-      v = g * s;
-      slope = s + 2.0 * g * s * (1.0 - s) * kAlpha * (1.0 + 3.0 * kBeta * g * g);
-      return;
-    }
-  }
-}
-
 template <class T>
-void forward_rows(const GatedParams& p, GatedAct act) {
+void forward_rows(const GatedParams& p, Activation act) {
   for (int64_t r = 0; r < p.rows; ++r) {
     const T* gate = static_cast<const T*>(p.gate) + r * p.gate_stride;
     const T* up = static_cast<const T*>(p.up) + r * p.up_stride;
@@ -54,7 +24,7 @@ void forward_rows(const GatedParams& p, GatedAct act) {
 }
 
 template <class T>
-void backward_rows(const GatedBackwardParams& p, GatedAct act) {
+void backward_rows(const GatedBackwardParams& p, Activation act) {
   for (int64_t r = 0; r < p.rows; ++r) {
     const T* dy = static_cast<const T*>(p.dy) + r * p.dy_stride;
     const T* gate = static_cast<const T*>(p.gate) + r * p.gate_stride;
@@ -73,11 +43,11 @@ void backward_rows(const GatedBackwardParams& p, GatedAct act) {
 
 }  // namespace
 
-void gated_forward_cpu(const GatedParams& p, GatedAct act, DType dtype) {
+void gated_forward_cpu(const GatedParams& p, Activation act, DType dtype) {
   dispatch_dtype(dtype, "gated activation", [&](auto tag) { forward_rows<host_type_t<decltype(tag)>>(p, act); });
 }
 
-void gated_backward_cpu(const GatedBackwardParams& p, GatedAct act, DType dtype) {
+void gated_backward_cpu(const GatedBackwardParams& p, Activation act, DType dtype) {
   dispatch_dtype(dtype, "gated activation backward",
                  [&](auto tag) { backward_rows<host_type_t<decltype(tag)>>(p, act); });
 }

@@ -5,7 +5,7 @@
 
 namespace llmk::detail {
 
-void gated_forward_cuda(const GatedParams& p, GatedAct act, DType dtype, bool vector_ok,
+void gated_forward_cuda(const GatedParams& p, Activation act, DType dtype, bool vector_ok,
                         cudaStream_t stream) {
   launch_gated("gated_forward_kernel", p, act, dtype, vector_ok, stream);
 }

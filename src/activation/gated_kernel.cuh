@@ -18,57 +18,11 @@
 #include <cstdint>
 
 #include "activation/gated_params.h"
+#include "common/activation_math.cuh"
 #include "common/device_types.cuh"
 #include "common/vec.cuh"
 
 namespace llmk::detail {
-
-// act(g) and, for the backward, act'(g) in fp32.
-template <GatedAct A>
-struct GatedMath;
-
-template <>
-struct GatedMath<GatedAct::silu> {
-  static __device__ __forceinline__ float value(float g) { return g / (1.0f + __expf(-g)); }
-  static __device__ __forceinline__ void value_and_slope(float g, float& v, float& slope) {
-    const float s = 1.0f / (1.0f + __expf(-g));  // sigmoid; exp overflow gives s = 0, fine
-    v = g * s;
-    slope = s * (1.0f + g * (1.0f - s));
-  }
-};
-
-// GELU through erfc and the tanh form through a sigmoid: 1 + erf(z) = erfc(-z) and
-// 1 + tanh(z) = 2 sigmoid(2z) stay accurate for large negative g, where 1 + erf(z) and
-// 1 + tanh(z) cancel to a few bits.
-template <>
-struct GatedMath<GatedAct::gelu> {
-  static __device__ __forceinline__ float value(float g) {
-    return 0.5f * g * erfcf(-g * 0.70710678118654752f);
-  }
-  static __device__ __forceinline__ void value_and_slope(float g, float& v, float& slope) {
-    const float cdf = 0.5f * erfcf(-g * 0.70710678118654752f);
-    const float pdf = 0.39894228040143268f * __expf(-0.5f * g * g);
-    v = g * cdf;
-    slope = cdf + g * pdf;
-  }
-};
-
-template <>
-struct GatedMath<GatedAct::gelu_tanh> {
-  static constexpr float kAlpha = 0.79788456080286536f;  // sqrt(2 / pi)
-  static constexpr float kBeta = 0.044715f;
-  // sigmoid(2 z), z = alpha (g + beta g^3): the tanh form's 0.5 (1 + tanh(z)).
-  static __device__ __forceinline__ float half_one_plus_tanh(float g) {
-    return 1.0f / (1.0f + __expf(-2.0f * kAlpha * (g + kBeta * g * g * g)));
-  }
-  static __device__ __forceinline__ float value(float g) { return g * half_one_plus_tanh(g); }
-  static __device__ __forceinline__ void value_and_slope(float g, float& v, float& slope) {
-    const float s = half_one_plus_tanh(g);
-    v = g * s;
-    // d/dg [g s] = s + g * 2 s (1 - s) * alpha (1 + 3 beta g^2), since 1 - tanh^2 = 4 s (1 - s).
-    slope = s + 2.0f * g * s * (1.0f - s) * kAlpha * (1.0f + 3.0f * kBeta * g * g);
-  }
-};
 
 // Rows [first, rows) in steps of `step` handled by this thread, and its vector column.
 struct GatedCursor {
@@ -82,7 +36,7 @@ __device__ __forceinline__ GatedCursor gated_cursor() {
           (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * N};
 }
 
-template <class T, int N, GatedAct A>
+template <class T, int N, Activation A>
 __global__ void __launch_bounds__(256) gated_forward_kernel(GatedParams p) {
   const GatedCursor c = gated_cursor<N>();
   if (c.col >= p.d) return;
@@ -92,12 +46,12 @@ __global__ void __launch_bounds__(256) gated_forward_kernel(GatedParams p) {
     Vec<T, N> y;
 #pragma unroll
     for (int j = 0; j < N; ++j)
-      y.v[j] = from_float<T>(GatedMath<A>::value(to_float(g.v[j])) * to_float(u.v[j]));
+      y.v[j] = from_float<T>(ActivationMath<A>::value(to_float(g.v[j])) * to_float(u.v[j]));
     store_vec(static_cast<T*>(p.out) + row * p.out_stride + c.col, y);
   }
 }
 
-template <class T, int N, GatedAct A>
+template <class T, int N, Activation A>
 __global__ void __launch_bounds__(256) gated_backward_kernel(GatedBackwardParams p) {
   const GatedCursor c = gated_cursor<N>();
   if (c.col >= p.d) return;
@@ -109,7 +63,7 @@ __global__ void __launch_bounds__(256) gated_backward_kernel(GatedBackwardParams
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       float v, slope;
-      GatedMath<A>::value_and_slope(to_float(g.v[j]), v, slope);
+      ActivationMath<A>::value_and_slope(to_float(g.v[j]), v, slope);
       const float dyj = to_float(dy.v[j]);
       dg.v[j] = from_float<T>(dyj * to_float(u.v[j]) * slope);
       du.v[j] = from_float<T>(dyj * v);

@@ -30,7 +30,7 @@ inline GatedGeometry gated_geometry(int64_t rows, int64_t vectors_per_row) {
 
 // Calls f(type tag, vector width, activation constant) for the run-time choices.
 template <class F>
-void dispatch_gated(GatedAct act, DType dtype, bool vector_ok, const char* op, F&& f) {
+void dispatch_gated(Activation act, DType dtype, bool vector_ok, const char* op, F&& f) {
   dispatch_dtype(dtype, op, [&](auto tag) {
     using T = device_type_t<decltype(tag)>;
     auto with_width = [&](auto act_constant) {
@@ -38,9 +38,9 @@ void dispatch_gated(GatedAct act, DType dtype, bool vector_ok, const char* op, F
       else f(tag, std::integral_constant<int, 1>{}, act_constant);
     };
     switch (act) {
-      case GatedAct::silu: with_width(std::integral_constant<GatedAct, GatedAct::silu>{}); break;
-      case GatedAct::gelu: with_width(std::integral_constant<GatedAct, GatedAct::gelu>{}); break;
-      case GatedAct::gelu_tanh: with_width(std::integral_constant<GatedAct, GatedAct::gelu_tanh>{}); break;
+      case Activation::silu: with_width(std::integral_constant<Activation, Activation::silu>{}); break;
+      case Activation::gelu: with_width(std::integral_constant<Activation, Activation::gelu>{}); break;
+      case Activation::gelu_tanh: with_width(std::integral_constant<Activation, Activation::gelu_tanh>{}); break;
     }
   });
 }
@@ -48,13 +48,13 @@ void dispatch_gated(GatedAct act, DType dtype, bool vector_ok, const char* op, F
 // The forward (GatedParams) or backward (GatedBackwardParams) kernel for the run-time
 // choices of activation, dtype and vector width.
 template <class Params>
-void launch_gated(const char* op, const Params& p, GatedAct act, DType dtype, bool vector_ok,
+void launch_gated(const char* op, const Params& p, Activation act, DType dtype, bool vector_ok,
                   cudaStream_t stream) {
   constexpr bool kBackward = std::is_same_v<Params, GatedBackwardParams>;
   dispatch_gated(act, dtype, vector_ok, op, [&](auto tag, auto width, auto act_constant) {
     using T = device_type_t<decltype(tag)>;
     constexpr int N = decltype(width)::value;
-    constexpr GatedAct A = decltype(act_constant)::value;
+    constexpr Activation A = decltype(act_constant)::value;
     const GatedGeometry g = gated_geometry(p.rows, p.d / N);
     if constexpr (kBackward) gated_backward_kernel<T, N, A><<<g.grid, g.block, 0, stream>>>(p);
     else gated_forward_kernel<T, N, A><<<g.grid, g.block, 0, stream>>>(p);

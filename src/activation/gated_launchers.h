@@ -10,12 +10,12 @@
 
 namespace llmk::detail {
 
-void gated_forward_cuda(const GatedParams& p, GatedAct act, DType dtype, bool vector_ok,
+void gated_forward_cuda(const GatedParams& p, Activation act, DType dtype, bool vector_ok,
                         cudaStream_t stream);
-void gated_backward_cuda(const GatedBackwardParams& p, GatedAct act, DType dtype, bool vector_ok,
+void gated_backward_cuda(const GatedBackwardParams& p, Activation act, DType dtype, bool vector_ok,
                          cudaStream_t stream);
 
-void gated_forward_cpu(const GatedParams& p, GatedAct act, DType dtype);
-void gated_backward_cpu(const GatedBackwardParams& p, GatedAct act, DType dtype);
+void gated_forward_cpu(const GatedParams& p, Activation act, DType dtype);
+void gated_backward_cpu(const GatedBackwardParams& p, Activation act, DType dtype);
 
 }  // namespace llmk::detail

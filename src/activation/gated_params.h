@@ -5,9 +5,9 @@
 
 #include <cstdint>
 
-namespace llmk::detail {
+#include "common/activation_math.h"
 
-enum class GatedAct { silu, gelu, gelu_tanh };
+namespace llmk::detail {
 
 // out = act(gate) * up over rows x d.
 struct GatedParams {
