@@ -55,7 +55,7 @@ if [ $run_tests -eq 1 ]; then
            "rmsnorm_backward_test RMSNormBackwardGpu.ManyRows*" "layernorm_test LayerNormGpu.Optional*" \
            "layernorm_backward_test LayerNormBackwardGpu.ManyRows*" \
            "gated_activation_test GatedActivationGpu.TwoTensor*" "softmax_test SoftmaxGpu.Scales*" \
-           "rope_test RopeGpu.*" "adamw_test AdamWGpu.*"; do
+           "rope_test RopeGpu.*" "adamw_test AdamWGpu.*" "rmsnorm_swiglu_test RMSNormSwigluGpu.*"; do
     set -- $t
     compute-sanitizer --tool memcheck --error-exitcode 3 $BUILD/tests/cpp/$1 --gtest_filter="$2" >> "$OUT/sanitizer.log" 2>&1
     rc=$?
@@ -65,7 +65,8 @@ if [ $run_tests -eq 1 ]; then
     cmake -S examples/cpp -B $BUILD/example -G Ninja -DCMAKE_PREFIX_PATH=$PWD/$BUILD/install > /dev/null &&
     cmake --build $BUILD/example > /dev/null
   note "installed-package example: $($BUILD/example/rmsnorm_example 2>&1)"
-  for t in "rmsnorm_backward_test RMSNormBackwardGpu.ManyRows*" "softmax_test SoftmaxGpu.Scales*"; do
+  for t in "rmsnorm_backward_test RMSNormBackwardGpu.ManyRows*" "softmax_test SoftmaxGpu.Scales*" \
+           "rmsnorm_swiglu_test RMSNormSwigluGpu.*"; do
     set -- $t
     compute-sanitizer --tool racecheck --error-exitcode 3 $BUILD/tests/cpp/$1 --gtest_filter="$2" \
       >> "$OUT/sanitizer.log" 2>&1

@@ -1,5 +1,5 @@
-// Normalization: rmsnorm, add_rmsnorm (fused residual add), rmsnorm_backward, layernorm
-// and layernorm_backward.
+// Normalization: rmsnorm, add_rmsnorm (fused residual add), rmsnorm_backward,
+// rmsnorm_swiglu (gated RMSNorm) and its backward, layernorm and layernorm_backward.
 //
 // Tensors are [..., d] with a contiguous last dim; the leading dims are flattened into
 // rows that may be strided (row stride >= d). Math is fp32 on the GPU and double on the
@@ -50,9 +50,31 @@ void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const Ten
                       const std::optional<TensorView>& workspace = std::nullopt,
                       cudaStream_t stream = nullptr);
 
-// Elements of f32 workspace rmsnorm_backward needs for x with `rows` rows of `d` elements
-// on CUDA device `device_index` (0 on the CPU path).
+// Elements of f32 workspace rmsnorm_backward (and rmsnorm_swiglu_backward) needs for x
+// with `rows` rows of `d` elements on CUDA device `device_index` (0 on the CPU path).
 int64_t rmsnorm_backward_workspace_size(int64_t rows, int64_t d, int device_index = 0);
+
+// Fused RMSNorm + SwiGLU gate (the gated RMSNorm of Mamba-2 with norm_before_gate and of
+// Gated DeltaNet / Qwen3-Next's FusedRMSNormGated):
+//   out = rmsnorm(x) * (offset + weight) * silu(gate) = swiglu(gate, rmsnorm(x))
+// in one pass: the normalized tensor never goes to memory (3 tensors of traffic instead of
+// rmsnorm + swiglu's 5). gate: x's shape and dtype. rstd as rmsnorm's. out may be x or
+// gate itself (in place); any other overlap is rejected.
+void rmsnorm_swiglu(const TensorView& out, const TensorView& x, const TensorView& gate,
+                    const TensorView& weight, double eps, double offset = 0.0,
+                    const std::optional<TensorView>& rstd = std::nullopt,
+                    cudaStream_t stream = nullptr);
+
+// Backward of rmsnorm_swiglu, with y = rmsnorm(x) * (offset + weight) recomputed from x:
+//   dgate = dy * y * silu'(gate);  dx, dweight = rmsnorm_backward of dy * silu(gate)
+// in one pass over dy, x and gate. dx and dgate overlap no other tensor.
+// workspace: rmsnorm_backward_workspace_size elements, as rmsnorm_backward's.
+void rmsnorm_swiglu_backward(const TensorView& dx, const TensorView& dgate,
+                             const TensorView& dweight, const TensorView& dy,
+                             const TensorView& x, const TensorView& gate,
+                             const TensorView& weight, double eps, double offset = 0.0,
+                             const std::optional<TensorView>& workspace = std::nullopt,
+                             cudaStream_t stream = nullptr);
 
 // out, x: [..., d] of f32/f16/bf16. weight, bias (each optional: absent means 1 and 0):
 // [d], x's dtype or f32, the same dtype when both are given. mean, rstd (optional): [rows]

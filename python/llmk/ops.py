@@ -26,6 +26,14 @@ def _rows_shape(x: Tensor):
 # rmsnorm
 
 
+def _norm_workspace(x: Tensor) -> Optional[Tensor]:
+    """The f32 workspace of the RMSNorm backwards (None on the CPU)."""
+    if not x.is_cuda:
+        return None
+    size = _C.rmsnorm_backward_workspace_size(_rows_shape(x).numel(), x.shape[-1], x.device.index or 0)
+    return torch.empty(max(size, 1), dtype=torch.float32, device=x.device)
+
+
 @torch.library.custom_op("llmk::rmsnorm", mutates_args=())
 def _rmsnorm(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -57,12 +65,7 @@ def _rmsnorm_backward(
 ) -> Tuple[Tensor, Tensor]:
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dweight = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
-    workspace = None
-    if x.is_cuda:
-        rows, d = _rows_shape(x).numel(), x.shape[-1]
-        size = _C.rmsnorm_backward_workspace_size(rows, d, x.device.index or 0)
-        workspace = torch.empty(max(size, 1), dtype=torch.float32, device=x.device)
-    _C.rmsnorm_backward(dx, dweight, dy, x, weight, eps, offset, dresidual, workspace, _stream(x))
+    _C.rmsnorm_backward(dx, dweight, dy, x, weight, eps, offset, dresidual, _norm_workspace(x), _stream(x))
     return dx, dweight
 
 
@@ -115,6 +118,66 @@ def rmsnorm_backward(dy: Tensor, x: Tensor, weight: Tensor, eps: float = 1e-6, o
                      dresidual: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Gradients ``(dx, dweight)`` of :func:`rmsnorm`; ``dresidual`` (optional) is added to dx."""
     return torch.ops.llmk.rmsnorm_backward(dy, x, weight, eps, offset, dresidual)
+
+
+# --------------------------------------------------------------------------------------
+# rmsnorm_swiglu (gated RMSNorm)
+
+
+@torch.library.custom_op("llmk::rmsnorm_swiglu", mutates_args=())
+def _rmsnorm_swiglu(x: Tensor, gate: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _C.rmsnorm_swiglu(out, x, gate, weight, eps, offset, _stream(x))
+    return out
+
+
+@_rmsnorm_swiglu.register_fake
+def _(x, gate, weight, eps, offset):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("llmk::rmsnorm_swiglu_backward", mutates_args=())
+def _rmsnorm_swiglu_backward(dy: Tensor, x: Tensor, gate: Tensor, weight: Tensor, eps: float,
+                             offset: float) -> Tuple[Tensor, Tensor, Tensor]:
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dgate = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dweight = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
+    _C.rmsnorm_swiglu_backward(dx, dgate, dweight, dy, x, gate, weight, eps, offset, _norm_workspace(x),
+                               _stream(x))
+    return dx, dgate, dweight
+
+
+@_rmsnorm_swiglu_backward.register_fake
+def _(dy, x, gate, weight, eps, offset):
+    return x.new_empty(x.shape), x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+def _rmsnorm_swiglu_setup(ctx, inputs, output):
+    x, gate, weight, ctx.eps, ctx.offset = inputs
+    ctx.save_for_backward(x, gate, weight)
+
+
+def _rmsnorm_swiglu_grad(ctx, dy):
+    x, gate, weight = ctx.saved_tensors
+    dx, dgate, dweight = torch.ops.llmk.rmsnorm_swiglu_backward(_dense_rows(dy), x, gate, weight, ctx.eps,
+                                                                ctx.offset)
+    return dx, dgate, dweight, None, None
+
+
+_rmsnorm_swiglu.register_autograd(_rmsnorm_swiglu_grad, setup_context=_rmsnorm_swiglu_setup)
+
+
+def rmsnorm_swiglu(x: Tensor, gate: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) -> Tensor:
+    """Gated RMSNorm, ``rmsnorm(x, weight) * silu(gate)`` in one pass (Mamba-2's RMSNormGated with
+    norm_before_gate, Qwen3-Next's FusedRMSNormGated): equal to ``swiglu(gate, rmsnorm(x))``
+    without the normalized tensor going to memory."""
+    return torch.ops.llmk.rmsnorm_swiglu(x, gate, weight, eps, offset)
+
+
+def rmsnorm_swiglu_backward(dy: Tensor, x: Tensor, gate: Tensor, weight: Tensor, eps: float = 1e-6,
+                            offset: float = 0.0) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients ``(dx, dgate, dweight)`` of :func:`rmsnorm_swiglu`."""
+    return torch.ops.llmk.rmsnorm_swiglu_backward(dy, x, gate, weight, eps, offset)
 
 
 # --------------------------------------------------------------------------------------

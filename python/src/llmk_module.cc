@@ -129,6 +129,33 @@ NB_MODULE(_C, m) {
       "dx"_a, "dweight"_a, "dy"_a, "x"_a, "weight"_a, "eps"_a, "offset"_a = 0.0,
       "dresidual"_a = nb::none(), "workspace"_a = nb::none(), "stream"_a = 0);
 
+  m.def(
+      "rmsnorm_swiglu",
+      [](AnyArray out, AnyArray x, AnyArray gate, AnyArray weight, double eps, double offset,
+         uintptr_t stream) {
+        auto o = view(out), xv = view(x), g = view(gate), w = view(weight);
+        without_gil([&] {
+          llmk::rmsnorm_swiglu(o, xv, g, w, eps, offset, std::nullopt, stream_of(stream));
+        });
+      },
+      "out"_a, "x"_a, "gate"_a, "weight"_a, "eps"_a, "offset"_a = 0.0, "stream"_a = 0);
+
+  m.def(
+      "rmsnorm_swiglu_backward",
+      [](AnyArray dx, AnyArray dgate, AnyArray dweight, AnyArray dy, AnyArray x, AnyArray gate,
+         AnyArray weight, double eps, double offset, std::optional<AnyArray> workspace,
+         uintptr_t stream) {
+        auto dxv = view(dx), dg = view(dgate), dw = view(dweight), dyv = view(dy), xv = view(x),
+             g = view(gate), w = view(weight);
+        auto ws = view(workspace);
+        without_gil([&] {
+          llmk::rmsnorm_swiglu_backward(dxv, dg, dw, dyv, xv, g, w, eps, offset, ws,
+                                        stream_of(stream));
+        });
+      },
+      "dx"_a, "dgate"_a, "dweight"_a, "dy"_a, "x"_a, "gate"_a, "weight"_a, "eps"_a,
+      "offset"_a = 0.0, "workspace"_a = nb::none(), "stream"_a = 0);
+
   m.def("rmsnorm_backward_workspace_size", &llmk::rmsnorm_backward_workspace_size, "rows"_a,
         "d"_a, "device_index"_a = 0);
 

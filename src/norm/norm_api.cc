@@ -3,6 +3,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <utility>
+#include <vector>
 
 #include "common/cuda_check.h"
 #include "common/rows.h"
@@ -127,27 +128,109 @@ void zero_parameter_gradients(std::initializer_list<const TensorView*> grads, in
 
 }  // namespace
 
-void rmsnorm(const TensorView& out, const TensorView& x, const TensorView& weight, double eps,
-             double offset, const std::optional<TensorView>& rstd, cudaStream_t stream) {
-  const char* op = "rmsnorm";
+namespace {
+
+// rmsnorm, and rmsnorm_swiglu when `gate` is given (out = rmsnorm(x) * silu(gate)).
+void rmsnorm_forward(const char* op, const TensorView& out, const TensorView& x, const TensorView* gate,
+                     const TensorView& weight, double eps, double offset,
+                     const std::optional<TensorView>& rstd, cudaStream_t stream) {
   const Rows xr = check_x(op, x);
   const Rows outr = check_like_x(op, "out", out, x);
+  const Rows gater = gate ? check_like_x(op, "gate", *gate, x) : Rows{};
   check_column_param(op, "weight", weight, x, xr.d);
   check_eps(op, eps);
   check_offset(op, offset);
+  // Each element of out depends only on the same element of x (and gate) and the row's
+  // statistic, computed before any write: out may replace x (or gate).
   detail::check_no_overlap(op, "out", out, "x", x, /*allow_identical=*/true);
+  if (gate) detail::check_no_overlap(op, "out", out, "gate", *gate, true);
   detail::check_no_overlap(op, "out", out, "weight", weight, false);
-  if (rstd) check_row_stat(op, "rstd", *rstd, x, xr.rows, {{"out", &out}, {"x", &x}, {"weight", &weight}});
+  if (rstd)
+    check_row_stat(op, "rstd", *rstd, x, xr.rows,
+                   {{"out", &out}, {"x", &x}, {"gate", gate ? gate : &x}, {"weight", &weight}});
   if (xr.rows == 0) return;
 
   detail::NormParams p = forward_params(outr, xr, eps);
   p.weight = weight.data();
   p.rstd = rstd ? static_cast<float*>(rstd->data()) : nullptr;
   p.offset = static_cast<float>(offset);
+  p.gate = gater.data;
+  p.gate_stride = gater.row_stride;
   if (!x.is_cuda()) return detail::rmsnorm_cpu(p, x.dtype(), weight.dtype());
   detail::DeviceGuard guard(x.device().index);
-  detail::rmsnorm_cuda(p, x.dtype(), weight.dtype(), vectorizable({xr, outr}, x.dtype(), {&weight}),
-                       stream);
+  const bool vector_ok = vectorizable({xr, outr, gater}, x.dtype(), {&weight});
+  if (gate) detail::rmsnorm_swiglu_cuda(p, x.dtype(), weight.dtype(), vector_ok, stream);
+  else detail::rmsnorm_cuda(p, x.dtype(), weight.dtype(), vector_ok, stream);
+}
+
+// rmsnorm_backward, and rmsnorm_swiglu_backward when `gate` and `dgate` are given.
+void rmsnorm_backward_impl(const char* op, const TensorView& dx, const TensorView* dgate,
+                           const TensorView& dweight, const TensorView& dy, const TensorView& x,
+                           const TensorView* gate, const TensorView& weight, double eps, double offset,
+                           const std::optional<TensorView>& dresidual,
+                           const std::optional<TensorView>& workspace, cudaStream_t stream) {
+  const Rows xr = check_x(op, x);
+  const Rows dyr = check_like_x(op, "dy", dy, x);
+  const Rows dxr = check_like_x(op, "dx", dx, x);
+  const Rows gater = gate ? check_like_x(op, "gate", *gate, x) : Rows{};
+  const Rows dgater = dgate ? check_like_x(op, "dgate", *dgate, x) : Rows{};
+  check_column_param(op, "weight", weight, x, xr.d);
+  detail::check_same_device(op, "dweight", dweight, "x", x);
+  detail::check_dtype(op, "dweight", dweight, weight.dtype());
+  detail::check_vector(op, "dweight", dweight, xr.d);
+  check_eps(op, eps);
+  check_offset(op, offset);
+  Rows dresr{};
+  if (dresidual) dresr = check_like_x(op, "dresidual", *dresidual, x);
+  // Outputs are disjoint from every input (the long-row path reads x and gate again, for
+  // dweight, after dx is written), except that dx may be dresidual.
+  std::vector<std::pair<const char*, const TensorView*>> inputs = {{"dy", &dy}, {"x", &x}, {"weight", &weight}};
+  if (gate) inputs.emplace_back("gate", gate);
+  std::vector<std::pair<const char*, const TensorView*>> outputs = {{"dx", &dx}, {"dweight", &dweight}};
+  if (dgate) outputs.emplace_back("dgate", dgate);
+  for (const auto& [out_name, out] : outputs)
+    for (const auto& [in_name, in] : inputs) detail::check_no_overlap(op, out_name, *out, in_name, *in, false);
+  for (size_t a = 0; a < outputs.size(); ++a)
+    for (size_t b = a + 1; b < outputs.size(); ++b)
+      detail::check_no_overlap(op, outputs[a].first, *outputs[a].second, outputs[b].first, *outputs[b].second, false);
+  if (dresidual) {
+    detail::check_no_overlap(op, "dx", dx, "dresidual", *dresidual, true);
+    detail::check_no_overlap(op, "dweight", dweight, "dresidual", *dresidual, false);
+  }
+
+  detail::NormBackwardParams p = backward_params(dxr, dyr, xr, eps);
+  p.dweight = dweight.data();
+  p.weight = weight.data();
+  p.dresidual = dresidual ? dresr.data : nullptr;
+  p.dresidual_stride = dresr.row_stride;
+  p.offset = static_cast<float>(offset);
+  p.gate = gater.data;
+  p.gate_stride = gater.row_stride;
+  p.dgate = dgater.data;
+  p.dgate_stride = dgater.row_stride;
+  if (!x.is_cuda()) return detail::rmsnorm_backward_cpu(p, x.dtype(), weight.dtype());
+
+  detail::DeviceGuard guard(x.device().index);
+  if (xr.rows == 0) return zero_parameter_gradients({&dweight}, xr.d, stream);
+  check_workspace(op, workspace, x, rmsnorm_backward_workspace_size(xr.rows, xr.d, x.device().index));
+  p.partial = static_cast<float*>(workspace->data());
+  const bool vector_ok =
+      vectorizable({xr, dyr, dxr, dresidual ? dresr : Rows{}, gater, dgater}, x.dtype(), {&weight});
+  if (gate) detail::rmsnorm_swiglu_backward_cuda(p, x.dtype(), weight.dtype(), vector_ok, stream);
+  else detail::rmsnorm_backward_cuda(p, x.dtype(), weight.dtype(), vector_ok, stream);
+}
+
+}  // namespace
+
+void rmsnorm(const TensorView& out, const TensorView& x, const TensorView& weight, double eps,
+             double offset, const std::optional<TensorView>& rstd, cudaStream_t stream) {
+  rmsnorm_forward("rmsnorm", out, x, nullptr, weight, eps, offset, rstd, stream);
+}
+
+void rmsnorm_swiglu(const TensorView& out, const TensorView& x, const TensorView& gate,
+                    const TensorView& weight, double eps, double offset,
+                    const std::optional<TensorView>& rstd, cudaStream_t stream) {
+  rmsnorm_forward("rmsnorm_swiglu", out, x, &gate, weight, eps, offset, rstd, stream);
 }
 
 void add_rmsnorm(const TensorView& out, const TensorView& residual_out, const TensorView& x,
@@ -197,43 +280,17 @@ void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const Ten
                       const TensorView& x, const TensorView& weight, double eps, double offset,
                       const std::optional<TensorView>& dresidual,
                       const std::optional<TensorView>& workspace, cudaStream_t stream) {
-  const char* op = "rmsnorm_backward";
-  const Rows xr = check_x(op, x);
-  const Rows dyr = check_like_x(op, "dy", dy, x);
-  const Rows dxr = check_like_x(op, "dx", dx, x);
-  check_column_param(op, "weight", weight, x, xr.d);
-  detail::check_same_device(op, "dweight", dweight, "x", x);
-  detail::check_dtype(op, "dweight", dweight, weight.dtype());
-  detail::check_vector(op, "dweight", dweight, xr.d);
-  check_eps(op, eps);
-  check_offset(op, offset);
-  Rows dresr{};
-  if (dresidual) dresr = check_like_x(op, "dresidual", *dresidual, x);
-  for (const auto& [name, t] : {std::pair{"dy", &dy}, {"x", &x}, {"weight", &weight}}) {
-    detail::check_no_overlap(op, "dx", dx, name, *t, false);
-    detail::check_no_overlap(op, "dweight", dweight, name, *t, false);
-  }
-  detail::check_no_overlap(op, "dx", dx, "dweight", dweight, false);
-  if (dresidual) {
-    detail::check_no_overlap(op, "dx", dx, "dresidual", *dresidual, true);
-    detail::check_no_overlap(op, "dweight", dweight, "dresidual", *dresidual, false);
-  }
+  rmsnorm_backward_impl("rmsnorm_backward", dx, nullptr, dweight, dy, x, nullptr, weight, eps, offset,
+                        dresidual, workspace, stream);
+}
 
-  detail::NormBackwardParams p = backward_params(dxr, dyr, xr, eps);
-  p.dweight = dweight.data();
-  p.weight = weight.data();
-  p.dresidual = dresidual ? dresr.data : nullptr;
-  p.dresidual_stride = dresr.row_stride;
-  p.offset = static_cast<float>(offset);
-  if (!x.is_cuda()) return detail::rmsnorm_backward_cpu(p, x.dtype(), weight.dtype());
-
-  detail::DeviceGuard guard(x.device().index);
-  if (xr.rows == 0) return zero_parameter_gradients({&dweight}, xr.d, stream);
-  check_workspace(op, workspace, x, rmsnorm_backward_workspace_size(xr.rows, xr.d, x.device().index));
-  p.partial = static_cast<float*>(workspace->data());
-  const bool vector_ok =
-      vectorizable({xr, dyr, dxr, dresidual ? dresr : Rows{}}, x.dtype(), {&weight});
-  detail::rmsnorm_backward_cuda(p, x.dtype(), weight.dtype(), vector_ok, stream);
+void rmsnorm_swiglu_backward(const TensorView& dx, const TensorView& dgate,
+                             const TensorView& dweight, const TensorView& dy,
+                             const TensorView& x, const TensorView& gate,
+                             const TensorView& weight, double eps, double offset,
+                             const std::optional<TensorView>& workspace, cudaStream_t stream) {
+  rmsnorm_backward_impl("rmsnorm_swiglu_backward", dx, &dgate, dweight, dy, x, &gate, weight, eps, offset,
+                        std::nullopt, workspace, stream);
 }
 
 namespace {

@@ -3,7 +3,10 @@
 // eps), xhat = (x - mean) * r and g = dy * (offset + weight):
 //   dx      = r * (g - [kCentered: mean(g)] - xhat * mean(g * xhat))   (+ dresidual)
 //   dweight = sum over rows of dy * xhat,   dbias = sum over rows of dy   (LayerNorm)
-// (for RMSNorm this is r * g - x * r^3 / d * sum(g * x)).
+// (for RMSNorm this is r * g - x * r^3 / d * sum(g * x)). kGate (rmsnorm_swiglu, whose
+// forward is y * silu(z) with y the RMSNorm output): dy is the gradient of that product,
+// the norm's gradient is dy * silu(z), recomputed from z in each pass, and
+// dz = dy * y * silu'(z) is written beside dx.
 //
 // Algorithm. Vector path: a persistent grid of `blocks` blocks, block b taking rows b,
 // b + blocks, ...; each thread owns the same columns in every row (16-byte vectors, as the
@@ -56,7 +59,7 @@ __device__ __forceinline__ void store_partial(float* dst, const float (&sums)[N]
     *reinterpret_cast<float4*>(dst + j) = make_float4(sums[j], sums[j + 1], sums[j + 2], sums[j + 3]);
 }
 
-template <class T, class W, int N, int VPT, bool kCentered>
+template <class T, class W, int N, int VPT, bool kCentered, bool kGate>
 __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardParams p,
                                                                 NormWorkspace ws) {
   constexpr int R = VPT <= 2 ? 2 : 1;          // rows in flight per iteration
@@ -75,7 +78,7 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
     }
 
   for (int64_t base = blockIdx.x; base < p.rows; base += int64_t{R} * gridDim.x) {
-    Vec<T, N> xv[R][VPT], dyv[R][VPT];
+    Vec<T, N> xv[R][VPT], dyv[R][VPT], zv[R][kGate ? VPT : 1];
     bool valid[R];
 #pragma unroll
     for (int q = 0; q < R; ++q) {
@@ -89,6 +92,8 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
         if (valid[q] && col < d) {
           xv[q][i] = load_vec<T, N>(x + col);
           dyv[q][i] = load_vec<T, N>(dy + col);
+          if constexpr (kGate)
+            zv[q][i] = load_vec<T, N>(static_cast<const T*>(p.gate) + row * p.gate_stride + col);
         }
       }
     }
@@ -124,7 +129,9 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
 #pragma unroll
           for (int j = 0; j < N; ++j) {
             const float xc = to_float(xv[q][i].v[j]) - mean[q];
-            const float g = to_float(dyv[q][i].v[j]) * norm_scale(p.offset, has_weight, w.v[j]);
+            float g = to_float(dyv[q][i].v[j]);
+            if constexpr (kGate) g *= silu(to_float(zv[q][i].v[j]));
+            g *= norm_scale(p.offset, has_weight, w.v[j]);
             sums[q * K] += xc * xc;
             sums[q * K + 1] += g * xc;
             if constexpr (kCentered) sums[q * K + 2] += g;
@@ -153,12 +160,20 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
           if (has_weight) w = load_vec<W, N>(weight + col);
           Vec<T, N> extra;
           if (dres != nullptr) extra = load_vec<T, N>(dres + col);
-          Vec<T, N> out;
+          Vec<T, N> out, dz;
 #pragma unroll
           for (int j = 0; j < N; ++j) {
             const float xhat = (to_float(xv[q][i].v[j]) - mean[q]) * r;
-            const float dyf = to_float(dyv[q][i].v[j]);
-            const float g = dyf * norm_scale(p.offset, has_weight, w.v[j]);
+            const float scale = norm_scale(p.offset, has_weight, w.v[j]);
+            float dyf = to_float(dyv[q][i].v[j]);
+            if constexpr (kGate) {
+              opaque(zv[q][i]);
+              float act, slope;
+              ActivationMath<Activation::silu>::value_and_slope(to_float(zv[q][i].v[j]), act, slope);
+              dz.v[j] = from_float<T>(dyf * xhat * scale * slope);  // dy * y * silu'(z)
+              dyf *= act;                                           // the norm's dy
+            }
+            const float g = dyf * scale;
             float v = r * (g - mean_g - xhat * mean_gxhat);
             if (dres != nullptr) v += to_float(extra.v[j]);
             out.v[j] = from_float<T>(v);
@@ -166,6 +181,7 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
             if constexpr (kCentered) db[i][j] += dyf;
           }
           store_vec(dx + col, out);
+          if constexpr (kGate) store_vec(static_cast<T*>(p.dgate) + row * p.dgate_stride + col, dz);
         }
       }
     }
@@ -181,7 +197,7 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
 }
 
 // Loop path, step 1: dx per row, and mean and r per row into the workspace.
-template <class T, class W, bool kCentered>
+template <class T, class W, bool kCentered, bool kGate>
 __global__ void __launch_bounds__(512) norm_backward_loop_kernel(NormBackwardParams p,
                                                                  NormWorkspace ws) {
   const W* weight = static_cast<const W*>(p.weight);
@@ -192,6 +208,7 @@ __global__ void __launch_bounds__(512) norm_backward_loop_kernel(NormBackwardPar
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
+    const T* z = kGate ? static_cast<const T*>(p.gate) + row * p.gate_stride : nullptr;
     float mean = 0.0f;
     if constexpr (kCentered) {
       for (int64_t col = threadIdx.x; col < p.d; col += blockDim.x) mean += to_float(x[col]);
@@ -200,7 +217,8 @@ __global__ void __launch_bounds__(512) norm_backward_loop_kernel(NormBackwardPar
     float sums[3] = {0.0f, 0.0f, 0.0f};  // sum xc^2, sum g*xc, sum g
     for (int64_t col = threadIdx.x; col < p.d; col += blockDim.x) {
       const float xc = to_float(x[col]) - mean;
-      const float g = to_float(dy[col]) * scale(col);
+      float g = to_float(dy[col]) * scale(col);
+      if constexpr (kGate) g *= silu(to_float(z[col]));
       sums[0] += xc * xc;
       sums[1] += g * xc;
       sums[2] += g;
@@ -219,7 +237,14 @@ __global__ void __launch_bounds__(512) norm_backward_loop_kernel(NormBackwardPar
                         : static_cast<const T*>(p.dresidual) + row * p.dresidual_stride;
     for (int64_t col = threadIdx.x; col < p.d; col += blockDim.x) {
       const float xhat = (to_float(x[col]) - mean) * r;
-      float v = r * (to_float(dy[col]) * scale(col) - mean_g - xhat * mean_gxhat);
+      float dyf = to_float(dy[col]);
+      if constexpr (kGate) {
+        float act, slope;
+        ActivationMath<Activation::silu>::value_and_slope(to_float(z[col]), act, slope);
+        static_cast<T*>(p.dgate)[row * p.dgate_stride + col] = from_float<T>(dyf * xhat * scale(col) * slope);
+        dyf *= act;
+      }
+      float v = r * (dyf * scale(col) - mean_g - xhat * mean_gxhat);
       if (dres != nullptr) v += to_float(dres[col]);
       dx[col] = from_float<T>(v);
     }
@@ -228,7 +253,7 @@ __global__ void __launch_bounds__(512) norm_backward_loop_kernel(NormBackwardPar
 
 // Loop path, step 2: partial rows b of dweight (and dbias): sums over the rows of chunk b
 // of dy * xhat (and dy). Grid: (ceil(d / blockDim.x), blocks).
-template <class T, bool kCentered>
+template <class T, bool kCentered, bool kGate>
 __global__ void norm_backward_columns_kernel(NormBackwardParams p, NormWorkspace ws) {
   const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (col >= p.d) return;
@@ -238,7 +263,8 @@ __global__ void norm_backward_columns_kernel(NormBackwardParams p, NormWorkspace
   float dw = 0.0f, db = 0.0f;
   for (int64_t row = first; row < last; ++row) {
     const float xf = to_float(static_cast<const T*>(p.x)[row * p.x_stride + col]);
-    const float dyf = to_float(static_cast<const T*>(p.dy)[row * p.dy_stride + col]);
+    float dyf = to_float(static_cast<const T*>(p.dy)[row * p.dy_stride + col]);
+    if constexpr (kGate) dyf *= silu(to_float(static_cast<const T*>(p.gate)[row * p.gate_stride + col]));
     dw += dyf * (xf - ws.mean[row]) * ws.rstd[row];
     db += dyf;
   }

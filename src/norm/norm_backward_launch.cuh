@@ -31,14 +31,14 @@ inline int norm_backward_vectors_per_thread(int64_t n) {
   return 0;
 }
 
-template <bool kCentered, class T, class W, int VPT>
+template <bool kCentered, bool kGate, class T, class W, int VPT>
 void launch_norm_backward_vec(const NormBackwardParams& p, const NormWorkspace& ws, int threads,
                               cudaStream_t stream) {
-  norm_backward_vec_kernel<T, W, kVec16<T>, VPT, kCentered>
+  norm_backward_vec_kernel<T, W, kVec16<T>, VPT, kCentered, kGate>
       <<<static_cast<int>(p.blocks), threads, 0, stream>>>(p, ws);
 }
 
-template <bool kCentered>
+template <bool kCentered, bool kGate = false>
 void launch_norm_backward(const char* op, const NormBackwardParams& params, DType act,
                           DType affine, bool vector_ok, cudaStream_t stream) {
   int device = 0, sm_count = 0;
@@ -57,15 +57,15 @@ void launch_norm_backward(const char* op, const NormBackwardParams& params, DTyp
     p.blocks = std::min(capacity, std::clamp<int64_t>(1024 / threads, 1, 8) * sm_count);
     const NormWorkspace ws = norm_workspace(p.partial, capacity, p.d, p.rows, kCentered);
     switch (vpt) {
-      case 1: launch_norm_backward_vec<kCentered, T, W, 1>(p, ws, threads, stream); break;
-      case 2: launch_norm_backward_vec<kCentered, T, W, 2>(p, ws, threads, stream); break;
-      case 4: launch_norm_backward_vec<kCentered, T, W, 4>(p, ws, threads, stream); break;
+      case 1: launch_norm_backward_vec<kCentered, kGate, T, W, 1>(p, ws, threads, stream); break;
+      case 2: launch_norm_backward_vec<kCentered, kGate, T, W, 2>(p, ws, threads, stream); break;
+      case 4: launch_norm_backward_vec<kCentered, kGate, T, W, 4>(p, ws, threads, stream); break;
       default: {
         const int row_blocks = static_cast<int>(std::min(p.rows, kMaxRowBlocks));
-        norm_backward_loop_kernel<T, W, kCentered><<<row_blocks, 512, 0, stream>>>(p, ws);
+        norm_backward_loop_kernel<T, W, kCentered, kGate><<<row_blocks, 512, 0, stream>>>(p, ws);
         LLMK_CHECK_LAUNCH(op, stream);
         const dim3 grid(static_cast<unsigned>((p.d + 255) / 256), static_cast<unsigned>(p.blocks));
-        norm_backward_columns_kernel<T, kCentered><<<grid, 256, 0, stream>>>(p, ws);
+        norm_backward_columns_kernel<T, kCentered, kGate><<<grid, 256, 0, stream>>>(p, ws);
         break;
       }
     }

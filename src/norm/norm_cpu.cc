@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/activation_math.h"
 #include "common/host_types.h"
 #include "norm/norm_launchers.h"
 
@@ -56,18 +57,34 @@ void norm_rows(const NormParams& p) {
     if (p.rstd != nullptr) p.rstd[row] = static_cast<float>(r);
     if (p.mean != nullptr) p.mean[row] = static_cast<float>(mean);
     T* out = row_ptr<T>(p.out, row, p.out_stride);
-    for (int64_t c = 0; c < p.d; ++c)
-      out[c] = from_float<T>(static_cast<float>((s[c] - mean) * r * scale_at<W>(p.weight, p.offset, c) +
-                                                shift_at<W>(p.bias, c)));
+    for (int64_t c = 0; c < p.d; ++c) {
+      double y = (s[c] - mean) * r * scale_at<W>(p.weight, p.offset, c) + shift_at<W>(p.bias, c);
+      if (p.gate != nullptr) {  // rmsnorm_swiglu: y * silu(gate)
+        double act, slope;
+        act_value_and_slope(Activation::silu, to_float(row_ptr<T>(p.gate, row, p.gate_stride)[c]), act, slope);
+        y *= act;
+      }
+      out[c] = from_float<T>(static_cast<float>(y));
+    }
   }
 }
 
 template <class T, class W, bool kCentered>
 void norm_backward_rows(const NormBackwardParams& p) {
   std::vector<double> dw(static_cast<size_t>(p.d), 0.0), db(static_cast<size_t>(p.d), 0.0);
+  std::vector<double> dyn(static_cast<size_t>(p.d)), slope(static_cast<size_t>(p.d));
   for (int64_t row = 0; row < p.rows; ++row) {
     const T* x = row_ptr<T>(p.x, row, p.x_stride);
     const T* dy = row_ptr<T>(p.dy, row, p.dy_stride);
+    // The gradient the norm sees: dy, or dy * silu(gate) behind rmsnorm_swiglu's gate.
+    for (int64_t c = 0; c < p.d; ++c) {
+      dyn[c] = to_float(dy[c]);
+      if (p.gate != nullptr) {
+        double act;
+        act_value_and_slope(Activation::silu, to_float(row_ptr<T>(p.gate, row, p.gate_stride)[c]), act, slope[c]);
+        dyn[c] *= act;
+      }
+    }
     double mean = 0.0;
     if constexpr (kCentered) {
       for (int64_t c = 0; c < p.d; ++c) mean += to_float(x[c]);
@@ -76,7 +93,7 @@ void norm_backward_rows(const NormBackwardParams& p) {
     double sum_sq = 0.0, sum_gxc = 0.0, sum_g = 0.0;
     for (int64_t c = 0; c < p.d; ++c) {
       const double xc = to_float(x[c]) - mean;
-      const double g = double(to_float(dy[c])) * scale_at<W>(p.weight, p.offset, c);
+      const double g = dyn[c] * scale_at<W>(p.weight, p.offset, c);
       sum_sq += xc * xc;
       sum_gxc += g * xc;
       sum_g += g;
@@ -85,9 +102,13 @@ void norm_backward_rows(const NormBackwardParams& p) {
     const double mean_gxhat = r * sum_gxc / double(p.d);
     const double mean_g = kCentered ? sum_g / double(p.d) : 0.0;
     T* dx = row_ptr<T>(p.dx, row, p.dx_stride);
+    // dresidual is read before dx is written: dx may be dresidual (in place).
     for (int64_t c = 0; c < p.d; ++c) {
       const double xhat = (to_float(x[c]) - mean) * r;
-      const double dyf = to_float(dy[c]);
+      const double dyf = dyn[c];
+      if (p.gate != nullptr)  // dgate = dy * y * silu'(gate), y = xhat * (offset + w)
+        row_ptr<T>(p.dgate, row, p.dgate_stride)[c] = from_float<T>(
+            static_cast<float>(to_float(dy[c]) * xhat * scale_at<W>(p.weight, p.offset, c) * slope[c]));
       double v = r * (dyf * scale_at<W>(p.weight, p.offset, c) - mean_g - xhat * mean_gxhat);
       if (p.dresidual != nullptr) v += to_float(row_ptr<T>(p.dresidual, row, p.dresidual_stride)[c]);
       dx[c] = from_float<T>(static_cast<float>(v));

@@ -1,9 +1,11 @@
 // Forward kernels of the normalization family: RMSNorm (kCentered = false, optionally
-// with a fused residual add, kAdd) and LayerNorm (kCentered = true):
+// with a fused residual add, kAdd, or a SiLU gate, kGate) and LayerNorm (kCentered = true):
 //   s    = kAdd ? round_T(x + residual) : x         (s is stored to residual_out if kAdd)
 //   mean = kCentered ? mean(s) : 0
 //   rstd = rsqrt(mean((s - mean)^2) + eps)
 //   out  = (s - mean) * rstd * (offset + weight) + bias   fp32 math, one rounding
+//   kGate: out = s * rstd * (offset + weight) * silu(gate)  (gate read in the first pass
+//   with the row when the weight is, so a decode-sized call still pays one round trip)
 // (a missing weight counts as 1, a missing bias as 0).
 //
 // Algorithm. One block per row (grid-strided over rows). The vector kernel keeps the whole
@@ -26,6 +28,7 @@
 
 #include <cstdint>
 
+#include "common/activation_math.cuh"
 #include "common/device_types.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
@@ -44,7 +47,9 @@ __device__ __forceinline__ float norm_shift(bool has_bias, W b) {
   return has_bias ? to_float(b) : 0.0f;
 }
 
-template <class T, class W, int N, int VPT, bool kAdd, bool kCentered>
+__device__ __forceinline__ float silu(float g) { return ActivationMath<Activation::silu>::value(g); }
+
+template <class T, class W, int N, int VPT, bool kAdd, bool kCentered, bool kGate>
 __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
   // With few vectors per thread the weight is loaded with the row, before the reduction,
   // so that a lone row (decode) pays one memory round trip instead of two.
@@ -61,14 +66,18 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     Vec<T, N> s[VPT];
     Vec<W, N> w[kPrefetchWeight ? VPT : 1];
+    Vec<T, N> z[kGate && kPrefetchWeight ? VPT : 1];
+    const T* gate = kGate ? static_cast<const T*>(p.gate) + row * p.gate_stride : nullptr;
     float sum_sq = 0.0f;  // RMSNorm: accumulated as the row arrives
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
       if (col < d) {
         s[i] = load_vec<T, N>(x + col);
-        if constexpr (kPrefetchWeight)
+        if constexpr (kPrefetchWeight) {
           if (has_weight) w[i] = load_vec<W, N>(weight + col);
+          if constexpr (kGate) z[i] = load_vec<T, N>(gate + col);
+        }
         if constexpr (kAdd) {
           const T* res = static_cast<const T*>(p.residual) + row * p.residual_stride;
           const Vec<T, N> rv = load_vec<T, N>(res + col);
@@ -129,6 +138,11 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
           else wv = load_vec<W, N>(weight + col);
         }
         if (has_bias) bv = load_vec<W, N>(bias + col);
+        Vec<T, N> zv;
+        if constexpr (kGate) {
+          if constexpr (kPrefetchWeight) zv = z[i];
+          else zv = load_vec<T, N>(gate + col);
+        }
         Vec<T, N> y;
 #pragma unroll
         for (int j = 0; j < N; ++j) {
@@ -136,6 +150,8 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
           if constexpr (kCentered)
             y.v[j] = from_float<T>((v - mean) * r * norm_scale(p.offset, has_weight, wv.v[j]) +
                                    norm_shift(has_bias, bv.v[j]));
+          else if constexpr (kGate)
+            y.v[j] = from_float<T>(v * r * (p.offset + to_float(wv.v[j])) * silu(to_float(zv.v[j])));
           else
             y.v[j] = from_float<T>(v * r * (p.offset + to_float(wv.v[j])));
         }
@@ -145,7 +161,7 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
   }
 }
 
-template <class T, class W, bool kAdd, bool kCentered>
+template <class T, class W, bool kAdd, bool kCentered, bool kGate>
 __global__ void __launch_bounds__(512) norm_loop_kernel(NormParams p) {
   const W* weight = static_cast<const W*>(p.weight);
   const W* bias = static_cast<const W*>(p.bias);
@@ -185,8 +201,9 @@ __global__ void __launch_bounds__(512) norm_loop_kernel(NormParams p) {
       const W w = weight != nullptr ? weight[col] : W{};
       const W b = bias != nullptr ? bias[col] : W{};
       const float v = to_float(kAdd ? residual_out[col] : x[col]);
-      out[col] = from_float<T>((v - mean) * r * norm_scale(p.offset, weight != nullptr, w) +
-                               norm_shift(bias != nullptr, b));
+      float y = (v - mean) * r * norm_scale(p.offset, weight != nullptr, w) + norm_shift(bias != nullptr, b);
+      if constexpr (kGate) y *= silu(to_float(static_cast<const T*>(p.gate)[row * p.gate_stride + col]));
+      out[col] = from_float<T>(y);
     }
   }
 }

@@ -1,5 +1,5 @@
 // Host-side launch of the normalization forward kernels (RMSNorm, RMSNorm with residual
-// add, LayerNorm): picks the vector kernel's shape from the row length and the compiled
+// add or a SiLU gate, LayerNorm): picks the vector kernel's shape from the row length and the compiled
 // kernels' occupancy, or the loop kernel for unaligned rows.
 #pragma once
 
@@ -12,24 +12,24 @@
 
 namespace llmk::detail {
 
-template <bool kAdd, bool kCentered, class T, class W>
+template <bool kAdd, bool kCentered, bool kGate, class T, class W>
 const void* norm_vec_kernel_for(int vpt) {
   const void* kernel = nullptr;
   dispatch_vpt(vpt, [&](auto v) {
-    kernel = reinterpret_cast<const void*>(norm_vec_kernel<T, W, kVec16<T>, decltype(v)::value, kAdd, kCentered>);
+    kernel = reinterpret_cast<const void*>(norm_vec_kernel<T, W, kVec16<T>, decltype(v)::value, kAdd, kCentered, kGate>);
   });
   return kernel;
 }
 
 // The vector kernel's shape (common/row_shape.h) for rows of n 16-byte vectors.
-template <bool kAdd, bool kCentered, class T, class W>
+template <bool kAdd, bool kCentered, bool kGate, class T, class W>
 RowShape norm_shape(int64_t rows, int64_t n) {
-  return pick_row_shape(rows, n, [](int vpt) { return norm_vec_kernel_for<kAdd, kCentered, T, W>(vpt); });
+  return pick_row_shape(rows, n, [](int vpt) { return norm_vec_kernel_for<kAdd, kCentered, kGate, T, W>(vpt); });
 }
 
 // `act`: x's dtype; `affine`: the weight's (and bias's) dtype. `vector_ok`: every pointer
 // and row stride is aligned to 16 bytes and d to the vector.
-template <bool kAdd, bool kCentered>
+template <bool kAdd, bool kCentered, bool kGate = false>
 void launch_norm(const char* op, const NormParams& p, DType act, DType affine, bool vector_ok,
                  cudaStream_t stream) {
   const int blocks = static_cast<int>(std::min(p.rows, kMaxRowBlocks));
@@ -38,12 +38,12 @@ void launch_norm(const char* op, const NormParams& p, DType act, DType affine, b
     using W = device_type_t<decltype(weight_tag)>;
     constexpr int N = kVec16<T>;
     const RowShape shape =
-        vector_ok ? norm_shape<kAdd, kCentered, T, W>(p.rows, p.d / N) : RowShape{0, 0};
+        vector_ok ? norm_shape<kAdd, kCentered, kGate, T, W>(p.rows, p.d / N) : RowShape{0, 0};
     const bool vector_launched = dispatch_vpt(shape.vpt, [&](auto v) {
-      norm_vec_kernel<T, W, N, decltype(v)::value, kAdd, kCentered><<<blocks, shape.threads, 0, stream>>>(p);
+      norm_vec_kernel<T, W, N, decltype(v)::value, kAdd, kCentered, kGate><<<blocks, shape.threads, 0, stream>>>(p);
     });
     if (!vector_launched)
-      norm_loop_kernel<T, W, kAdd, kCentered><<<blocks, round_up_warp(std::min<int64_t>(p.d, 512)), 0, stream>>>(p);
+      norm_loop_kernel<T, W, kAdd, kCentered, kGate><<<blocks, round_up_warp(std::min<int64_t>(p.d, 512)), 0, stream>>>(p);
   });
   LLMK_CHECK_LAUNCH(op, stream);
 }

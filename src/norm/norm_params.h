@@ -7,7 +7,8 @@
 namespace llmk::detail {
 
 // Forward: s = x (+ residual); y = (s - mean) * rstd * (offset + weight) + bias, where
-// mean = 0 for RMSNorm and rstd = rsqrt(mean((s - mean)^2) + eps).
+// mean = 0 for RMSNorm and rstd = rsqrt(mean((s - mean)^2) + eps); rmsnorm_swiglu
+// multiplies y by silu(gate).
 struct NormParams {
   void* out;                 // [rows, d]
   void* residual_out;        // [rows, d], add_rmsnorm only
@@ -25,6 +26,8 @@ struct NormParams {
   int64_t residual_stride;
   float eps;
   float offset;
+  const void* gate;          // [rows, d], rmsnorm_swiglu only: out *= silu(gate)
+  int64_t gate_stride;
 };
 
 // Backward, with xhat = (x - mean) * rstd and g = dy * (offset + weight):
@@ -49,6 +52,12 @@ struct NormBackwardParams {
   int64_t blocks;            // rows are split among this many partial sums
   float eps;
   float offset;
+  // rmsnorm_swiglu only (out = y * silu(gate), y the RMSNorm output): dy above is the
+  // gradient of out, the norm sees dy * silu(gate), and dgate = dy * y * silu'(gate).
+  void* dgate;               // [rows, d]
+  const void* gate;          // [rows, d]
+  int64_t dgate_stride;
+  int64_t gate_stride;
 };
 
 }  // namespace llmk::detail

@@ -25,16 +25,7 @@ TEST(LayerNormBackwardCpu, MatchesFiniteDifferences) {
       for (int c = 0; c < d; ++c) l += double(dy.get(r, c)) * y.get(r, c);
     return l;
   };
-  const float h = 1e-2f;
-  auto central = [&](HostTensor& t, int r, int c) {
-    const float v = t.get(r, c);
-    t.set(r, c, v + h);
-    const double up = loss();
-    t.set(r, c, v - h);
-    const double down = loss();
-    t.set(r, c, v);
-    return (up - down) / (2 * h);
-  };
+  auto central = [&](HostTensor& t, int r, int c) { return central_difference(t, r, c, loss); };
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < d; ++c) EXPECT_NEAR(dx.get(r, c), central(x, r, c), 2e-3) << "dx " << r << "," << c;
   for (int c = 0; c < d; ++c) {

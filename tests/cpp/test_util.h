@@ -161,6 +161,18 @@ inline void expect_equal_elements(const HostTensor& got, const HostTensor& want,
   EXPECT_EQ(bad, 0) << what << ": " << bad << " rows differ";
 }
 
+// d loss / d t[r, c] by a central difference of step h (loss() reads t).
+template <class Loss>
+double central_difference(HostTensor& t, int64_t r, int64_t c, Loss&& loss, float h = 1e-2f) {
+  const float v = t.get(r, c);
+  t.set(r, c, v + h);
+  const double up = loss();
+  t.set(r, c, v - h);
+  const double down = loss();
+  t.set(r, c, v);
+  return (up - down) / (2.0 * h);
+}
+
 inline const std::vector<DType>& all_dtypes() {
   static const std::vector<DType> v = {DType::f32, DType::f16, DType::bf16};
   return v;

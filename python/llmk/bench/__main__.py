@@ -123,7 +123,7 @@ def plot(rows, path):
     hiddens = {op: sorted({int(r["hidden"]) for r in rows if r["op"] == op}) for op in ops}
     columns = max(len(h) for h in hiddens.values())
     colors = {"llmk": "tab:blue", "eager": "tab:orange", "F.rms_norm": "tab:green", "F.layer_norm": "tab:green",
-              "torch": "tab:green", "foreach": "tab:orange", "fused": "tab:green",
+              "torch": "tab:green", "foreach": "tab:orange", "fused": "tab:green", "llmk 2 kernels": "tab:purple",
               "compile": "tab:red"}
     fig, axes = plt.subplots(len(ops), columns, figsize=(3.2 * columns, 2.8 * len(ops)), squeeze=False)
     for i, op in enumerate(ops):

@@ -4,7 +4,8 @@ RMSNorm peers, measured in the same run: the Hugging Face Llama formula in eager
 F.rms_norm (PyTorch's fused op), and torch.compile of the eager formula (compiled per
 shape, dynamic=False); the backward peers are autograd through F.rms_norm and through the
 compiled formula. LayerNorm peers: F.layer_norm (PyTorch's fused kernel) and torch.compile
-of it, forward and backward.
+of it, forward and backward. Gated RMSNorm (rmsnorm_swiglu) peers: llmk's own two-kernel
+composition (rmsnorm, then swiglu), Qwen3-Next's eager RMSNormGated and torch.compile of it.
 """
 
 import torch
@@ -177,6 +178,81 @@ def layernorm_backward_case(tokens, hidden, dtype):
     return bytes_moved, make, impls, reference
 
 
+def hf_gated_rmsnorm(x, gate, w):
+    """Qwen3-Next's Qwen3NextRMSNormGated forward (norm before gate) in eager PyTorch."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+    return (w * h.to(x.dtype)) * F.silu(gate.float()).to(x.dtype)
+
+
+def llmk_two_kernels(x, gate, w):
+    """The composition the fused kernel replaces: rmsnorm to memory, then swiglu."""
+    return llmk.swiglu(gate, llmk.rmsnorm(x, w, EPS))
+
+
+def gated_reference(x, gate, w):
+    x64 = x.double()
+    return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + EPS) * w.double() * F.silu(gate.double())
+
+
+def rmsnorm_swiglu_case(tokens, hidden, dtype):
+    elt = torch.tensor([], dtype=dtype).element_size()
+    bytes_moved = 3 * tokens * hidden * elt + hidden * elt  # read x, gate; write out
+
+    def make():
+        return (torch.randn(tokens, hidden, device="cuda", dtype=dtype),
+                torch.randn(tokens, hidden, device="cuda", dtype=dtype),
+                torch.randn(hidden, device="cuda", dtype=dtype))
+
+    impls = {
+        "llmk": lambda x, gate, w: llmk.rmsnorm_swiglu(x, gate, w, EPS),
+        "llmk 2 kernels": llmk_two_kernels,
+        "eager": hf_gated_rmsnorm,
+        "compile": _compiled(hf_gated_rmsnorm),
+    }
+    return bytes_moved, make, impls, gated_reference
+
+
+def rmsnorm_swiglu_backward_case(tokens, hidden, dtype):
+    elt = torch.tensor([], dtype=dtype).element_size()
+    bytes_moved = 5 * tokens * hidden * elt + 2 * hidden * elt  # read dy, x, gate; write dx, dgate
+
+    def make():
+        return tuple(torch.randn(tokens, hidden, device="cuda", dtype=dtype) for _ in range(3)) + (
+            torch.randn(hidden, device="cuda", dtype=dtype),)
+
+    def two_kernels(x, gate, dy, w):  # recompute y, swiglu_backward, rmsnorm_backward
+        dgate, dy_norm = llmk.swiglu_backward(dy, gate, llmk.rmsnorm(x, w, EPS))
+        dx, dw = llmk.rmsnorm_backward(dy_norm, x, w, EPS)
+        return dx, dgate, dw
+
+    def autograd(forward):
+        graphs = {}
+
+        def run(x, gate, dy, w):
+            key = x.data_ptr()
+            if key not in graphs:
+                leaves = [t.detach().requires_grad_() for t in (x, gate, w)]
+                graphs[key] = (forward(*leaves), leaves)
+            y, leaves = graphs[key]
+            return torch.autograd.grad(y, leaves, dy, retain_graph=True)
+
+        return run
+
+    impls = {
+        "llmk": lambda x, gate, dy, w: llmk.rmsnorm_swiglu_backward(dy, x, gate, w, EPS),
+        "llmk 2 kernels": two_kernels,
+        "eager": autograd(hf_gated_rmsnorm),
+        "compile": autograd(_compiled(hf_gated_rmsnorm)),
+    }
+
+    def reference(x, gate, dy, w):
+        x64 = x.double().requires_grad_()
+        return torch.autograd.grad(gated_reference(x64, gate, w), x64, dy.double())[0]
+
+    return bytes_moved, make, impls, reference
+
+
 OPS = {
     "rmsnorm": rmsnorm_case,
     "add_rmsnorm": add_rmsnorm_case,
@@ -184,5 +260,9 @@ OPS = {
     "rmsnorm_backward": rmsnorm_backward_case,
     "layernorm": layernorm_case,
     "layernorm_backward": layernorm_backward_case,
+    "rmsnorm_swiglu": rmsnorm_swiglu_case,
+    "rmsnorm_swiglu_backward": rmsnorm_swiglu_backward_case,
 }
 SWEEPS = {op: (TOKENS, HIDDEN) for op in OPS}
+# Gated RMSNorm runs per head (Qwen3-Next: rows = tokens x heads of 128) or over a wide row.
+SWEEPS["rmsnorm_swiglu"] = SWEEPS["rmsnorm_swiglu_backward"] = ([1, 16, 2048, 8192, 65536], [128, 4096])
