@@ -55,7 +55,8 @@ if [ $run_tests -eq 1 ]; then
            "rmsnorm_backward_test RMSNormBackwardGpu.ManyRows*" "layernorm_test LayerNormGpu.Optional*" \
            "layernorm_backward_test LayerNormBackwardGpu.ManyRows*" \
            "gated_activation_test GatedActivationGpu.TwoTensor*" "softmax_test SoftmaxGpu.Scales*" \
-           "rope_test RopeGpu.*" "adamw_test AdamWGpu.*" "rmsnorm_swiglu_test RMSNormSwigluGpu.*"; do
+           "rope_test RopeGpu.*" "adamw_test AdamWGpu.*" "rmsnorm_swiglu_test RMSNormSwigluGpu.*" \
+           "bias_gelu_test BiasGeluGpu.*"; do
     set -- $t
     compute-sanitizer --tool memcheck --error-exitcode 3 $BUILD/tests/cpp/$1 --gtest_filter="$2" >> "$OUT/sanitizer.log" 2>&1
     rc=$?

@@ -1,5 +1,5 @@
-// Gated activations of the transformer MLP: SwiGLU (Llama, Mistral, Qwen) and GeGLU
-// (Gemma), forward and backward.
+// Activations of the transformer MLP, forward and backward: the gated SwiGLU (Llama,
+// Mistral, Qwen) and GeGLU (Gemma), and bias + GELU (GPT-2, BERT, Falcon).
 //
 // Two input forms. The fused form takes the output of one gate-and-up projection,
 // x = [..., 2 * d] with the gate in x[..., :d] and the up projection in x[..., d:] (the
@@ -16,6 +16,8 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+
+#include <optional>
 
 #include "llmk/tensor.h"
 
@@ -44,5 +46,21 @@ void gelu_and_mul_backward(const TensorView& dx, const TensorView& dy, const Ten
 // dgate, dup, dy, gate, up: [..., d]. dgate may be gate and dup may be up (in place).
 void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dy,
                      const TensorView& gate, const TensorView& up, cudaStream_t stream = nullptr);
+
+// Bias + GELU of the GPT-2 / BERT / Falcon MLP: out = gelu(x + bias), x: [..., d], bias:
+// [d] of x's dtype; fp32 math, one rounding. out may be x itself (in place).
+void bias_gelu(const TensorView& out, const TensorView& x, const TensorView& bias,
+               GeluApproximation approximate = GeluApproximation::none,
+               cudaStream_t stream = nullptr);
+
+// Backward: dx = dy * gelu'(x + bias) and dbias = sum over rows of dx (fp32 sums, added in
+// a fixed order through `workspace`, a CUDA f32 buffer of bias_gelu_backward_workspace_size
+// elements; ignored on the CPU). dx may be x or dy itself.
+void bias_gelu_backward(const TensorView& dx, const TensorView& dbias, const TensorView& dy,
+                        const TensorView& x, const TensorView& bias,
+                        GeluApproximation approximate = GeluApproximation::none,
+                        const std::optional<TensorView>& workspace = std::nullopt,
+                        cudaStream_t stream = nullptr);
+int64_t bias_gelu_backward_workspace_size(int64_t rows, int64_t d, int device_index = 0);
 
 }  // namespace llmk

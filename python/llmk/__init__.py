@@ -5,16 +5,16 @@ a fake (meta) implementation for ``torch.compile`` and, where it trains, autogra
 """
 
 from . import _C
-from .ops import (add_rmsnorm, add_rmsnorm_, gelu_and_mul, gelu_and_mul_backward, layernorm, layernorm_backward,
-                  log_softmax, log_softmax_backward, rmsnorm, rmsnorm_backward, rmsnorm_swiglu,
-                  rmsnorm_swiglu_backward, rope, rope_, rope_cos_sin_cache, silu_and_mul, silu_and_mul_backward,
-                  softmax, softmax_backward, swiglu, swiglu_backward)
+from .ops import (add_rmsnorm, add_rmsnorm_, bias_gelu, bias_gelu_backward, gelu_and_mul, gelu_and_mul_backward,
+                  layernorm, layernorm_backward, log_softmax, log_softmax_backward, rmsnorm, rmsnorm_backward,
+                  rmsnorm_swiglu, rmsnorm_swiglu_backward, rope, rope_, rope_cos_sin_cache, silu_and_mul,
+                  silu_and_mul_backward, softmax, softmax_backward, swiglu, swiglu_backward)
 from . import nn, optim
 
 __all__ = ["rmsnorm", "add_rmsnorm", "add_rmsnorm_", "rmsnorm_backward", "layernorm", "layernorm_backward",
            "silu_and_mul", "gelu_and_mul", "swiglu", "silu_and_mul_backward", "gelu_and_mul_backward",
            "swiglu_backward", "softmax", "log_softmax", "softmax_backward", "log_softmax_backward",
-           "rope", "rope_", "rope_cos_sin_cache", "rmsnorm_swiglu", "rmsnorm_swiglu_backward",
+           "rope", "rope_", "rope_cos_sin_cache", "bias_gelu", "bias_gelu_backward", "rmsnorm_swiglu", "rmsnorm_swiglu_backward",
            "nn", "optim", "device_info"]
 
 

@@ -445,6 +445,64 @@ def swiglu_backward(dy: Tensor, gate: Tensor, up: Tensor) -> Tuple[Tensor, Tenso
 
 
 # --------------------------------------------------------------------------------------
+# bias_gelu
+
+
+@torch.library.custom_op("llmk::bias_gelu", mutates_args=())
+def _bias_gelu(x: Tensor, bias: Tensor, approximate: str) -> Tensor:
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _C.bias_gelu(out, x, bias, approximate, _stream(x))
+    return out
+
+
+@_bias_gelu.register_fake
+def _(x, bias, approximate):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("llmk::bias_gelu_backward", mutates_args=())
+def _bias_gelu_backward(dy: Tensor, x: Tensor, bias: Tensor, approximate: str) -> Tuple[Tensor, Tensor]:
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
+    workspace = None
+    if x.is_cuda:
+        size = _C.bias_gelu_backward_workspace_size(_rows_shape(x).numel(), x.shape[-1], x.device.index or 0)
+        workspace = torch.empty(max(size, 1), dtype=torch.float32, device=x.device)
+    _C.bias_gelu_backward(dx, dbias, dy, x, bias, approximate, workspace, _stream(x))
+    return dx, dbias
+
+
+@_bias_gelu_backward.register_fake
+def _(dy, x, bias, approximate):
+    return x.new_empty(x.shape), bias.new_empty(bias.shape)
+
+
+def _bias_gelu_setup(ctx, inputs, output):
+    x, bias, ctx.approximate = inputs
+    ctx.save_for_backward(x, bias)
+
+
+def _bias_gelu_grad(ctx, dy):
+    x, bias = ctx.saved_tensors
+    dx, dbias = torch.ops.llmk.bias_gelu_backward(_dense_rows(dy), x, bias, ctx.approximate)
+    return dx, dbias, None
+
+
+_bias_gelu.register_autograd(_bias_gelu_grad, setup_context=_bias_gelu_setup)
+
+
+def bias_gelu(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
+    """``F.gelu(x + bias, approximate=approximate)`` in one pass (the GPT-2 / BERT MLP's bias
+    and activation after the first projection), fp32 math, one rounding."""
+    return torch.ops.llmk.bias_gelu(x, bias, approximate)
+
+
+def bias_gelu_backward(dy: Tensor, x: Tensor, bias: Tensor, approximate: str = "none") -> Tuple[Tensor, Tensor]:
+    """Gradients ``(dx, dbias)`` of :func:`bias_gelu`; dbias is summed in a fixed order."""
+    return torch.ops.llmk.bias_gelu_backward(dy, x, bias, approximate)
+
+
+# --------------------------------------------------------------------------------------
 # softmax, log_softmax
 
 

@@ -238,6 +238,30 @@ NB_MODULE(_C, m) {
       "dgate"_a, "dup"_a, "dy"_a, "gate"_a, "up"_a, "stream"_a = 0);
 
   m.def(
+      "bias_gelu",
+      [](AnyArray out, AnyArray x, AnyArray bias, const std::string& approximate, uintptr_t stream) {
+        auto o = view(out), xv = view(x), b = view(bias);
+        const auto a = gelu_approximation(approximate);
+        without_gil([&] { llmk::bias_gelu(o, xv, b, a, stream_of(stream)); });
+      },
+      "out"_a, "x"_a, "bias"_a, "approximate"_a = "none", "stream"_a = 0);
+
+  m.def(
+      "bias_gelu_backward",
+      [](AnyArray dx, AnyArray dbias, AnyArray dy, AnyArray x, AnyArray bias,
+         const std::string& approximate, std::optional<AnyArray> workspace, uintptr_t stream) {
+        auto dxv = view(dx), db = view(dbias), dyv = view(dy), xv = view(x), b = view(bias);
+        auto ws = view(workspace);
+        const auto a = gelu_approximation(approximate);
+        without_gil([&] { llmk::bias_gelu_backward(dxv, db, dyv, xv, b, a, ws, stream_of(stream)); });
+      },
+      "dx"_a, "dbias"_a, "dy"_a, "x"_a, "bias"_a, "approximate"_a = "none",
+      "workspace"_a = nb::none(), "stream"_a = 0);
+
+  m.def("bias_gelu_backward_workspace_size", &llmk::bias_gelu_backward_workspace_size, "rows"_a,
+        "d"_a, "device_index"_a = 0);
+
+  m.def(
       "softmax",
       [](AnyArray out, AnyArray x, double scale, bool log, uintptr_t stream) {
         auto o = view(out), xv = view(x);

@@ -2,6 +2,7 @@
 // writes nothing), then run the CUDA launcher or the CPU reference.
 #include <utility>
 
+#include "activation/bias_gelu_params.h"
 #include "activation/gated_launchers.h"
 #include "common/cuda_check.h"
 #include "common/rows.h"
@@ -158,6 +159,79 @@ void swiglu_backward(const TensorView& dgate, const TensorView& dup, const Tenso
                                       gr.row_stride, ur.row_stride};
   run_backward(p, Activation::silu, gate,
                detail::rows_vectorizable({gr, ur, dyr, dgr, dur}, gate.dtype()), stream);
+}
+
+namespace {
+
+// bias: [d] of x's dtype, contiguous, on x's device.
+void check_bias(const char* op, const TensorView& bias, const TensorView& x, int64_t d) {
+  detail::check_same_device(op, "bias", bias, "x", x);
+  detail::check_dtype(op, "bias", bias, x.dtype());
+  detail::check_vector(op, "bias", bias, d);
+}
+
+bool bias_vector_ok(std::initializer_list<Rows> rows, const TensorView& bias, DType dtype) {
+  return detail::rows_vectorizable(rows, dtype) && detail::is_aligned(bias.data(), 16);
+}
+
+}  // namespace
+
+void bias_gelu(const TensorView& out, const TensorView& x, const TensorView& bias,
+               GeluApproximation approximate, cudaStream_t stream) {
+  const char* op = "bias_gelu";
+  const Activation act = gelu_act(op, approximate);
+  detail::check_float_dtype(op, "x", x);
+  const Rows xr = detail::as_rows(op, "x", x);
+  const Rows outr = detail::check_like(op, "out", out, "x", x);
+  check_bias(op, bias, x, xr.d);
+  detail::check_no_overlap(op, "out", out, "x", x, true);
+  detail::check_no_overlap(op, "out", out, "bias", bias, false);
+  if (xr.rows == 0 || xr.d == 0) return;
+  const detail::BiasGeluParams p{outr.data, xr.data, bias.data(), xr.rows, xr.d, outr.row_stride, xr.row_stride};
+  if (!x.is_cuda()) return detail::bias_gelu_cpu(p, act, x.dtype());
+  detail::DeviceGuard guard(x.device().index);
+  detail::bias_gelu_cuda(p, act, x.dtype(), bias_vector_ok({xr, outr}, bias, x.dtype()), stream);
+}
+
+int64_t bias_gelu_backward_workspace_size(int64_t rows, int64_t d, int device_index) {
+  int sm_count = 0;
+  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_index));
+  return detail::bias_gelu_partial_rows(rows, sm_count) * d;
+}
+
+void bias_gelu_backward(const TensorView& dx, const TensorView& dbias, const TensorView& dy,
+                        const TensorView& x, const TensorView& bias, GeluApproximation approximate,
+                        const std::optional<TensorView>& workspace, cudaStream_t stream) {
+  const char* op = "bias_gelu_backward";
+  const Activation act = gelu_act(op, approximate);
+  detail::check_float_dtype(op, "x", x);
+  const Rows xr = detail::as_rows(op, "x", x);
+  const Rows dyr = detail::check_like(op, "dy", dy, "x", x);
+  const Rows dxr = detail::check_like(op, "dx", dx, "x", x);
+  check_bias(op, bias, x, xr.d);
+  detail::check_same_device(op, "dbias", dbias, "x", x);
+  detail::check_dtype(op, "dbias", dbias, x.dtype());
+  detail::check_vector(op, "dbias", dbias, xr.d);
+  // dx may replace x or dy (each element is read before it is written, by the same thread).
+  detail::check_no_overlap(op, "dx", dx, "x", x, true);
+  detail::check_no_overlap(op, "dx", dx, "dy", dy, true);
+  for (const auto& [name, t] : {std::pair{"dx", &dx}, {"dy", &dy}, {"x", &x}, {"bias", &bias}})
+    detail::check_no_overlap(op, "dbias", dbias, name, *t, false);
+  detail::check_no_overlap(op, "dx", dx, "bias", bias, false);
+  detail::BiasGeluBackwardParams p{dxr.data, dbias.data(), dyr.data, xr.data, bias.data(), nullptr,
+                                   xr.rows, xr.d, dxr.row_stride, dyr.row_stride, xr.row_stride, 0};
+  if (xr.d == 0) return;
+  if (!x.is_cuda()) return detail::bias_gelu_backward_cpu(p, act, x.dtype());
+  detail::DeviceGuard guard(x.device().index);
+  if (xr.rows == 0) {
+    LLMK_CUDA_CHECK(cudaMemsetAsync(dbias.data(), 0, xr.d * dtype_size(x.dtype()), stream));
+    return;
+  }
+  const int64_t needed = bias_gelu_backward_workspace_size(xr.rows, xr.d, x.device().index);
+  detail::check_workspace(op, workspace, x, needed, "bias_gelu_backward_workspace_size");
+  p.partial = static_cast<float*>(workspace->data());
+  p.partial_rows = needed / xr.d;
+  detail::bias_gelu_backward_cuda(p, act, x.dtype(), bias_vector_ok({xr, dyr, dxr}, bias, x.dtype()), stream);
 }
 
 }  // namespace llmk

@@ -15,6 +15,7 @@ inline constexpr double kActBeta = 0.044715;
 
 // act(g) and act'(g).
 inline void act_value_and_slope(Activation act, double g, double& v, double& slope) {
+  v = slope = 0.0;
   switch (act) {
     case Activation::silu: {
       const double s = 1.0 / (1.0 + std::exp(-g));

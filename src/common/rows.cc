@@ -102,6 +102,19 @@ bool rows_vectorizable(std::initializer_list<Rows> rows, DType dtype) {
   return true;
 }
 
+void check_workspace(const char* op, const std::optional<TensorView>& workspace, const TensorView& ref,
+                     int64_t needed, const char* size_fn) {
+  LLMK_CHECK(workspace.has_value(), op, ": CUDA tensors need a float32 workspace of ", needed,
+             " elements (", size_fn, ")");
+  check_same_device(op, "workspace", *workspace, "x", ref);
+  check_dtype(op, "workspace", *workspace, DType::f32);
+  LLMK_CHECK(workspace->ndim() == 1 && workspace->numel() >= needed &&
+                 (workspace->numel() <= 1 || workspace->stride(0) == 1),
+             op, ": workspace must be a contiguous 1-d float32 tensor of at least ", needed,
+             " elements, got ", workspace->numel());
+  LLMK_CHECK(is_aligned(workspace->data(), 16), op, ": workspace must be 16-byte aligned");
+}
+
 bool same_view(const TensorView& a, const TensorView& b) {
   if (a.data() != b.data() || a.ndim() != b.ndim() || a.dtype() != b.dtype()) return false;
   for (int i = 0; i < a.ndim(); ++i)

@@ -74,21 +74,6 @@ int sm_count_of(int device_index) {
   return sm_count;
 }
 
-// The CUDA workspace of a backward call: on x's device, f32, 1-d, contiguous, 16-byte
-// aligned, at least `needed` elements.
-void check_workspace(const char* op, const std::optional<TensorView>& workspace,
-                     const TensorView& x, int64_t needed) {
-  LLMK_CHECK(workspace.has_value(), op, ": CUDA tensors need a float32 workspace of ", needed,
-             " elements (", op, "_workspace_size)");
-  detail::check_same_device(op, "workspace", *workspace, "x", x);
-  detail::check_dtype(op, "workspace", *workspace, DType::f32);
-  LLMK_CHECK(workspace->ndim() == 1 && workspace->numel() >= needed &&
-                 (workspace->numel() <= 1 || workspace->stride(0) == 1),
-             op, ": workspace must be a contiguous 1-d float32 tensor of at least ", needed,
-             " elements, got ", workspace->numel());
-  LLMK_CHECK(detail::is_aligned(workspace->data(), 16), op, ": workspace must be 16-byte aligned");
-}
-
 // The fields every forward call fills the same way: rows of out and x, and eps.
 detail::NormParams forward_params(const Rows& outr, const Rows& xr, double eps) {
   detail::NormParams p{};
@@ -212,7 +197,8 @@ void rmsnorm_backward_impl(const char* op, const TensorView& dx, const TensorVie
 
   detail::DeviceGuard guard(x.device().index);
   if (xr.rows == 0) return zero_parameter_gradients({&dweight}, xr.d, stream);
-  check_workspace(op, workspace, x, rmsnorm_backward_workspace_size(xr.rows, xr.d, x.device().index));
+  detail::check_workspace(op, workspace, x, rmsnorm_backward_workspace_size(xr.rows, xr.d, x.device().index),
+                          "rmsnorm_backward_workspace_size");
   p.partial = static_cast<float*>(workspace->data());
   const bool vector_ok =
       vectorizable({xr, dyr, dxr, dresidual ? dresr : Rows{}, gater, dgater}, x.dtype(), {&weight});
@@ -373,7 +359,8 @@ void layernorm_backward(const TensorView& dx, const std::optional<TensorView>& d
   if (xr.rows == 0)
     return zero_parameter_gradients({dweight ? &*dweight : nullptr, dbias ? &*dbias : nullptr},
                                     xr.d, stream);
-  check_workspace(op, workspace, x, layernorm_backward_workspace_size(xr.rows, xr.d, x.device().index));
+  detail::check_workspace(op, workspace, x, layernorm_backward_workspace_size(xr.rows, xr.d, x.device().index),
+                          "layernorm_backward_workspace_size");
   p.partial = static_cast<float*>(workspace->data());
   const bool vector_ok = vectorizable({xr, dyr, dxr}, x.dtype(), {weight ? &*weight : nullptr});
   detail::layernorm_backward_cuda(p, x.dtype(), affine, vector_ok, stream);

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "common/column_reduce.cuh"
 #include "common/device_types.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
@@ -270,26 +271,6 @@ __global__ void norm_backward_columns_kernel(NormBackwardParams p, NormWorkspace
   }
   ws.dweight[blockIdx.y * p.d + col] = dw;
   if constexpr (kCentered) ws.dbias[blockIdx.y * p.d + col] = db;
-}
-
-// out[col] = sum over b < blocks of partial[b, col], in a fixed order. Block (32, 16): x
-// picks the column, y a strided subset of partial rows; the 16 subtotals are added in order.
-template <class W>
-__global__ void __launch_bounds__(512) norm_column_reduce_kernel(const float* partial, W* out,
-                                                                 int64_t blocks, int64_t d) {
-  __shared__ float subtotal[16][33];
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  float acc = 0.0f;
-  if (col < d)
-    for (int64_t b = threadIdx.y; b < blocks; b += 16) acc += partial[b * d + col];
-  subtotal[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < d) {
-    float total = 0.0f;
-#pragma unroll
-    for (int y = 0; y < 16; ++y) total += subtotal[y][threadIdx.x];
-    out[col] = from_float<W>(total);
-  }
 }
 
 }  // namespace llmk::detail

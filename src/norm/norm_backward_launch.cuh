@@ -70,15 +70,12 @@ void launch_norm_backward(const char* op, const NormBackwardParams& params, DTyp
       }
     }
     LLMK_CHECK_LAUNCH(op, stream);
-    const dim3 reduce_grid(static_cast<unsigned>((p.d + 31) / 32));
     if (p.dweight != nullptr) {
-      norm_column_reduce_kernel<W><<<reduce_grid, dim3(32, 16), 0, stream>>>(
-          ws.dweight, static_cast<W*>(p.dweight), p.blocks, p.d);
+      launch_column_reduce(ws.dweight, static_cast<W*>(p.dweight), p.blocks, p.d, stream);
       LLMK_CHECK_LAUNCH(op, stream);
     }
     if (kCentered && p.dbias != nullptr) {
-      norm_column_reduce_kernel<W><<<reduce_grid, dim3(32, 16), 0, stream>>>(
-          ws.dbias, static_cast<W*>(p.dbias), p.blocks, p.d);
+      launch_column_reduce(ws.dbias, static_cast<W*>(p.dbias), p.blocks, p.d, stream);
       LLMK_CHECK_LAUNCH(op, stream);
     }
   });

@@ -1,7 +1,8 @@
-"""Benchmark cases of the gated activations and their peers, all bf16: eager PyTorch
-(``F.silu(gate) * up`` on the halves of x, as Hugging Face's LlamaMLP) and torch.compile
-of it (per shape, dynamic=False); the backward peers are autograd through each. `hidden`
-is the MLP's intermediate size d (x is [tokens, 2d])."""
+"""Benchmark cases of the gated activations and bias_gelu and their peers, all bf16: eager
+PyTorch (``F.silu(gate) * up`` on the halves of x, as Hugging Face's LlamaMLP;
+``F.gelu(x + b, approximate="tanh")`` as GPT-2's MLP) and torch.compile of it (per shape,
+dynamic=False); the backward peers are autograd through each. `hidden` is the MLP's
+intermediate size d (x is [tokens, 2d] for the gated forms)."""
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +110,37 @@ def swiglu_backward_case(tokens, d, dtype):
     return 5 * tokens * d * elt, make, impls, reference
 
 
+def eager_bias_gelu(x, b):
+    """GPT-2's MLP activation after the first projection's bias (tanh form), eager."""
+    return F.gelu(x + b, approximate="tanh")
+
+
+def bias_gelu_case(tokens, d, dtype):
+    elt = torch.tensor([], dtype=dtype).element_size()
+    impls = {"llmk": lambda x, b: llmk.bias_gelu(x, b, "tanh"), "eager": eager_bias_gelu,
+             "compile": _compiled(eager_bias_gelu)}
+    return 2 * tokens * d * elt, lambda: (_randn(tokens, d, dtype=dtype), _randn(d, dtype=dtype)), impls, \
+        lambda x, b: eager_bias_gelu(x.double(), b.double())
+
+
+def bias_gelu_backward_case(tokens, d, dtype):
+    elt = torch.tensor([], dtype=dtype).element_size()
+    impls = {
+        "llmk": lambda x, b, dy: llmk.bias_gelu_backward(dy, x, b, "tanh"),
+        "eager": grad_peer(eager_bias_gelu),
+        "compile": grad_peer(_compiled(eager_bias_gelu)),
+    }
+
+    def reference(x, b, dy):
+        x64 = x.double().requires_grad_()
+        return torch.autograd.grad(eager_bias_gelu(x64, b.double()), x64, dy.double())[0]
+
+    def make():
+        return _randn(tokens, d, dtype=dtype), _randn(d, dtype=dtype), _randn(tokens, d, dtype=dtype)
+
+    return 3 * tokens * d * elt, make, impls, reference
+
+
 OPS = {
     "silu_and_mul": gated_case(eager_silu_and_mul, llmk.silu_and_mul, silu_and_mul_reference),
     "gelu_and_mul": gated_case(eager_gelu_tanh_and_mul, lambda x: llmk.gelu_and_mul(x, "tanh"),
@@ -116,5 +148,8 @@ OPS = {
     "silu_and_mul_backward": silu_and_mul_backward_case,
     "swiglu": swiglu_case,
     "swiglu_backward": swiglu_backward_case,
+    "bias_gelu": bias_gelu_case,
+    "bias_gelu_backward": bias_gelu_backward_case,
 }
 SWEEPS = {op: (TOKENS, FFN) for op in OPS}
+SWEEPS["bias_gelu"] = SWEEPS["bias_gelu_backward"] = (TOKENS, [3072, 16384])  # GPT-2 small, GPT-J
