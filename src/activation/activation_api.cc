@@ -196,7 +196,7 @@ void bias_gelu(const TensorView& out, const TensorView& x, const TensorView& bia
 int64_t bias_gelu_backward_workspace_size(int64_t rows, int64_t d, int device_index) {
   int sm_count = 0;
   LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_index));
-  return detail::bias_gelu_partial_rows(rows, sm_count) * d;
+  return detail::bias_gelu_partial_rows(rows, 1, sm_count) * d;  // the most any block shape uses
 }
 
 void bias_gelu_backward(const TensorView& dx, const TensorView& dbias, const TensorView& dy,
@@ -219,7 +219,7 @@ void bias_gelu_backward(const TensorView& dx, const TensorView& dbias, const Ten
     detail::check_no_overlap(op, "dbias", dbias, name, *t, false);
   detail::check_no_overlap(op, "dx", dx, "bias", bias, false);
   detail::BiasGeluBackwardParams p{dxr.data, dbias.data(), dyr.data, xr.data, bias.data(), nullptr,
-                                   xr.rows, xr.d, dxr.row_stride, dyr.row_stride, xr.row_stride, 0};
+                                   xr.rows, xr.d, dxr.row_stride, dyr.row_stride, xr.row_stride};
   if (xr.d == 0) return;
   if (!x.is_cuda()) return detail::bias_gelu_backward_cpu(p, act, x.dtype());
   detail::DeviceGuard guard(x.device().index);
@@ -230,7 +230,6 @@ void bias_gelu_backward(const TensorView& dx, const TensorView& dbias, const Ten
   const int64_t needed = bias_gelu_backward_workspace_size(xr.rows, xr.d, x.device().index);
   detail::check_workspace(op, workspace, x, needed, "bias_gelu_backward_workspace_size");
   p.partial = static_cast<float*>(workspace->data());
-  p.partial_rows = needed / xr.d;
   detail::bias_gelu_backward_cuda(p, act, x.dtype(), bias_vector_ok({xr, dyr, dxr}, bias, x.dtype()), stream);
 }
 

@@ -31,14 +31,20 @@ void bias_gelu_cuda(const BiasGeluParams& p, Activation act, DType dtype, bool v
 
 void bias_gelu_backward_cuda(const BiasGeluBackwardParams& p, Activation act, DType dtype,
                              bool vector_ok, cudaStream_t stream) {
+  int device = 0, sm_count = 0;
+  LLMK_CUDA_CHECK(cudaGetDevice(&device));
+  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
   dispatch_bias_gelu(act, dtype, vector_ok, "bias_gelu_backward", [&](auto tag, auto width, auto act_constant) {
     using T = device_type_t<decltype(tag)>;
     constexpr int N = decltype(width)::value;
     GatedGeometry g = gated_geometry(p.rows, p.d / N);
-    g.grid.y = static_cast<unsigned>(p.partial_rows);
+    const int64_t partial_rows = bias_gelu_partial_rows(p.rows, g.block.y, sm_count);
+    g.grid.y = static_cast<unsigned>(partial_rows);
     bias_gelu_backward_kernel<T, N, decltype(act_constant)::value><<<g.grid, g.block, 0, stream>>>(p);
-    LLMK_CHECK_LAUNCH("bias_gelu_backward", stream);
-    launch_column_reduce(p.partial, static_cast<T*>(p.dbias), p.partial_rows, p.d, stream);
+    if (partial_rows > 1) {
+      LLMK_CHECK_LAUNCH("bias_gelu_backward", stream);
+      launch_column_reduce(p.partial, static_cast<T*>(p.dbias), partial_rows, p.d, stream);
+    }
   });
   LLMK_CHECK_LAUNCH("bias_gelu_backward", stream);
 }

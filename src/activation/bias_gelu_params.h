@@ -29,20 +29,21 @@ struct BiasGeluBackwardParams {
   const void* dy;
   const void* x;
   const void* bias;
-  float* partial;          // workspace [partial_rows, d]
+  float* partial;          // workspace [partial rows, d]: one row per gridDim.y row of blocks
   int64_t rows;
   int64_t d;
   int64_t dx_stride;
   int64_t dy_stride;
   int64_t x_stride;
-  int64_t partial_rows;    // one per grid row of blocks
 };
 
-// Partial-sum rows of the backward on a device with `sm_count` SMs (the workspace holds
-// partial_rows * d floats).
-inline int64_t bias_gelu_partial_rows(int64_t rows, int sm_count) {
+// Partial-sum rows of the backward for blocks of `rows_per_block` rows on a device with
+// `sm_count` SMs: each thread sums at least 8 rows, at most 4 rows of blocks per SM. One
+// partial row means the kernel writes dbias itself (no reduction launch).
+inline int64_t bias_gelu_partial_rows(int64_t rows, int64_t rows_per_block, int sm_count) {
+  const int64_t wanted = (rows + 8 * rows_per_block - 1) / (8 * rows_per_block);
   const int64_t cap = int64_t{4} * sm_count;
-  return rows < cap ? (rows > 0 ? rows : 1) : cap;
+  return wanted < 1 ? 1 : wanted > cap ? cap : wanted;
 }
 
 // `act`: Activation::gelu or gelu_tanh. `vector_ok`: 16-byte aligned rows and bias, d a
