@@ -63,18 +63,19 @@ __global__ void __launch_bounds__(256) bias_gelu_backward_kernel(BiasGeluBackwar
 #pragma unroll
       for (int k = 0; k < kRowsInFlight; ++k) {
         const int64_t row = first + k * c.step;
-        if (row >= p.rows) break;
-        Vec<T, N> dx;
+        if (row < p.rows) {  // (a break here kept the loop rolled: dy[k], x[k] went to local memory)
+          Vec<T, N> dx;
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          float v, slope;
-          ActivationMath<A>::value_and_slope(to_float(x[k].v[j]) + to_float(b.v[j]), v, slope);
-          const float g = to_float(dy[k].v[j]) * slope;
-          dx.v[j] = from_float<T>(g);
-          db[j] += g;
+          for (int j = 0; j < N; ++j) {
+            float v, slope;
+            ActivationMath<A>::value_and_slope(to_float(x[k].v[j]) + to_float(b.v[j]), v, slope);
+            const float g = to_float(dy[k].v[j]) * slope;
+            dx.v[j] = from_float<T>(g);
+            db[j] += g;
+          }
+          // In place (dx = x or dy) is safe: each thread reads its elements first.
+          store_vec(static_cast<T*>(p.dx) + row * p.dx_stride + c.col, dx);
         }
-        // In place (dx = x or dy) is safe: each thread reads its elements first.
-        store_vec(static_cast<T*>(p.dx) + row * p.dx_stride + c.col, dx);
       }
     }
   }
