@@ -38,12 +38,12 @@ struct BiasGeluBackwardParams {
 };
 
 // Partial-sum rows of the backward for blocks of `rows_per_block` rows on a device with
-// `sm_count` SMs: enough rows of blocks that each thread has one iteration of 4 rows in
-// flight, at most 2 per SM (each partial row is d floats written and read again). One
-// partial row means the kernel writes dbias itself (no reduction launch).
+// `sm_count` SMs: a row of blocks per block of rows, at most 4 per SM (each partial row is
+// d floats written and read again). One partial row means the kernel writes dbias itself
+// (no reduction launch).
 inline int64_t bias_gelu_partial_rows(int64_t rows, int64_t rows_per_block, int sm_count) {
-  const int64_t wanted = (rows + 4 * rows_per_block - 1) / (4 * rows_per_block);
-  const int64_t cap = int64_t{2} * sm_count;
+  const int64_t wanted = (rows + rows_per_block - 1) / rows_per_block;
+  const int64_t cap = int64_t{4} * sm_count;
   return wanted < 1 ? 1 : wanted > cap ? cap : wanted;
 }
 
