@@ -36,6 +36,18 @@ __device__ __forceinline__ float block_sum(float v) {
   return sums[0];
 }
 
+// The sum over one row's threads: the whole block (blockDim.y == 1: block_sum, every
+// thread of the block calls it), or the blockDim.x <= 32 lanes of a row group when a block
+// holds blockDim.y short rows (only that group's lanes need to call it).
+__device__ __forceinline__ float row_sum(float v) {
+  if (blockDim.y == 1) return block_sum(v);
+  const unsigned width = blockDim.x;
+  const unsigned first_lane = (threadIdx.y * width) % 32;
+  const unsigned mask = (width == 32 ? 0xffffffffu : ((1u << width) - 1u)) << first_lane;
+  for (unsigned offset = width / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(mask, v, offset, width);
+  return v;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));

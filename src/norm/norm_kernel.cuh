@@ -8,8 +8,11 @@
 //   with the row when the weight is, so a decode-sized call still pays one round trip)
 // (a missing weight counts as 1, a missing bias as 0).
 //
-// Algorithm. One block per row (grid-strided over rows). The vector kernel keeps the whole
-// row in registers: thread t holds VPT 16-byte vectors at columns (i * blockDim + t) * N,
+// Algorithm. One block per row (grid-strided over rows); rows of at most 32 vectors share a
+// block, blockDim.y rows of blockDim.x lanes each, reduced by shuffles within the row's
+// lanes (RMSNorm over a 128-wide head, as Qwen3's q/k norm and Qwen3-Next's gated norm, was
+// a 32-thread block with half its lanes idle). The vector kernel keeps the whole row in
+// registers: thread t holds VPT 16-byte vectors at columns (i * blockDim + t) * N,
 // so each of the VPT loads is coalesced across the block. One pass reads the row, block
 // reductions give the statistics (LayerNorm: the mean first, then the centered sum of
 // squares from registers, which is exact where E[x^2] - E[x]^2 would cancel), a second
@@ -62,7 +65,9 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
   // spend no registers or branches on the optional parameters of LayerNorm.
   const bool has_weight = !kCentered || weight != nullptr;
   const bool has_bias = kCentered && bias != nullptr;
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+  // blockDim.y rows per block (short rows: blockDim.x <= 32 lanes per row), else one.
+  for (int64_t row = int64_t{blockIdx.x} * blockDim.y + threadIdx.y; row < p.rows;
+       row += int64_t{gridDim.x} * blockDim.y) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     Vec<T, N> s[VPT];
     Vec<W, N> w[kPrefetchWeight ? VPT : 1];
@@ -105,7 +110,7 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
 #pragma unroll
           for (int j = 0; j < N; ++j) sum += to_float(s[i].v[j]);
       }
-      mean = block_sum(sum) * inv_d;
+      mean = row_sum(sum) * inv_d;
       float m2 = 0.0f;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
@@ -117,9 +122,9 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
             m2 += c * c;
           }
       }
-      r = rsqrtf(block_sum(m2) * inv_d + p.eps);
+      r = rsqrtf(row_sum(m2) * inv_d + p.eps);
     } else {
-      r = rsqrtf(block_sum(sum_sq) / static_cast<float>(d) + p.eps);
+      r = rsqrtf(row_sum(sum_sq) / static_cast<float>(d) + p.eps);
     }
     if (threadIdx.x == 0) {
       if (p.rstd != nullptr) p.rstd[row] = r;

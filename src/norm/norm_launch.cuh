@@ -39,8 +39,17 @@ void launch_norm(const char* op, const NormParams& p, DType act, DType affine, b
     constexpr int N = kVec16<T>;
     const RowShape shape =
         vector_ok ? norm_shape<kAdd, kCentered, kGate, T, W>(p.rows, p.d / N) : RowShape{0, 0};
+    // Rows of at most 32 vectors: 256-thread blocks of 256 / lanes rows.
+    const bool short_rows = shape.vpt == 1 && p.d / N <= 32;
+    dim3 block(shape.threads), grid(blocks);
+    if (short_rows) {
+      unsigned lanes = 1;
+      while (lanes < p.d / N) lanes *= 2;
+      block = dim3(lanes, 256 / lanes);
+      grid = dim3(static_cast<unsigned>(std::min((p.rows + block.y - 1) / block.y, kMaxRowBlocks)));
+    }
     const bool vector_launched = dispatch_vpt(shape.vpt, [&](auto v) {
-      norm_vec_kernel<T, W, N, decltype(v)::value, kAdd, kCentered, kGate><<<blocks, shape.threads, 0, stream>>>(p);
+      norm_vec_kernel<T, W, N, decltype(v)::value, kAdd, kCentered, kGate><<<grid, block, 0, stream>>>(p);
     });
     if (!vector_launched)
       norm_loop_kernel<T, W, kAdd, kCentered, kGate><<<blocks, round_up_warp(std::min<int64_t>(p.d, 512)), 0, stream>>>(p);

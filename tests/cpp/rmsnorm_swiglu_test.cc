@@ -117,6 +117,7 @@ TEST(RMSNormSwigluGpu, MatchesCpuReference) {
         run_gpu_case(dt, dt, rows, d, d, 0.0);
     run_gpu_case(dt, DType::f32, 3000, 256, 256 + 8, 1.0);  // more rows than partial sums, strided
     run_gpu_case(dt, dt, 500, 96, 96 + 3, 0.0);             // unaligned rows: loop path
+    run_gpu_case(dt, dt, 5001, 128, 128, 0.0);             // per-head rows: several per block
   }
 }
 

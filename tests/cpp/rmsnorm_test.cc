@@ -91,6 +91,11 @@ TEST(RMSNormGpu, StridedRowsWeightDtypesOffsetInPlace) {
     run_gpu_case({dt, dt, 23, 2048, 2048, 1.0, false, false});      // Gemma
     run_gpu_case({dt, dt, 23, 5120, 5120, 0.0, false, true});       // in place
     run_gpu_case({dt, dt, 23, 333, 333, 0.0, false, true});         // in place, loop kernel
+    // Short rows share a block (Qwen3's per-head q/k norm): rows not a multiple of the
+    // rows per block, with rstd, strided, and the longest short row (32 vectors).
+    run_gpu_case({dt, dt, 1001, 128, 128, 0.0, true, false});
+    run_gpu_case({dt, dt, 999, 64, 64 * 3, 0.0, false, false});
+    run_gpu_case({dt, dt, 77, 32 * (16 / static_cast<int64_t>(dtype_size(dt))), 256, 0.0, true, true});
   }
 }
 
