@@ -162,13 +162,13 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
           Vec<T, N> extra;
           if (dres != nullptr) extra = load_vec<T, N>(dres + col);
           Vec<T, N> out, dz;
+          if constexpr (kGate) opaque(zv[q][i]);
 #pragma unroll
           for (int j = 0; j < N; ++j) {
             const float xhat = (to_float(xv[q][i].v[j]) - mean[q]) * r;
             const float scale = norm_scale(p.offset, has_weight, w.v[j]);
             float dyf = to_float(dyv[q][i].v[j]);
             if constexpr (kGate) {
-              opaque(zv[q][i]);
               float act, slope;
               ActivationMath<Activation::silu>::value_and_slope(to_float(zv[q][i].v[j]), act, slope);
               dz.v[j] = from_float<T>(dyf * xhat * scale * slope);  // dy * y * silu'(z)

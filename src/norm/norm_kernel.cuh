@@ -52,6 +52,13 @@ __device__ __forceinline__ float norm_shift(bool has_bias, W b) {
 
 __device__ __forceinline__ float silu(float g) { return ActivationMath<Activation::silu>::value(g); }
 
+// A row's sum: over the row's lanes when a block may hold several short rows, else the block.
+template <bool kShortRows>
+__device__ __forceinline__ float norm_sum(float v) {
+  if constexpr (kShortRows) return row_sum(v);
+  else return block_sum(v);
+}
+
 template <class T, class W, int N, int VPT, bool kAdd, bool kCentered, bool kGate>
 __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
   // With few vectors per thread the weight is loaded with the row, before the reduction,
@@ -65,9 +72,12 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
   // spend no registers or branches on the optional parameters of LayerNorm.
   const bool has_weight = !kCentered || weight != nullptr;
   const bool has_bias = kCentered && bias != nullptr;
-  // blockDim.y rows per block (short rows: blockDim.x <= 32 lanes per row), else one.
-  for (int64_t row = int64_t{blockIdx.x} * blockDim.y + threadIdx.y; row < p.rows;
-       row += int64_t{gridDim.x} * blockDim.y) {
+  // VPT 1 serves short rows too: blockDim.y rows per block of blockDim.x <= 32 lanes each.
+  // Larger VPT compile without that path (its reductions cost 16 registers at VPT 4).
+  constexpr bool kShortRows = VPT == 1;
+  const int rows_per_block = kShortRows ? blockDim.y : 1;
+  for (int64_t row = int64_t{blockIdx.x} * rows_per_block + (kShortRows ? threadIdx.y : 0); row < p.rows;
+       row += int64_t{gridDim.x} * rows_per_block) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     Vec<T, N> s[VPT];
     Vec<W, N> w[kPrefetchWeight ? VPT : 1];
@@ -110,7 +120,7 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
 #pragma unroll
           for (int j = 0; j < N; ++j) sum += to_float(s[i].v[j]);
       }
-      mean = row_sum(sum) * inv_d;
+      mean = norm_sum<kShortRows>(sum) * inv_d;
       float m2 = 0.0f;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
@@ -122,9 +132,9 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
             m2 += c * c;
           }
       }
-      r = rsqrtf(row_sum(m2) * inv_d + p.eps);
+      r = rsqrtf(norm_sum<kShortRows>(m2) * inv_d + p.eps);
     } else {
-      r = rsqrtf(row_sum(sum_sq) / static_cast<float>(d) + p.eps);
+      r = rsqrtf(norm_sum<kShortRows>(sum_sq) / static_cast<float>(d) + p.eps);
     }
     if (threadIdx.x == 0) {
       if (p.rstd != nullptr) p.rstd[row] = r;

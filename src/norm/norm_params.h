@@ -41,6 +41,10 @@ struct NormBackwardParams {
   const void* x;             // [rows, d]
   const void* weight;        // [d]; nullptr: 1
   const void* dresidual;     // [rows, d], optional: added to dx
+  // rmsnorm_swiglu only (out = y * silu(gate), y the RMSNorm output): dy is the gradient of
+  // out, the norm sees dy * silu(gate), and dgate = dy * y * silu'(gate).
+  void* dgate;               // [rows, d]
+  const void* gate;          // [rows, d]
   float* partial;            // workspace: partial dweight [blocks, d], partial dbias [blocks, d]
                              // (LayerNorm), then per-row mean and rstd for the loop path
   int64_t rows;
@@ -49,15 +53,11 @@ struct NormBackwardParams {
   int64_t dy_stride;
   int64_t x_stride;
   int64_t dresidual_stride;
+  int64_t dgate_stride;
+  int64_t gate_stride;
   int64_t blocks;            // rows are split among this many partial sums
   float eps;
   float offset;
-  // rmsnorm_swiglu only (out = y * silu(gate), y the RMSNorm output): dy above is the
-  // gradient of out, the norm sees dy * silu(gate), and dgate = dy * y * silu'(gate).
-  void* dgate;               // [rows, d]
-  const void* gate;          // [rows, d]
-  int64_t dgate_stride;
-  int64_t gate_stride;
 };
 
 }  // namespace llmk::detail
