@@ -139,16 +139,11 @@ __global__ void rope_kernel(const RopeParams p) {
 #pragma unroll
     for (int j = 0; j < P; ++j) cs[j] = angles[threadIdx.z * half + i + j];
   }
-  // The next head's vectors are loaded before this head's are stored, so two heads' loads
-  // are in flight per thread.
   for (int h = threadIdx.y;;) {
-    const int next = h + static_cast<int>(blockDim.y);
-    PairChunk<T, P, S> following;
-    if (next < heads) following.load(head_data(next), i, half);
     chunk.rotate_and_store(cs);
-    if (next >= heads) break;
-    chunk = following;
-    h = next;
+    h += blockDim.y;
+    if (h >= heads) break;
+    chunk.load(head_data(h), i, half);
   }
 }
 
