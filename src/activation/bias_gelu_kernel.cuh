@@ -7,9 +7,9 @@
 // threadIdx.y rows of sums in a fixed order in shared memory and writes one partial row per
 // gridDim.y row of blocks; column_reduce_kernel adds the partial rows in a fixed order
 // (with one row of blocks, the kernel writes dbias itself: decode-sized calls are one
-// launch). The bias vector is loaded once per thread. (Four rows in flight per thread
-// measured slower: 112-128 registers halved the resident threads, 416 vs 319 us at 8192 x
-// 16384.)
+// launch). The bias vector is loaded once per thread. Two rows are loaded before either is
+// stored (62-64 registers: the 57-register one-row kernel's occupancy); four measured
+// slower (112-128 registers halved the resident threads: 416 vs 319 us at 8192 x 16384).
 //
 // Roofline (bf16, rows x d): forward reads x and writes out, 4 bytes per element; backward
 // reads dy and x and writes dx, 6 bytes, plus partial_rows * d * 4 bytes of partial sums
@@ -50,20 +50,31 @@ __global__ void __launch_bounds__(256) bias_gelu_backward_kernel(BiasGeluBackwar
   for (int j = 0; j < N; ++j) db[j] = 0.0f;
   if (c.col < p.d) {
     const Vec<T, N> b = load_vec<T, N>(static_cast<const T*>(p.bias) + c.col);
-    for (int64_t row = c.first; row < p.rows; row += c.step) {
-      const Vec<T, N> dy = load_vec<T, N>(static_cast<const T*>(p.dy) + row * p.dy_stride + c.col);
-      const Vec<T, N> x = load_vec<T, N>(static_cast<const T*>(p.x) + row * p.x_stride + c.col);
-      Vec<T, N> dx;
+    // Two rows per iteration, both loaded before either is stored.
+    for (int64_t row = c.first; row < p.rows; row += 2 * c.step) {
+      const bool second = row + c.step < p.rows;
+      Vec<T, N> dy[2], x[2];
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        float v, slope;
-        ActivationMath<A>::value_and_slope(to_float(x.v[j]) + to_float(b.v[j]), v, slope);
-        const float g = to_float(dy.v[j]) * slope;
-        dx.v[j] = from_float<T>(g);
-        db[j] += g;
-      }
-      // In place (dx = x or dy) is safe: each thread reads its elements first.
-      store_vec(static_cast<T*>(p.dx) + row * p.dx_stride + c.col, dx);
+      for (int k = 0; k < 2; ++k)
+        if (k == 0 || second) {
+          dy[k] = load_vec<T, N>(static_cast<const T*>(p.dy) + (row + k * c.step) * p.dy_stride + c.col);
+          x[k] = load_vec<T, N>(static_cast<const T*>(p.x) + (row + k * c.step) * p.x_stride + c.col);
+        }
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+        if (k == 0 || second) {
+          Vec<T, N> dx;
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            float v, slope;
+            ActivationMath<A>::value_and_slope(to_float(x[k].v[j]) + to_float(b.v[j]), v, slope);
+            const float g = to_float(dy[k].v[j]) * slope;
+            dx.v[j] = from_float<T>(g);
+            db[j] += g;
+          }
+          // In place (dx = x or dy) is safe: each thread reads its elements first.
+          store_vec(static_cast<T*>(p.dx) + (row + k * c.step) * p.dx_stride + c.col, dx);
+        }
     }
   }
   // The block's rows of sums, added in threadIdx.y order: one partial row per blockIdx.y.
