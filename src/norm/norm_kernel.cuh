@@ -64,9 +64,6 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
   // With few vectors per thread the weight is loaded with the row, before the reduction,
   // so that a lone row (decode) pays one memory round trip instead of two.
   constexpr bool kPrefetchWeight = VPT <= 4;
-  // The gate too, but only at VPT 1: held through the reduction it took the VPT-4 gated
-  // kernel to 112 registers.
-  constexpr bool kPrefetchGate = VPT == 1;
   const int d = static_cast<int>(p.d);
   const float inv_d = 1.0f / static_cast<float>(d);
   const W* weight = static_cast<const W*>(p.weight);
@@ -84,7 +81,7 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     Vec<T, N> s[VPT];
     Vec<W, N> w[kPrefetchWeight ? VPT : 1];
-    Vec<T, N> z[kGate && kPrefetchGate ? VPT : 1];
+    Vec<T, N> z[kGate && kPrefetchWeight ? VPT : 1];
     const T* gate = kGate ? static_cast<const T*>(p.gate) + row * p.gate_stride : nullptr;
     float sum_sq = 0.0f;  // RMSNorm: accumulated as the row arrives
 #pragma unroll
@@ -94,7 +91,7 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
         s[i] = load_vec<T, N>(x + col);
         if constexpr (kPrefetchWeight) {
           if (has_weight) w[i] = load_vec<W, N>(weight + col);
-          if constexpr (kGate && kPrefetchGate) z[i] = load_vec<T, N>(gate + col);
+          if constexpr (kGate) z[i] = load_vec<T, N>(gate + col);
         }
         if constexpr (kAdd) {
           const T* res = static_cast<const T*>(p.residual) + row * p.residual_stride;
@@ -158,7 +155,7 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
         if (has_bias) bv = load_vec<W, N>(bias + col);
         Vec<T, N> zv;
         if constexpr (kGate) {
-          if constexpr (kPrefetchGate) zv = z[i];
+          if constexpr (kPrefetchWeight) zv = z[i];
           else zv = load_vec<T, N>(gate + col);
         }
         Vec<T, N> y;
