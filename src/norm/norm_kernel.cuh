@@ -59,10 +59,7 @@ __device__ __forceinline__ float norm_sum(float v) {
   else return block_sum(v);
 }
 
-// kShortRows: the block may hold blockDim.y rows of blockDim.x <= 32 lanes each (always at
-// VPT 1; at VPT 2 and 4 a separate instantiation, since the row-group reductions cost the
-// long-row kernels registers).
-template <class T, class W, int N, int VPT, bool kAdd, bool kCentered, bool kGate, bool kShortRows = (VPT == 1)>
+template <class T, class W, int N, int VPT, bool kAdd, bool kCentered, bool kGate>
 __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
   // With few vectors per thread the weight is loaded with the row, before the reduction,
   // so that a lone row (decode) pays one memory round trip instead of two.
@@ -75,6 +72,9 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
   // spend no registers or branches on the optional parameters of LayerNorm.
   const bool has_weight = !kCentered || weight != nullptr;
   const bool has_bias = kCentered && bias != nullptr;
+  // VPT 1 serves short rows too: blockDim.y rows per block of blockDim.x <= 32 lanes each.
+  // Larger VPT compile without that path (its reductions cost 16 registers at VPT 4).
+  constexpr bool kShortRows = VPT == 1;
   const int rows_per_block = kShortRows ? blockDim.y : 1;
   for (int64_t row = int64_t{blockIdx.x} * rows_per_block + (kShortRows ? threadIdx.y : 0); row < p.rows;
        row += int64_t{gridDim.x} * rows_per_block) {

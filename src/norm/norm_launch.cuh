@@ -27,9 +27,6 @@ RowShape norm_shape(int64_t rows, int64_t n) {
   return pick_row_shape(rows, n, [](int vpt) { return norm_vec_kernel_for<kAdd, kCentered, kGate, T, W>(vpt); });
 }
 
-// Rows from which rows of 33-128 vectors run several to a block.
-inline constexpr int64_t kShortRowsMinRows = 1024;
-
 // `act`: x's dtype; `affine`: the weight's (and bias's) dtype. `vector_ok`: every pointer
 // and row stride is aligned to 16 bytes and d to the vector.
 template <bool kAdd, bool kCentered, bool kGate = false>
@@ -42,27 +39,18 @@ void launch_norm(const char* op, const NormParams& p, DType act, DType affine, b
     constexpr int N = kVec16<T>;
     const RowShape shape =
         vector_ok ? norm_shape<kAdd, kCentered, kGate, T, W>(p.rows, p.d / N) : RowShape{0, 0};
-    // Short rows: one row per <= 32 lanes, 256 / lanes rows per block, no barriers in the
-    // reductions. Rows of at most 32 vectors always; of 33-128 vectors (VPT 2 or 4) when
-    // there are enough rows to fill the GPU (a few rows keep the most threads per row).
-    const int64_t n = p.d / N;
-    const bool many_rows = p.rows >= kShortRowsMinRows;
-    const int short_vpt = !vector_ok ? 0 : n <= 32 ? 1 : !many_rows ? 0 : n <= 64 ? 2 : n <= 128 ? 4 : 0;
-    bool vector_launched = false;
-    if (short_vpt) {
+    // Rows of at most 32 vectors: 256-thread blocks of 256 / lanes rows.
+    const bool short_rows = shape.vpt == 1 && p.d / N <= 32;
+    dim3 block(shape.threads), grid(blocks);
+    if (short_rows) {
       unsigned lanes = 1;
-      while (lanes * short_vpt < n) lanes *= 2;
-      const dim3 block(lanes, 256 / lanes);
-      const dim3 grid(static_cast<unsigned>(std::min((p.rows + block.y - 1) / block.y, kMaxRowBlocks)));
-      vector_launched = dispatch_vpt(short_vpt, [&](auto v) {
-        constexpr int V = decltype(v)::value;
-        if constexpr (V <= 4) norm_vec_kernel<T, W, N, V, kAdd, kCentered, kGate, true><<<grid, block, 0, stream>>>(p);
-      });
-    } else {
-      vector_launched = dispatch_vpt(shape.vpt, [&](auto v) {
-        norm_vec_kernel<T, W, N, decltype(v)::value, kAdd, kCentered, kGate><<<blocks, shape.threads, 0, stream>>>(p);
-      });
+      while (lanes < p.d / N) lanes *= 2;
+      block = dim3(lanes, 256 / lanes);
+      grid = dim3(static_cast<unsigned>(std::min((p.rows + block.y - 1) / block.y, kMaxRowBlocks)));
     }
+    const bool vector_launched = dispatch_vpt(shape.vpt, [&](auto v) {
+      norm_vec_kernel<T, W, N, decltype(v)::value, kAdd, kCentered, kGate><<<grid, block, 0, stream>>>(p);
+    });
     if (!vector_launched)
       norm_loop_kernel<T, W, kAdd, kCentered, kGate><<<blocks, round_up_warp(std::min<int64_t>(p.d, 512)), 0, stream>>>(p);
   });
