@@ -67,6 +67,8 @@ TEST(AddRMSNormGpu, StridedRowsAndWeightDtypes) {
     run_gpu_case(dt, dt, 11, 4096, 3 * 4096, false, 0.0);
     run_gpu_case(dt, dt, 11, 1024, 1024 + 1, true, 0.0);
     run_gpu_case(dt, DType::f32, 11, 2048, 2048, true, 1.0);
+    run_gpu_case(dt, dt, 1200, 896, 896, true, 0.0);  // many rows (in place)
+    run_gpu_case(dt, dt, 1200, 128, 128, false, 0.0);
   }
 }
 

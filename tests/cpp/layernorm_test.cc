@@ -98,6 +98,9 @@ TEST(LayerNormGpu, OptionalParamsStridesInPlaceFarFromZero) {
     run_gpu_case({dt, dt, 19, 2048, 2048, false, false, true, 0.0f});
     run_gpu_case({dt, DType::f32, 23, 2048, 2048, true, true, true, 0.0f});
     run_gpu_case({dt, dt, 23, 4096, 4096, true, true, false, dt == DType::f32 ? 1000.0f : 30.0f});
+    // Many rows of 64 and 112 vectors, far from zero.
+    run_gpu_case({dt, dt, 1100, 64 * 16 / dtype_size(dt), 64 * 16 / dtype_size(dt), true, true, false, 0.0f});
+    run_gpu_case({dt, dt, 1031, 112 * 16 / dtype_size(dt), 112 * 16 / dtype_size(dt), true, true, false, 20.0f});
   }
 }
 

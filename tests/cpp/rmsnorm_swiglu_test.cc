@@ -118,6 +118,7 @@ TEST(RMSNormSwigluGpu, MatchesCpuReference) {
     run_gpu_case(dt, DType::f32, 3000, 256, 256 + 8, 1.0);  // more rows than partial sums, strided
     run_gpu_case(dt, dt, 500, 96, 96 + 3, 0.0);             // unaligned rows: loop path
     run_gpu_case(dt, dt, 5001, 128, 128, 0.0);             // per-head rows: several per block
+    run_gpu_case(dt, dt, 2000, 1000, 1000, 0.0);           // many rows of 125 (bf16) vectors
   }
 }
 

@@ -96,6 +96,9 @@ TEST(RMSNormGpu, StridedRowsWeightDtypesOffsetInPlace) {
     run_gpu_case({dt, dt, 1001, 128, 128, 0.0, true, false});
     run_gpu_case({dt, dt, 999, 64, 64 * 3, 0.0, false, false});
     run_gpu_case({dt, dt, 77, 32 * (16 / static_cast<int64_t>(dtype_size(dt))), 256, 0.0, true, true});
+    // Many rows of 33-128 vectors.
+    run_gpu_case({dt, dt, 1500, 896, 896, 0.0, true, false});
+    run_gpu_case({dt, DType::f32, 1024, 48 * (16 / static_cast<int64_t>(dtype_size(dt))), 1024, 1.0, false, true});
   }
 }
 
