@@ -28,7 +28,10 @@ def test_matches_definition(device, dtype, approximate, shape):
     b = torch.randn(shape[-1], device=device, dtype=dtype)
     out = llmk.bias_gelu(x, b, approximate)
     assert out.dtype == dtype and out.shape == x.shape
-    assert_close(out, ref(x, b, approximate), RTOL[dtype], atol_scale=1e-2)
+    want = ref(x, b, approximate)
+    # GELU of large negative inputs lands in float16's subnormals: an absolute step of 2^-24.
+    atol = RTOL[dtype] * 1e-2 * want.abs().max().item() + (2.0**-24 if dtype == torch.float16 else 0.0)
+    assert_close(out, want, RTOL[dtype], atol=atol)
 
 
 @pytest.mark.parametrize("device", DEVICES)

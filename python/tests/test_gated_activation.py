@@ -37,7 +37,10 @@ def test_matches_definition(device, dtype, act, shape):
     x = torch.randn(shape, device=device, dtype=dtype) * 2
     y = ours(x, act)
     assert y.dtype == dtype and y.shape == (*shape[:-1], shape[-1] // 2)
-    assert_close(y, gated_ref(x, act), RTOL[dtype])
+    want = gated_ref(x, act)
+    # Products of tiny activations land in float16's subnormals: an absolute step of 2^-24.
+    atol = RTOL[dtype] * 1e-3 * want.abs().max().item() + (2.0**-24 if dtype == torch.float16 else 0.0)
+    assert_close(y, want, RTOL[dtype], atol=atol)
 
 
 @pytest.mark.parametrize("device", DEVICES)
