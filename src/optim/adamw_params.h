@@ -11,7 +11,7 @@
 
 namespace llmk::detail {
 
-constexpr int kAdamWMaxTensors = 48;
+constexpr int kAdamWMaxTensors = 256;
 constexpr int64_t kAdamWChunk = 4096;
 
 struct AdamWHyper {
