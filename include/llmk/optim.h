@@ -1,7 +1,7 @@
 // Fused optimizer steps.
 //
 // adamw_step: one AdamW update (Loshchilov & Hutter, as torch.optim.AdamW) of a list of
-// parameter tensors in as few launches as the list needs (one per 48 tensors of a dtype),
+// parameter tensors in as few launches as the list needs (one per 256 tensors of a dtype),
 // each element read and written once:
 //   p <- p * (1 - lr * weight_decay)
 //   m <- beta1 * m + (1 - beta1) * g          v <- beta2 * v + (1 - beta2) * g^2

@@ -1,5 +1,5 @@
 """llmk.optim.AdamW: torch.optim.AdamW's update in one fused multi-tensor kernel launch per
-48 tensors of a dtype (torch.ops.llmk.adamw_step_)."""
+256 tensors of a dtype (torch.ops.llmk.adamw_step_)."""
 
 from typing import Optional
 
