@@ -26,11 +26,12 @@ def _rows_shape(x: Tensor):
 # rmsnorm
 
 
-def _norm_workspace(x: Tensor) -> Optional[Tensor]:
-    """The f32 workspace of the RMSNorm backwards (None on the CPU)."""
+def _workspace(size_fn, x: Tensor) -> Optional[Tensor]:
+    """The f32 workspace a backward over x's rows needs, sized by `size_fn(rows, d, device)`
+    (one of _C's *_workspace_size); None on the CPU."""
     if not x.is_cuda:
         return None
-    size = _C.rmsnorm_backward_workspace_size(_rows_shape(x).numel(), x.shape[-1], x.device.index or 0)
+    size = size_fn(_rows_shape(x).numel(), x.shape[-1], x.device.index or 0)
     return torch.empty(max(size, 1), dtype=torch.float32, device=x.device)
 
 
@@ -65,7 +66,8 @@ def _rmsnorm_backward(
 ) -> Tuple[Tensor, Tensor]:
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dweight = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
-    _C.rmsnorm_backward(dx, dweight, dy, x, weight, eps, offset, dresidual, _norm_workspace(x), _stream(x))
+    _C.rmsnorm_backward(dx, dweight, dy, x, weight, eps, offset, dresidual,
+                        _workspace(_C.rmsnorm_backward_workspace_size, x), _stream(x))
     return dx, dweight
 
 
@@ -142,8 +144,8 @@ def _rmsnorm_swiglu_backward(dy: Tensor, x: Tensor, gate: Tensor, weight: Tensor
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dgate = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dweight = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
-    _C.rmsnorm_swiglu_backward(dx, dgate, dweight, dy, x, gate, weight, eps, offset, _norm_workspace(x),
-                               _stream(x))
+    _C.rmsnorm_swiglu_backward(dx, dgate, dweight, dy, x, gate, weight, eps, offset,
+                               _workspace(_C.rmsnorm_backward_workspace_size, x), _stream(x))
     return dx, dgate, dweight
 
 
@@ -264,12 +266,8 @@ def _layernorm_backward(dy: Tensor, x: Tensor, weight: Optional[Tensor], eps: fl
     d = x.shape[-1]
     dweight = torch.empty(d if weight is not None else 0, dtype=param_dtype, device=x.device)
     dbias = torch.empty(d if want_dbias else 0, dtype=param_dtype, device=x.device)
-    workspace = None
-    if x.is_cuda:
-        size = _C.layernorm_backward_workspace_size(_rows_shape(x).numel(), d, x.device.index or 0)
-        workspace = torch.empty(max(size, 1), dtype=torch.float32, device=x.device)
     _C.layernorm_backward(dx, dweight if weight is not None else None, dbias if want_dbias else None,
-                          dy, x, weight, eps, workspace, _stream(x))
+                          dy, x, weight, eps, _workspace(_C.layernorm_backward_workspace_size, x), _stream(x))
     return dx, dweight, dbias
 
 
@@ -464,11 +462,8 @@ def _(x, bias, approximate):
 def _bias_gelu_backward(dy: Tensor, x: Tensor, bias: Tensor, approximate: str) -> Tuple[Tensor, Tensor]:
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
-    workspace = None
-    if x.is_cuda:
-        size = _C.bias_gelu_backward_workspace_size(_rows_shape(x).numel(), x.shape[-1], x.device.index or 0)
-        workspace = torch.empty(max(size, 1), dtype=torch.float32, device=x.device)
-    _C.bias_gelu_backward(dx, dbias, dy, x, bias, approximate, workspace, _stream(x))
+    _C.bias_gelu_backward(dx, dbias, dy, x, bias, approximate, _workspace(_C.bias_gelu_backward_workspace_size, x),
+                          _stream(x))
     return dx, dbias
 
 

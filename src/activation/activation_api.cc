@@ -5,6 +5,7 @@
 #include "activation/bias_gelu_params.h"
 #include "activation/gated_launchers.h"
 #include "common/cuda_check.h"
+#include "common/occupancy.h"
 #include "common/rows.h"
 #include "llmk/activation.h"
 
@@ -194,9 +195,8 @@ void bias_gelu(const TensorView& out, const TensorView& x, const TensorView& bia
 }
 
 int64_t bias_gelu_backward_workspace_size(int64_t rows, int64_t d, int device_index) {
-  int sm_count = 0;
-  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_index));
-  return detail::bias_gelu_partial_rows(rows, 1, sm_count) * d;  // the most any block shape uses
+  // The most any block shape uses.
+  return detail::bias_gelu_partial_rows(rows, 1, detail::sm_count_of(device_index)) * d;
 }
 
 void bias_gelu_backward(const TensorView& dx, const TensorView& dbias, const TensorView& dy,

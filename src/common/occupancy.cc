@@ -26,4 +26,10 @@ KernelFit kernel_fit(const void* kernel, int threads, int device) {
   return fit;
 }
 
+int sm_count_of(int device) {
+  int sm_count = 0;
+  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  return sm_count;
+}
+
 }  // namespace llmk::detail

@@ -12,4 +12,7 @@ struct KernelFit {
 
 KernelFit kernel_fit(const void* kernel, int threads, int device);
 
+// Streaming multiprocessors of CUDA device `device`.
+int sm_count_of(int device);
+
 }  // namespace llmk::detail

@@ -122,12 +122,20 @@ bool same_view(const TensorView& a, const TensorView& b) {
   return true;
 }
 
-// [first, last) byte span touched by a tensor with non-negative strides.
-static void byte_span(const TensorView& t, uintptr_t* first, uintptr_t* last) {
+ByteSpan byte_span(const TensorView& t) {
   int64_t extent = 1;
   for (int i = 0; i < t.ndim(); ++i) extent += (t.size(i) - 1) * t.stride(i);
-  *first = reinterpret_cast<uintptr_t>(t.data());
-  *last = *first + static_cast<uintptr_t>(extent * dtype_size(t.dtype()));
+  const auto first = reinterpret_cast<uintptr_t>(t.data());
+  return {first, first + static_cast<uintptr_t>(extent * dtype_size(t.dtype()))};
+}
+
+bool is_contiguous(const TensorView& t) {
+  int64_t expected = 1;
+  for (int i = t.ndim() - 1; i >= 0; --i) {
+    if (t.size(i) != 1 && t.stride(i) != expected) return false;
+    expected *= t.size(i);
+  }
+  return true;
 }
 
 void check_no_overlap(const char* op, const char* a_arg, const TensorView& a, const char* b_arg,
@@ -139,10 +147,8 @@ void check_no_overlap(const char* op, const char* a_arg, const TensorView& a, co
                " are the same tensor, which this op does not allow");
     return;
   }
-  uintptr_t a0, a1, b0, b1;
-  byte_span(a, &a0, &a1);
-  byte_span(b, &b0, &b1);
-  LLMK_CHECK(a1 <= b0 || b1 <= a0, op, ": ", a_arg, " and ", b_arg,
+  const ByteSpan sa = byte_span(a), sb = byte_span(b);
+  LLMK_CHECK(sa.last <= sb.first || sb.last <= sa.first, op, ": ", a_arg, " and ", b_arg,
              " overlap in memory; they must be the same tensor or disjoint");
 }
 

@@ -37,6 +37,15 @@ void check_no_overlap(const char* op, const char* a_arg, const TensorView& a,
 
 bool same_view(const TensorView& a, const TensorView& b);
 
+// [first, last) bytes touched by a tensor with non-negative strides.
+struct ByteSpan {
+  uintptr_t first, last;
+};
+ByteSpan byte_span(const TensorView& t);
+
+// Row-major dense (dims of size 1 may have any stride).
+bool is_contiguous(const TensorView& t);
+
 // Checks that `t` matches `ref` in device, dtype and shape; returns t's rows.
 Rows check_like(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
                 const TensorView& ref);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/cuda_check.h"
+#include "common/occupancy.h"
 #include "common/rows.h"
 #include "llmk/norm.h"
 #include "norm/norm_launchers.h"
@@ -66,12 +67,6 @@ bool vectorizable(std::initializer_list<Rows> rows, DType act,
   for (const TensorView* c : columns)
     if (c != nullptr && !detail::is_aligned(c->data(), n * dtype_size(c->dtype()))) return false;
   return true;
-}
-
-int sm_count_of(int device_index) {
-  int sm_count = 0;
-  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_index));
-  return sm_count;
 }
 
 // The fields every forward call fills the same way: rows of out and x, and eps.
@@ -255,11 +250,11 @@ void add_rmsnorm(const TensorView& out, const TensorView& residual_out, const Te
 }
 
 int64_t rmsnorm_backward_workspace_size(int64_t rows, int64_t d, int device_index) {
-  return detail::rmsnorm_backward_workspace_elems(rows, d, sm_count_of(device_index));
+  return detail::rmsnorm_backward_workspace_elems(rows, d, detail::sm_count_of(device_index));
 }
 
 int64_t layernorm_backward_workspace_size(int64_t rows, int64_t d, int device_index) {
-  return detail::layernorm_backward_workspace_elems(rows, d, sm_count_of(device_index));
+  return detail::layernorm_backward_workspace_elems(rows, d, detail::sm_count_of(device_index));
 }
 
 void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dy,

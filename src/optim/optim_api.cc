@@ -20,15 +20,6 @@ namespace {
 
 constexpr const char* kOp = "adamw_step";
 
-bool is_contiguous(const TensorView& t) {
-  int64_t expected = 1;
-  for (int i = t.ndim() - 1; i >= 0; --i) {
-    if (t.size(i) != 1 && t.stride(i) != expected) return false;
-    expected *= t.size(i);
-  }
-  return true;
-}
-
 void check_scalar(const std::string& arg, const TensorView& t, const TensorView& ref) {
   detail::check_same_device(kOp, arg.c_str(), t, "params[0]", ref);
   detail::check_dtype(kOp, arg.c_str(), t, DType::f32);
@@ -45,16 +36,15 @@ void check_param(size_t i, const AdamWParam& a, const TensorView& ref) {
   detail::check_same_device(kOp, grad.c_str(), a.grad, param.c_str(), a.param);
   detail::check_dtype(kOp, grad.c_str(), a.grad, a.param.dtype());
   detail::check_same_shape(kOp, grad.c_str(), a.grad, param.c_str(), a.param);
-  for (const auto* s : {&m, &v}) {
-    const TensorView& t = s == &m ? a.exp_avg : a.exp_avg_sq;
-    detail::check_same_device(kOp, s->c_str(), t, param.c_str(), a.param);
-    detail::check_dtype(kOp, s->c_str(), t, DType::f32);
-    detail::check_same_shape(kOp, s->c_str(), t, param.c_str(), a.param);
+  for (const auto& [name, t] : {std::pair{&m, &a.exp_avg}, {&v, &a.exp_avg_sq}}) {
+    detail::check_same_device(kOp, name->c_str(), *t, param.c_str(), a.param);
+    detail::check_dtype(kOp, name->c_str(), *t, DType::f32);
+    detail::check_same_shape(kOp, name->c_str(), *t, param.c_str(), a.param);
   }
   const std::pair<const std::string*, const TensorView*> all[] = {
       {&param, &a.param}, {&grad, &a.grad}, {&m, &a.exp_avg}, {&v, &a.exp_avg_sq}};
   for (const auto& [name, t] : all) {
-    LLMK_CHECK(is_contiguous(*t), kOp, ": ", *name, " must be contiguous");
+    LLMK_CHECK(detail::is_contiguous(*t), kOp, ": ", *name, " must be contiguous");
     LLMK_CHECK(t->numel() == 0 || detail::is_aligned(t->data(), dtype_size(t->dtype())), kOp, ": ",
                *name, " is not aligned to its elements");
   }

@@ -64,15 +64,8 @@ RopeTensor check_heads(const char* op, const char* arg, const TensorView& t) {
 void check_qk_disjoint(const char* op, const TensorView& q, const TensorView& k) {
   if (q.numel() == 0 || k.numel() == 0) return;
   const int64_t elem = dtype_size(q.dtype());
-  auto span = [&](const TensorView& t) {
-    int64_t extent = 1;
-    for (int i = 0; i < t.ndim(); ++i) extent += (t.size(i) - 1) * t.stride(i);
-    const auto first = reinterpret_cast<uintptr_t>(t.data());
-    return std::pair{first, first + static_cast<uintptr_t>(extent * elem)};
-  };
-  const auto [q0, q1] = span(q);
-  const auto [k0, k1] = span(k);
-  if (q1 <= k0 || k1 <= q0) return;
+  const detail::ByteSpan qs = detail::byte_span(q), ks = detail::byte_span(k);
+  if (qs.last <= ks.first || ks.last <= qs.first) return;
   // Token slots: the smallest token-dim stride, which every token stride is a multiple of.
   int64_t slot = 0;
   bool same_tokens = true;
@@ -84,8 +77,8 @@ void check_qk_disjoint(const char* op, const TensorView& q, const TensorView& k)
   for (int i = 0; i < q.ndim() - 2; ++i)
     same_tokens = same_tokens && (q.size(i) == 1 || (slot > 0 && q.stride(i) % slot == 0));
   auto footprint = [](const TensorView& t) { return (t.size(-2) - 1) * t.stride(-2) + t.size(-1); };
-  const bool k_after = k0 >= q0;
-  const int64_t gap = static_cast<int64_t>(k_after ? k0 - q0 : q0 - k0) / elem;
+  const bool k_after = ks.first >= qs.first;
+  const int64_t gap = static_cast<int64_t>(k_after ? ks.first - qs.first : qs.first - ks.first) / elem;
   const int64_t first = footprint(k_after ? q : k), second = footprint(k_after ? k : q);
   LLMK_CHECK(same_tokens && slot > 0 && gap >= first && gap + second <= slot, op,
              ": q and k overlap in memory; they must be disjoint (head slices of one qkv "
@@ -131,9 +124,7 @@ Validated validate(const char* op, const TensorView& q, const TensorView& k,
   LLMK_CHECK(full || shared, op, ": positions must have q's leading dims (",
              q.ndim() == 4 ? "[batch, seq] or [seq]" : "[tokens]", "), got ", positions.ndim(),
              " dims of ", positions.ndim() > 0 ? positions.size(-1) : 0, " last");
-  LLMK_CHECK((positions.size(-1) <= 1 || positions.stride(-1) == 1) &&
-                 (positions.ndim() == 1 || positions.size(0) <= 1 || positions.stride(0) == p.seq),
-             op, ": positions must be contiguous");
+  LLMK_CHECK(detail::is_contiguous(positions), op, ": positions must be contiguous");
   LLMK_CHECK(detail::is_aligned(positions.data(), dtype_size(positions.dtype())), op,
              ": positions data pointer is not aligned to its elements");
   p.positions = positions.data();
@@ -164,9 +155,7 @@ void check_cache(const char* op, Validated& v, const TensorView& q, const Tensor
                  const TensorView& cache) {
   detail::check_same_device(op, "cos_sin_cache", cache, "q", q);
   detail::check_dtype(op, "cos_sin_cache", cache, DType::f32);
-  LLMK_CHECK((cache.size(1) <= 1 || cache.stride(1) == 1) &&
-                 (cache.size(0) <= 1 || cache.stride(0) == cache.size(1)),
-             op, ": cos_sin_cache must be contiguous");
+  LLMK_CHECK(detail::is_contiguous(cache), op, ": cos_sin_cache must be contiguous");
   LLMK_CHECK(detail::is_aligned(cache.data(), 4), op, ": cos_sin_cache is not 4-byte aligned");
   v.p.cache = static_cast<const float*>(cache.data());
   v.p.cache_rows = cache.size(0);
