@@ -2,6 +2,7 @@
 #pragma once
 
 #include "llmk/activation.h"
+#include "llmk/attention.h"
 #include "llmk/device_info.h"
 #include "llmk/dtype.h"
 #include "llmk/error.h"

@@ -674,3 +674,107 @@ def _adamw_step(params: List[Tensor], grads: List[Tensor], exp_avgs: List[Tensor
 @_adamw_step.register_fake
 def _(params, grads, exp_avgs, exp_avg_sqs, steps, lr, lr_tensor, beta1, beta2, eps, weight_decay, maximize):
     return None
+
+
+# --------------------------------------------------------------------------------------
+# attention forward (FlashAttention 2's algorithm; the backward is a later issue)
+
+
+def _no_attention_backward(ctx, *grads):
+    raise NotImplementedError(
+        "llmk attention: the backward pass is not implemented yet (forward only); for training use "
+        "torch.nn.functional.scaled_dot_product_attention")
+
+
+def _no_setup(ctx, inputs, output):
+    pass
+
+
+def _lse_or_empty(want: bool, shape, device) -> Tensor:
+    return torch.empty(shape if want else (0,), dtype=torch.float32, device=device)
+
+
+@torch.library.custom_op("llmk::attention", mutates_args=())
+def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, return_lse: bool) -> Tuple[Tensor, Tensor]:
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = _lse_or_empty(return_lse, (q.shape[0], q.shape[2], q.shape[1]), q.device)
+    _C.attention(out, q, k, v, lse if return_lse else None, scale, causal, _stream(q))
+    return out, lse
+
+
+@_attention.register_fake
+def _(q, k, v, causal, scale, return_lse):
+    return q.new_empty(q.shape), _lse_or_empty(return_lse, (q.shape[0], q.shape[2], q.shape[1]), q.device)
+
+
+_attention.register_autograd(_no_attention_backward, setup_context=_no_setup)
+
+
+@torch.library.custom_op("llmk::attention_varlen", mutates_args=())
+def _attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                      max_seqlen_k: int, causal: bool, scale: float, return_lse: bool) -> Tuple[Tensor, Tensor]:
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = _lse_or_empty(return_lse, (q.shape[1], q.shape[0]), q.device)
+    _C.attention_varlen(out, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        lse if return_lse else None, scale, causal, _stream(q))
+    return out, lse
+
+
+@_attention_varlen.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse):
+    return q.new_empty(q.shape), _lse_or_empty(return_lse, (q.shape[1], q.shape[0]), q.device)
+
+
+_attention_varlen.register_autograd(_no_attention_backward, setup_context=_no_setup)
+
+
+def _scale_or_default(scale: Optional[float], head_dim: int) -> float:
+    return float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None,
+              return_lse: bool = False):
+    """softmax(scale * q k^T) v over ``[batch, seq, heads, head_dim]`` q and k/v (FlashAttention's
+    layout; heads_q a multiple of heads_kv for GQA/MQA), fp16 or bf16, head_dim 32/64/96/128/256.
+    ``causal`` aligns the mask to the bottom-right corner when seq_q != seq_k (FlashAttention 2);
+    rows that see no key give 0 (lse -inf). ``scale`` defaults to 1/sqrt(head_dim). Returns out,
+    or ``(out, lse)`` with lse float32 ``[batch, heads_q, seq_q]``. Forward only."""
+    out, lse = torch.ops.llmk.attention(q, k, v, causal, _scale_or_default(scale, q.shape[-1]), return_lse)
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                     max_seqlen_k: int, causal: bool = False, scale: Optional[float] = None,
+                     return_lse: bool = False):
+    """:func:`attention` over packed variable-length sequences (FlashAttention's varlen API):
+    q ``[total_q, heads_q, head_dim]``, k/v ``[total_k, heads_kv, head_dim]``, int32 prefix sums
+    ``cu_seqlens_q``/``cu_seqlens_k`` of ``batch + 1`` entries, and the longest lengths. On the GPU
+    the cu_seqlens are the caller's contract (start at 0, non-decreasing, end at the totals,
+    within the max lengths); the CPU backend checks them. lse is ``[heads_q, total_q]``."""
+    out, lse = torch.ops.llmk.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                               int(max_seqlen_k), causal, _scale_or_default(scale, q.shape[-1]),
+                                               return_lse)
+    return (out, lse) if return_lse else out
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` on ``[batch, heads, seq, head_dim]``
+    tensors, through :func:`attention` (no copies: the layouts are transposed views). Supports
+    what the llmk kernel computes: no attn_mask, no dropout, is_causal with seq_q == seq_k
+    (PyTorch aligns a causal mask top-left, llmk bottom-right; they agree only then)."""
+    if attn_mask is not None:
+        raise ValueError("llmk.scaled_dot_product_attention: attn_mask is not supported (use is_causal)")
+    if dropout_p != 0.0:
+        raise ValueError("llmk.scaled_dot_product_attention: dropout_p must be 0 (forward inference kernel)")
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise ValueError("llmk.scaled_dot_product_attention: query, key and value must be [batch, heads, seq, head_dim]")
+    if key.shape[1] != query.shape[1] and not enable_gqa:
+        raise ValueError(f"llmk.scaled_dot_product_attention: {query.shape[1]} query heads and {key.shape[1]} key "
+                         "heads need enable_gqa=True")
+    if is_causal and query.shape[2] != key.shape[2]:
+        raise ValueError("llmk.scaled_dot_product_attention: is_causal with seq_q != seq_k is aligned top-left by "
+                         "PyTorch and bottom-right by llmk; call llmk.attention(causal=True) for the latter")
+    out = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=is_causal, scale=scale)
+    return out.transpose(1, 2)

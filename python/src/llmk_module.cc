@@ -332,6 +332,34 @@ NB_MODULE(_C, m) {
       "lr_tensor"_a.none(), "beta1"_a, "beta2"_a, "eps"_a, "weight_decay"_a, "maximize"_a = false,
       "stream"_a = 0);
 
+  // Attention forward: [batch, seq, heads, head_dim] q, k, v, out; lse [batch, heads_q, seq_q] or none.
+  m.def(
+      "attention",
+      [](AnyArray out, AnyArray q, AnyArray k, AnyArray v, std::optional<AnyArray> lse, double scale,
+         bool causal, uintptr_t stream) {
+        auto ov = view(out), qv = view(q), kv = view(k), vv = view(v);
+        auto lv = lse ? view(*lse) : llmk::TensorView{};
+        without_gil([&] { llmk::attention_forward(ov, qv, kv, vv, scale, causal, lv, stream_of(stream)); });
+      },
+      "out"_a, "q"_a, "k"_a, "v"_a, "lse"_a.none(), "scale"_a, "causal"_a = false, "stream"_a = 0);
+
+  // Packed variable-length attention: [total, heads, head_dim] tensors, int32 cu_seqlens.
+  m.def(
+      "attention_varlen",
+      [](AnyArray out, AnyArray q, AnyArray k, AnyArray v, AnyArray cu_seqlens_q, AnyArray cu_seqlens_k,
+         int64_t max_seqlen_q, int64_t max_seqlen_k, std::optional<AnyArray> lse, double scale, bool causal,
+         uintptr_t stream) {
+        auto ov = view(out), qv = view(q), kv = view(k), vv = view(v), cq = view(cu_seqlens_q),
+             ck = view(cu_seqlens_k);
+        auto lv = lse ? view(*lse) : llmk::TensorView{};
+        without_gil([&] {
+          llmk::attention_varlen_forward(ov, qv, kv, vv, cq, ck, max_seqlen_q, max_seqlen_k, scale, causal, lv,
+                                         stream_of(stream));
+        });
+      },
+      "out"_a, "q"_a, "k"_a, "v"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a, "max_seqlen_q"_a, "max_seqlen_k"_a,
+      "lse"_a.none(), "scale"_a, "causal"_a = false, "stream"_a = 0);
+
   m.def("cuda_device_count", &llmk::cuda_device_count);
   m.def("build_cuda_archs", &llmk::build_cuda_archs);
   m.def(

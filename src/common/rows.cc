@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace llmk::detail {
 
@@ -150,6 +152,24 @@ void check_no_overlap(const char* op, const char* a_arg, const TensorView& a, co
   const ByteSpan sa = byte_span(a), sb = byte_span(b);
   LLMK_CHECK(sa.last <= sb.first || sb.last <= sa.first, op, ": ", a_arg, " and ", b_arg,
              " overlap in memory; they must be the same tensor or disjoint");
+}
+
+// No two elements of `t` share an address: with the dims sorted by stride, each stride
+// covers the extent of the dims inside it (the [batch, heads, seq, dim] transpose passes).
+void check_no_self_overlap(const char* op, const char* arg, const TensorView& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims of size > 1
+  for (int i = 0; i < t.ndim(); ++i) {
+    LLMK_CHECK(t.stride(i) >= 0, op, ": ", arg, " has a negative stride in dim ", i);
+    if (t.size(i) > 1) dims.emplace_back(t.stride(i), t.size(i));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t extent = 1;
+  for (const auto& [stride, size] : dims) {
+    LLMK_CHECK(stride >= extent, op, ": ", arg,
+               " has elements that share memory (a stride of ", stride, " inside an extent of ",
+               extent, "); it is written in place");
+    extent = stride * size;
+  }
 }
 
 }  // namespace llmk::detail

@@ -37,6 +37,10 @@ void check_no_overlap(const char* op, const char* a_arg, const TensorView& a,
 
 bool same_view(const TensorView& a, const TensorView& b);
 
+// Rejects a tensor written in place whose elements share memory (a stride of 0 or strides
+// that interleave); non-negative strides only. Transposed views pass.
+void check_no_self_overlap(const char* op, const char* arg, const TensorView& t);
+
 // [first, last) bytes touched by a tensor with non-negative strides.
 struct ByteSpan {
   uintptr_t first, last;

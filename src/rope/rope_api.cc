@@ -19,24 +19,6 @@ namespace {
 constexpr int64_t kMaxRotDim = 1024;  // one thread per pair fits a block
 constexpr int64_t kMaxHeads = int64_t{1} << 20;
 
-// No two elements of `t` share an address: with the dims sorted by stride, each stride
-// covers the extent of the dims inside it (the [batch, heads, seq, dim] transpose passes).
-void check_no_self_overlap(const char* op, const char* arg, const TensorView& t) {
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims of size > 1
-  for (int i = 0; i < t.ndim(); ++i) {
-    LLMK_CHECK(t.stride(i) >= 0, op, ": ", arg, " has a negative stride in dim ", i);
-    if (t.size(i) > 1) dims.emplace_back(t.stride(i), t.size(i));
-  }
-  std::sort(dims.begin(), dims.end());
-  int64_t extent = 1;
-  for (const auto& [stride, size] : dims) {
-    LLMK_CHECK(stride >= extent, op, ": ", arg,
-               " has elements that share memory (a stride of ", stride, " inside an extent of ",
-               extent, "); it is rotated in place");
-    extent = stride * size;
-  }
-}
-
 // q or k: [tokens, heads, head_dim] or [batch, seq, heads, head_dim], last dim contiguous.
 RopeTensor check_heads(const char* op, const char* arg, const TensorView& t) {
   LLMK_CHECK(t.ndim() == 3 || t.ndim() == 4, op, ": ", arg,
@@ -49,7 +31,7 @@ RopeTensor check_heads(const char* op, const char* arg, const TensorView& t) {
              kMaxHeads, " are supported");
   LLMK_CHECK(detail::is_aligned(t.data(), dtype_size(t.dtype())), op, ": ", arg, " data pointer ",
              t.data(), " is not aligned to its elements");
-  check_no_self_overlap(op, arg, t);
+  detail::check_no_self_overlap(op, arg, t);
   RopeTensor r;
   r.data = t.data();
   r.heads = static_cast<int>(t.size(-2));

@@ -6,13 +6,8 @@
 #include <cstdint>
 
 #include "llmk/dtype.h"
+#include "common/host_device.h"
 #include "llmk/rope.h"
-
-#ifdef __CUDACC__
-#define LLMK_HOST_DEVICE __host__ __device__
-#else
-#define LLMK_HOST_DEVICE
-#endif
 
 namespace llmk::detail {
 

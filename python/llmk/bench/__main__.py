@@ -15,9 +15,9 @@ import sys
 import torch
 
 import llmk
-from . import activation_cases, norm_cases, optim_cases, rope_cases, softmax_cases, timing
+from . import activation_cases, attention_cases, norm_cases, optim_cases, rope_cases, softmax_cases, timing
 
-CASE_MODULES = (norm_cases, activation_cases, softmax_cases, rope_cases, optim_cases)
+CASE_MODULES = (norm_cases, activation_cases, softmax_cases, rope_cases, optim_cases, attention_cases)
 OPS = {op: case for m in CASE_MODULES for op, case in m.OPS.items()}
 # Each op's default sweep: (tokens, hidden) lists; --tokens / --hidden override them.
 SWEEPS = {op: sweep for m in CASE_MODULES for op, sweep in m.SWEEPS.items()}
@@ -38,9 +38,15 @@ def _first(out):
 
 
 def _max_error(fn, reference, sample):
+    """Max error relative to max|reference|. A reference may cover part of the output: it then
+    returns (ref, select), select picking that part out of the op's output."""
     fresh = [t.clone() for t in sample]
     ref = reference(*[t.clone() for t in sample])
-    got = _first(fn(*fresh)).double()
+    got = _first(fn(*fresh))
+    if isinstance(ref, tuple):
+        ref, select = ref
+        got = select(got)
+    got = got.double()
     scale = ref.abs().max().item() or 1.0
     return (got - ref).abs().max().item() / scale
 
@@ -51,14 +57,17 @@ def run_gpu(ops, tokens_list, hidden_list, dtype):
             setattr(torch._dynamo.config, name, 1024)
     copy_gbs = timing.copy_bandwidth_gbs()
     empty_us = timing.empty_launch_us()
+    # The tensor-core ceiling, measured only when a compute-bound op (one that counts FLOPs) runs.
+    gemm = timing.gemm_tflops() if any(op in attention_cases.OPS for op in ops) else None
     device = torch.cuda.get_device_name()
     print(f"device {device}; measured copy bandwidth {copy_gbs:.0f} GB/s (read + write); "
-          f"empty kernel {empty_us:.2f} us per call", flush=True)
+          f"empty kernel {empty_us:.2f} us per call" + (f"; bf16 cuBLAS GEMM {gemm:.0f} TFLOP/s" if gemm else ""),
+          flush=True)
     rows = []
     for op in ops:
         for hidden in hidden_list or SWEEPS[op][1]:
             for tokens in tokens_list or SWEEPS[op][0]:
-                bytes_moved, make, impls, reference = OPS[op](tokens, hidden, dtype)
+                bytes_moved, make, impls, reference, *flops = OPS[op](tokens, hidden, dtype)
                 sets = timing.buffer_sets(make, bytes_moved)
                 results = {}
                 for impl, fn in impls.items():
@@ -70,6 +79,9 @@ def run_gpu(ops, tokens_list, hidden_list, dtype):
                                      pct_copy=round(100 * bytes_moved / us / 1e3 / copy_gbs, 1),
                                      max_rel_err=f"{err:.2e}", timing=method,
                                      copy_gbs=round(copy_gbs), empty_us=round(empty_us, 3)))
+                    if flops:
+                        rows[-1].update(tflops=round(flops[0] / us / 1e6, 1),
+                                        pct_gemm=round(100 * flops[0] / us / 1e6 / gemm, 1), gemm_tflops=round(gemm))
                 line = "  ".join(f"{k} {v:8.2f}us" for k, v in results.items())
                 print(f"{op:17s} {tokens:6d} x {hidden:6d}  {line}", flush=True)
                 del sets
@@ -103,6 +115,9 @@ def markdown_table(rows, info) -> str:
         cases = [(k, v) for k, v in by_case.items() if k[0] == op]
         peers = [i for i in cases[0][1] if i != "llmk"]
         out.append(f"\n### {op}\n")
+        if "tflops" in cases[0][1]["llmk"]:
+            out += _flops_table(cases, peers)
+            continue
         out.append("| tokens | hidden | llmk us | GB/s | % of copy | x launch | " +
                    " | ".join(f"vs {p}" for p in peers) + " | llmk max rel err |")
         out.append("|---:|---:|---:|---:|---:|---:|" + "---:|" * len(peers) + "---:|")
@@ -112,6 +127,21 @@ def markdown_table(rows, info) -> str:
             out.append(f"| {tokens} | {hidden} | {o['time_us']:.2f} | {o['gbs']:.0f} | {o['pct_copy']:.1f}% | "
                        f"{o['time_us'] / info['empty_us']:.2f} | {speedups} | {o['max_rel_err']} |")
     return "\n".join(out) + "\n"
+
+
+def _flops_table(cases, peers):
+    """Rows of a compute-bound op: tokens is the sequence length, hidden the head dim."""
+    lines = ["| seqlen | head dim | llmk us | TFLOP/s | % of cuBLAS | " + " | ".join(f"vs {p}" for p in peers) +
+             " | " + " | ".join(f"{p} TFLOP/s" for p in peers) + " | llmk max rel err |",
+             "|---:|---:|---:|---:|---:|" + "---:|" * (2 * len(peers)) + "---:|"]
+    for (_, tokens, hidden), impls in cases:
+        o = impls["llmk"]
+        speedups = " | ".join(f"{float(impls[p]['time_us']) / float(o['time_us']):.2f}x" if p in impls else "-"
+                              for p in peers)
+        rates = " | ".join(f"{float(impls[p]['tflops']):.0f}" if p in impls else "-" for p in peers)
+        lines.append(f"| {tokens} | {hidden} | {float(o['time_us']):.1f} | {float(o['tflops']):.0f} | "
+                     f"{float(o['pct_gemm']):.1f}% | {speedups} | {rates} | {o['max_rel_err']} |")
+    return lines
 
 
 def plot(rows, path):
@@ -124,7 +154,7 @@ def plot(rows, path):
     columns = max(len(h) for h in hiddens.values())
     colors = {"llmk": "tab:blue", "eager": "tab:orange", "F.rms_norm": "tab:green", "F.layer_norm": "tab:green",
               "torch": "tab:green", "foreach": "tab:orange", "fused": "tab:green", "llmk 2 kernels": "tab:purple",
-              "compile": "tab:red"}
+              "compile": "tab:red", "flash": "tab:orange", "cudnn": "tab:green", "efficient": "tab:gray"}
     fig, axes = plt.subplots(len(ops), columns, figsize=(3.2 * columns, 2.8 * len(ops)), squeeze=False)
     for i, op in enumerate(ops):
         for ax in axes[i][len(hiddens[op]):]:
@@ -132,7 +162,8 @@ def plot(rows, path):
         for j, hidden in enumerate(hiddens[op]):
             ax = axes[i][j]
             for impl in dict.fromkeys(r["impl"] for r in rows if r["op"] == op):
-                pts = sorted((int(r["tokens"]), float(r["gbs"])) for r in rows
+                metric = "tflops" if _has_flops(rows, op) else "gbs"
+                pts = sorted((int(r["tokens"]), float(r[metric])) for r in rows
                              if r["op"] == op and int(r["hidden"]) == hidden and r["impl"] == impl)
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=impl,
                         color=colors.get(impl))
@@ -140,12 +171,16 @@ def plot(rows, path):
             ax.set_title(f"{op} d={hidden}", fontsize=8)
             ax.tick_params(labelsize=7)
             if j == 0:
-                ax.set_ylabel("GB/s", fontsize=8)
+                ax.set_ylabel("TFLOP/s" if _has_flops(rows, op) else "GB/s", fontsize=8)
             if i == len(ops) - 1 or j >= len(hiddens[ops[i + 1]]):
                 ax.set_xlabel("tokens", fontsize=8)
         axes[i][0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _has_flops(rows, op) -> bool:
+    return any(r["op"] == op and r.get("tflops") not in (None, "") for r in rows)
 
 
 def rebuild(args) -> int:
@@ -202,7 +237,7 @@ def main(argv=None):
         with open(args.csv, "w", newline="") as f:
             f.write(f"# llmk benchmark; commit {_commit()}; {datetime.date.today()}; "
                     f"{info['device'] if info else 'cpu'}\n")
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
             writer.writeheader()
             writer.writerows(rows)
     if info:

@@ -93,3 +93,12 @@ def empty_launch_us() -> float:
     """Per-call time of a kernel that does nothing, timed like every other row."""
     us, _ = time_cuda(lambda: torch.cuda._sleep(0), [()], min_calls=50)
     return us
+
+
+def gemm_tflops() -> float:
+    """The tensor-core ceiling: a bf16 cuBLAS GEMM of 8192^3 (torch.matmul), the median of 20."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    us, _ = time_cuda(torch.matmul, [(a, b)], min_calls=20)
+    return 2 * n**3 / us / 1e6

@@ -1,0 +1,53 @@
+// Attention forward for prefill (FlashAttention 2's algorithm): out = softmax(scale * q k^T) v
+// per batch entry and query head, tiled with an online softmax so that the [seq_q, seq_k]
+// score matrix is never stored. fp16 and bf16 tensors, fp32 accumulation and softmax.
+//
+// Shapes (any strides, last dim contiguous; strides and data 16-byte aligned):
+//   q, out  [batch, seq_q, heads_q, head_dim]    k, v  [batch, seq_k, heads_kv, head_dim]
+// heads_q is a multiple of heads_kv (GQA / MQA: query head h reads kv head
+// h / (heads_q / heads_kv); nothing is copied). head_dim is 32, 64, 96, 128 or 256, the same
+// for q, k and v. The [batch, heads, seq, head_dim] layout (PyTorch's SDPA convention) is its
+// transpose, and q, k, v may be strided slices of one fused qkv projection.
+//
+// causal: query row i sees key j iff j <= i + seq_k - seq_q (the mask aligned to the
+// bottom-right corner, as FlashAttention 2; the usual lower triangle when seq_q == seq_k).
+// A row that sees no key (causal with seq_q > seq_k, or seq_k == 0) gets out = 0 and
+// lse = -inf (the log of an empty sum).
+// scale: finite and > 0, usually 1 / sqrt(head_dim).
+// lse (optional; pass TensorView{} to skip): float32 [batch, heads_q, seq_q], contiguous,
+// the natural-log log-sum-exp of each row of scale * q k^T over the keys it sees; what the
+// backward pass and the merging of partial attention results need.
+//
+// Tensors on the GPU run there on `stream`; host tensors run the double-precision CPU
+// reference (the naive O(seq_q * seq_k) algorithm).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "llmk/tensor.h"
+
+namespace llmk {
+
+void attention_forward(const TensorView& out, const TensorView& q, const TensorView& k,
+                       const TensorView& v, double scale, bool causal,
+                       const TensorView& lse = TensorView{}, cudaStream_t stream = nullptr);
+
+// Variable-length batches packed without padding (FlashAttention's varlen API):
+//   q, out  [total_q, heads_q, head_dim]    k, v  [total_k, heads_kv, head_dim]
+// Sequence b holds q rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and k/v rows
+// [cu_seqlens_k[b], cu_seqlens_k[b + 1]); cu_seqlens_q/k are int32 [batch + 1], contiguous,
+// on q's device. max_seqlen_q/k bound the sequence lengths (they size the launch grid).
+// causal aligns each sequence's mask to its own bottom-right corner.
+// lse (optional): float32 [heads_q, total_q], contiguous.
+// The caller's contract on the GPU: cu_seqlens start at 0, never decrease, end at
+// total_q / total_k, and no sequence is longer than max_seqlen_q / max_seqlen_k (checking
+// device memory from the host would cost a sync; the kernel clamps every sequence to the
+// packed tensors, so a broken contract never reads or writes outside them). The CPU
+// backend checks all of it.
+void attention_varlen_forward(const TensorView& out, const TensorView& q, const TensorView& k,
+                              const TensorView& v, const TensorView& cu_seqlens_q,
+                              const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
+                              int64_t max_seqlen_k, double scale, bool causal,
+                              const TensorView& lse = TensorView{}, cudaStream_t stream = nullptr);
+
+}  // namespace llmk

@@ -1,0 +1,219 @@
+"""llmk.attention / attention_varlen / scaled_dot_product_attention: the CPU backend and the
+CUDA kernel against a float64 reference with the FlashAttention error rule (our max error at
+most 2x that of PyTorch's own attention in the same dtype against the same reference, plus a
+small atol), over head dims, causal masks (bottom-right when seq_q != seq_k, fully masked
+rows), GQA/MQA, lengths that are not multiples of the tiles, strided and transposed layouts,
+lse, packed variable-length batches; poisoned outputs, opcheck, torch.compile, the backward
+error, bad inputs."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import llmk
+from conftest import DEVICES, requires_cuda
+
+HALF_DTYPES = [torch.float16, torch.bfloat16]
+ATOL = 2**-10  # the rule's small absolute slack (outputs are O(0.1-1))
+
+
+def attention_ref(q, k, v, causal, scale):
+    """float64 attention over [batch, seq, heads, dim]; bottom-right causal mask; rows that see
+    no key give 0 and lse -inf. Returns (out [B, Sq, H, D], lse [B, H, Sq])."""
+    heads_q, heads_kv = q.shape[2], k.shape[2]
+    qd = q.double().transpose(1, 2)
+    kd = k.double().repeat_interleave(heads_q // heads_kv, dim=2).transpose(1, 2)
+    vd = v.double().repeat_interleave(heads_q // heads_kv, dim=2).transpose(1, 2)
+    s = qd @ kd.transpose(-1, -2) * scale
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + sk - sq, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    return (p @ vd).transpose(1, 2), lse
+
+
+def torch_attention(q, k, v, causal, scale):
+    """PyTorch's own attention in q's dtype (SDPA, default backend), the FA rule's yardstick."""
+    group = q.shape[2] // k.shape[2]
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)))
+    sq, sk = q.shape[1], k.shape[1]
+    mask = None
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        mask = torch.arange(sk, device=q.device)[None, :] <= i + sk - sq
+    return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale).transpose(1, 2).nan_to_num(0.0)
+
+
+def assert_fa_rule(out, q, k, v, causal, scale, what="out"):
+    ref, _ = attention_ref(q, k, v, causal, scale)
+    ours = (out.double() - ref).abs().max().item()
+    theirs = (torch_attention(q, k, v, causal, scale).double() - ref).abs().max().item()
+    assert ours <= 2 * theirs + ATOL, f"{what}: max error {ours:.3g} > 2 x PyTorch's {theirs:.3g} + {ATOL:.3g}"
+
+
+def make_qkv(batch, seq_q, seq_k, heads_q, heads_kv, dim, dtype, device):
+    q = torch.randn(batch, seq_q, heads_q, dim, dtype=dtype, device=device)
+    k = torch.randn(batch, seq_k, heads_kv, dim, dtype=dtype, device=device)
+    v = torch.randn(batch, seq_k, heads_kv, dim, dtype=dtype, device=device)
+    return q, k, v
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("dim", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims(device, dtype, dim, causal):
+    seq = 131 if device == "cpu" else 257
+    q, k, v = make_qkv(2, seq, seq, 4, 2, dim, dtype, device)
+    scale = 1 / math.sqrt(dim)
+    out, lse = llmk.attention(q, k, v, causal=causal, return_lse=True)
+    assert out.dtype == dtype and out.shape == q.shape and lse.shape == (2, 4, seq)
+    assert_fa_rule(out, q, k, v, causal, scale)
+    _, lse_ref = attention_ref(q, k, v, causal, scale)
+    torch.testing.assert_close(lse.double(), lse_ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seqs", [(1, 1), (1, 333), (333, 1), (128, 128), (129, 257), (257, 129), (64, 1100),
+                                  (1100, 64), (2, 3)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sequence_lengths(device, seqs, causal):
+    seq_q, seq_k = seqs
+    q, k, v = make_qkv(1, seq_q, seq_k, 2, 1, 128, torch.bfloat16, device)
+    out, lse = llmk.attention(q, k, v, causal=causal, scale=0.1, return_lse=True)
+    assert_fa_rule(out, q, k, v, causal, 0.1)
+    ref, lse_ref = attention_ref(q, k, v, causal, 0.1)
+    if causal and seq_q > seq_k:  # the first seq_q - seq_k rows see no key
+        hidden = seq_q - seq_k
+        assert torch.all(out[:, :hidden] == 0) and torch.all(lse[:, :, :hidden] == float("-inf"))
+    torch.testing.assert_close(lse.double(), lse_ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_gqa_mqa_and_fused_qkv(device, dtype):
+    batch, seq, heads_q, heads_kv, dim = 2, 190, 8, 2, 64
+    qkv = torch.randn(batch, seq, heads_q + 2 * heads_kv, dim, dtype=dtype, device=device)
+    q, k, v = qkv.split([heads_q, heads_kv, heads_kv], dim=2)  # strided views of one projection
+    out = llmk.attention(q, k, v, causal=True)
+    assert_fa_rule(out, q, k, v, True, 1 / math.sqrt(dim))
+    q, k, v = make_qkv(3, 77, 77, 8, 1, 128, dtype, device)  # MQA
+    assert_fa_rule(llmk.attention(q, k, v, causal=True), q, k, v, True, 1 / math.sqrt(128))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scaled_dot_product_attention_matches_pytorch(device):
+    q = torch.randn(2, 4, 150, 64, dtype=torch.bfloat16, device=device)  # [B, H, S, D]
+    k = torch.randn(2, 2, 150, 64, dtype=torch.bfloat16, device=device)
+    v = torch.randn(2, 2, 150, 64, dtype=torch.bfloat16, device=device)
+    for causal in (False, True):
+        out = llmk.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        assert out.shape == q.shape
+        assert_fa_rule(out.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal,
+                       1 / 8)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        llmk.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(ValueError, match="attn_mask"):
+        llmk.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(150, 150, dtype=torch.bool, device=device))
+    with pytest.raises(ValueError, match="top-left"):
+        llmk.scaled_dot_product_attention(q[:, :, :10], q, q, is_causal=True)
+
+
+def _packed(lens_q, lens_k, heads_q, heads_kv, dim, dtype, device):
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=device)
+    q = torch.randn(sum(lens_q), heads_q, dim, dtype=dtype, device=device)
+    k = torch.randn(sum(lens_k), heads_kv, dim, dtype=dtype, device=device)
+    v = torch.randn(sum(lens_k), heads_kv, dim, dtype=dtype, device=device)
+    return q, k, v, cu_q, cu_k
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_matches_each_sequence(device, causal):
+    lens_q, lens_k = [1, 130, 0, 77, 300, 40], [1, 130, 5, 200, 250, 0]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 4, 2, 64, torch.bfloat16, device)
+    out, lse = llmk.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, scale=0.15,
+                                     return_lse=True)
+    assert lse.shape == (4, sum(lens_q))
+    for b in range(len(lens_q)):
+        sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if lens_q[b] == 0:
+            continue
+        qb, kb, vb = q[None, sq], k[None, sk], v[None, sk]
+        assert_fa_rule(out[None, sq], qb, kb, vb, causal, 0.15, what=f"sequence {b}")
+        _, lse_ref = attention_ref(qb, kb, vb, causal, 0.15)
+        torch.testing.assert_close(lse[:, sq].double(), lse_ref[0], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_outputs_are_fully_written(device):
+    """The raw binding on NaN-poisoned outputs: every element of out and lse is written."""
+    q, k, v = make_qkv(2, 77, 90, 4, 4, 96, torch.float16, device)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((2, 4, 77), float("nan"), device=device)
+    llmk._C.attention(out, q, k, v, lse, 0.1, True, 0 if device == "cpu" else torch.cuda.current_stream().cuda_stream)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert_fa_rule(out, q, k, v, True, 0.1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_and_compile(device):
+    q, k, v = make_qkv(1, 40, 50, 2, 1, 64, torch.bfloat16, device)
+    torch.library.opcheck(torch.ops.llmk.attention.default, (q, k, v, True, 0.125, True))
+    torch.library.opcheck(torch.ops.llmk.attention.default, (q, k, v, False, 0.125, False))
+    pq, pk, pv, cu_q, cu_k = _packed([3, 37], [20, 30], 2, 1, 64, torch.bfloat16, device)
+    torch.library.opcheck(torch.ops.llmk.attention_varlen.default, (pq, pk, pv, cu_q, cu_k, 37, 30, True, 0.125, True))
+
+    def block(q, k, v):
+        return llmk.attention(q * 2, k, v, causal=True).sum(-1)
+
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    got = torch.compile(block, fullgraph=True, backend=backend)(q, k, v)
+    torch.testing.assert_close(got, block(q, k, v))
+
+
+def test_backward_raises():
+    q, k, v = make_qkv(1, 8, 8, 1, 1, 32, torch.bfloat16, "cpu")
+    q.requires_grad_()
+    out = llmk.attention(q, k, v)
+    with pytest.raises(NotImplementedError, match="backward pass is not implemented"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_inputs(device):
+    q, k, v = make_qkv(1, 8, 8, 4, 2, 64, torch.bfloat16, device)
+    with pytest.raises(ValueError, match=r"heads_q \(4\) must be a multiple of heads_kv \(3\)"):
+        llmk.attention(q, k.repeat(1, 1, 2, 1)[:, :, :3], v.repeat(1, 1, 2, 1)[:, :, :3])
+    with pytest.raises(ValueError, match="supported head dims are 32, 64, 96, 128 and 256"):
+        llmk.attention(q[..., :48], k[..., :48], v[..., :48])
+    with pytest.raises(ValueError, match="k and v have head_dim 32, q has 64"):
+        llmk.attention(q, k[..., :32], v[..., :32])
+    with pytest.raises(ValueError, match="k has dtype float16, expected bfloat16"):
+        llmk.attention(q, k.half(), v)
+    with pytest.raises(ValueError, match="must be float16 or bfloat16, got float32"):
+        llmk.attention(q.float(), k.float(), v.float())
+    with pytest.raises(ValueError, match="contiguous in its last"):
+        llmk.attention(torch.randn(1, 8, 4, 128, dtype=torch.bfloat16, device=device)[..., ::2], k, v)
+    with pytest.raises(ValueError, match="scale must be finite and > 0"):
+        llmk.attention(q, k, v, scale=float("inf"))
+    qkv = torch.randn(2, 8, 8, 4 * 64 + 8, dtype=torch.bfloat16, device=device)[..., 4:4 + 64]
+    with pytest.raises(ValueError, match="not 16-byte aligned"):
+        llmk.attention(qkv, k, v)
+    pq, pk, pv, cu_q, cu_k = _packed([3, 5], [4, 4], 2, 2, 64, torch.bfloat16, device)
+    with pytest.raises(ValueError, match="cu_seqlens_q has dtype int64, expected int32"):
+        llmk.attention_varlen(pq, pk, pv, cu_q.long(), cu_k, 5, 4)
+    with pytest.raises(ValueError, match="cannot hold"):
+        llmk.attention_varlen(pq, pk, pv, cu_q, cu_k, 3, 4)
+    if device == "cpu":
+        with pytest.raises(ValueError, match="decreases"):
+            llmk.attention_varlen(pq, pk, pv, torch.tensor([0, 6, 8], dtype=torch.int32)[[0, 2, 1]], cu_k, 8, 4)
+    else:
+        with pytest.raises(ValueError, match="is on cpu:0 but q is on cuda:0"):
+            llmk.attention(q, k.cpu(), v)

@@ -1,0 +1,207 @@
+// Public entry points of the attention forward: validate every argument (a rejected call
+// writes nothing), then run the CUDA launcher or the CPU reference.
+#include <climits>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attention/attention_params.h"
+#include "common/cuda_check.h"
+#include "common/rows.h"
+#include "llmk/attention.h"
+
+namespace llmk {
+
+using detail::AttentionParams;
+using detail::AttentionTensor;
+
+namespace {
+
+constexpr int64_t kMaxGridDim = 65535;  // heads and batch are gridDim.y and gridDim.z
+
+bool supported_head_dim(int64_t d) { return d == 32 || d == 64 || d == 96 || d == 128 || d == 256; }
+
+// q, k, v or out: [batch, seq, heads, head_dim] (`packed`: [tokens, heads, head_dim]) in
+// fp16 or bf16, the head dim contiguous, every row 16-byte aligned (the kernel moves rows
+// in 16-byte pieces).
+AttentionTensor check_heads(const char* op, const char* arg, const TensorView& t, bool packed) {
+  const int ndim = packed ? 3 : 4;
+  LLMK_CHECK(t.ndim() == ndim, op, ": ", arg, " must be ",
+             packed ? "[total_tokens, heads, head_dim]" : "[batch, seq, heads, head_dim]", ", got ",
+             t.ndim(), " dims");
+  LLMK_CHECK(t.dtype() == DType::f16 || t.dtype() == DType::bf16, op, ": ", arg,
+             " must be float16 or bfloat16, got ", dtype_name(t.dtype()));
+  LLMK_CHECK(supported_head_dim(t.size(-1)), op, ": ", arg, " has head_dim ", t.size(-1),
+             "; supported head dims are 32, 64, 96, 128 and 256");
+  LLMK_CHECK(t.stride(-1) == 1, op, ": ", arg, " must be contiguous in its last (head_dim) dim, got stride ",
+             t.stride(-1));
+  LLMK_CHECK(detail::is_aligned(t.data(), 16), op, ": ", arg, " data pointer ", t.data(),
+             " is not 16-byte aligned");
+  for (int i = 0; i < ndim - 1; ++i) {
+    LLMK_CHECK(t.stride(i) >= 0 && (t.size(i) == 1 || t.stride(i) % 8 == 0), op, ": ", arg,
+               " stride ", t.stride(i), " of dim ", i,
+               " must be a non-negative multiple of 8 elements (16-byte aligned rows)");
+  }
+  AttentionTensor a;
+  a.data = t.data();
+  a.batch_stride = packed ? 0 : t.stride(0);
+  a.row_stride = t.stride(-3);
+  a.head_stride = t.stride(-2);
+  return a;
+}
+
+void check_size(const char* op, const char* what, int64_t value, int64_t limit) {
+  LLMK_CHECK(value >= 0 && value <= limit, op, ": ", what, " is ", value, ", at most ", limit,
+             " is supported");
+}
+
+struct Validated {
+  AttentionParams p;
+  DType dtype = DType::f16;
+  bool on_host = false;
+  bool empty = false;  // nothing to compute or write
+};
+
+// The checks shared by the dense and varlen entry points; `packed` selects the layout.
+Validated validate(const char* op, const TensorView& out, const TensorView& q, const TensorView& k,
+                   const TensorView& v, double scale, bool causal, const TensorView& lse, bool packed) {
+  Validated r;
+  AttentionParams& p = r.p;
+  p.q = check_heads(op, "q", q, packed);
+  p.k = check_heads(op, "k", k, packed);
+  p.v = check_heads(op, "v", v, packed);
+  p.out = check_heads(op, "out", out, packed);
+  for (const auto& [arg, t] : {std::pair<const char*, const TensorView*>{"k", &k}, {"v", &v}, {"out", &out}}) {
+    detail::check_same_device(op, arg, *t, "q", q);
+    detail::check_dtype(op, arg, *t, q.dtype());
+  }
+  detail::check_same_shape(op, "out", out, "q", q);
+  detail::check_same_shape(op, "v", v, "k", k);
+  const int seq_dim = packed ? 0 : 1;
+  LLMK_CHECK(packed || k.size(0) == q.size(0), op, ": k has batch ", k.size(0), ", q has ", q.size(0));
+  LLMK_CHECK(k.size(-1) == q.size(-1), op, ": k and v have head_dim ", k.size(-1), ", q has ",
+             q.size(-1), "; they must match");
+  const int64_t heads_q = q.size(-2), heads_kv = k.size(-2);
+  LLMK_CHECK((heads_q == 0 && heads_kv == 0) || (heads_kv > 0 && heads_q % heads_kv == 0), op,
+             ": heads_q (", heads_q, ") must be a multiple of heads_kv (", heads_kv, ")");
+  check_size(op, "heads_q", heads_q, kMaxGridDim);
+  check_size(op, "seq_q", q.size(seq_dim), INT_MAX / 2);
+  check_size(op, "seq_k", k.size(seq_dim), INT_MAX / 2);
+  LLMK_CHECK(std::isfinite(scale) && scale > 0, op, ": scale must be finite and > 0, got ", scale);
+  detail::check_no_self_overlap(op, "out", out);
+  detail::check_no_overlap(op, "out", out, "q", q, false);
+  detail::check_no_overlap(op, "out", out, "k", k, false);
+  detail::check_no_overlap(op, "out", out, "v", v, false);
+
+  if (lse.ndim() != 0) {
+    detail::check_same_device(op, "lse", lse, "q", q);
+    detail::check_dtype(op, "lse", lse, DType::f32);
+    const std::vector<int64_t> want = packed ? std::vector<int64_t>{heads_q, q.size(0)}
+                                             : std::vector<int64_t>{q.size(0), heads_q, q.size(1)};
+    bool same = lse.ndim() == static_cast<int>(want.size());
+    for (int i = 0; same && i < lse.ndim(); ++i) same = lse.size(i) == want[i];
+    LLMK_CHECK(same, op, ": lse must be float32 ", packed ? "[heads_q, total_q]" : "[batch, heads_q, seq_q]",
+               " (", want[0], ", ", want[1], packed ? "" : ", ", packed ? "" : std::to_string(want[2]), ")");
+    LLMK_CHECK(detail::is_contiguous(lse) && detail::is_aligned(lse.data(), 4), op,
+               ": lse must be contiguous and 4-byte aligned");
+    for (const auto& [arg, t] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
+      detail::check_no_overlap(op, "lse", lse, arg, *t, false);
+    p.lse = static_cast<float*>(lse.data());
+    p.lse_head_stride = packed ? q.size(0) : q.size(1);
+    p.lse_batch_stride = packed ? 0 : heads_q * q.size(1);
+  }
+
+  p.heads_q = static_cast<int>(heads_q);
+  p.group = heads_kv > 0 ? static_cast<int>(heads_q / heads_kv) : 1;
+  p.head_dim = static_cast<int>(q.size(-1));
+  p.causal = causal;
+  p.scale = static_cast<float>(scale);
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  LLMK_CHECK(p.scale > 0 && std::isfinite(p.scale_log2), op, ": scale ", scale,
+             " is out of float range");
+  r.dtype = q.dtype();
+  r.on_host = !q.is_cuda();
+  return r;
+}
+
+void execute(Validated& r, const TensorView& q, cudaStream_t stream) {
+  if (r.empty) return;
+  if (r.on_host) return detail::attention_forward_cpu(r.p, r.dtype);
+  detail::DeviceGuard guard(q.device().index);
+  detail::attention_forward_cuda(r.p, r.dtype, stream);
+}
+
+// cu_seqlens: int32 [batch + 1], contiguous, on q's device.
+const int32_t* check_cu_seqlens(const char* op, const char* arg, const TensorView& cu, const TensorView& q,
+                                int64_t batch) {
+  detail::check_same_device(op, arg, cu, "q", q);
+  detail::check_dtype(op, arg, cu, DType::i32);
+  LLMK_CHECK(cu.ndim() == 1 && cu.size(0) == batch + 1, op, ": ", arg,
+             " must be int32 [batch + 1] = [", batch + 1, "], got ", cu.ndim(), " dims of ",
+             cu.ndim() > 0 ? cu.size(0) : 0);
+  LLMK_CHECK(detail::is_contiguous(cu) && detail::is_aligned(cu.data(), 4), op, ": ", arg,
+             " must be contiguous and 4-byte aligned");
+  return static_cast<const int32_t*>(cu.data());
+}
+
+// The CPU backend checks the caller's contract that the GPU cannot check without a sync.
+void check_host_cu_seqlens(const char* op, const char* arg, const int32_t* cu, int64_t batch, int64_t total,
+                           int64_t max_seqlen) {
+  LLMK_CHECK(cu[0] == 0, op, ": ", arg, "[0] must be 0, got ", cu[0]);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = int64_t{cu[b + 1]} - cu[b];
+    LLMK_CHECK(len >= 0, op, ": ", arg, " decreases at index ", b + 1, " (", cu[b], " -> ", cu[b + 1], ")");
+    LLMK_CHECK(len <= max_seqlen, op, ": sequence ", b, " has length ", len, " in ", arg,
+               ", more than its max_seqlen ", max_seqlen);
+  }
+  LLMK_CHECK(cu[batch] == total, op, ": ", arg, "[batch] = ", cu[batch], " must equal the ", total,
+             " packed rows");
+}
+
+}  // namespace
+
+void attention_forward(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                       double scale, bool causal, const TensorView& lse, cudaStream_t stream) {
+  const char* op = "attention_forward";
+  Validated r = validate(op, out, q, k, v, scale, causal, lse, false);
+  check_size(op, "batch", q.size(0), kMaxGridDim);
+  r.p.batch = static_cast<int>(q.size(0));
+  r.p.seqlen_q = static_cast<int>(q.size(1));
+  r.p.seqlen_k = static_cast<int>(k.size(1));
+  r.empty = q.numel() == 0;
+  execute(r, q, stream);
+}
+
+void attention_varlen_forward(const TensorView& out, const TensorView& q, const TensorView& k,
+                              const TensorView& v, const TensorView& cu_seqlens_q,
+                              const TensorView& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                              double scale, bool causal, const TensorView& lse, cudaStream_t stream) {
+  const char* op = "attention_varlen_forward";
+  Validated r = validate(op, out, q, k, v, scale, causal, lse, true);
+  LLMK_CHECK(cu_seqlens_q.ndim() == 1 && cu_seqlens_q.size(0) >= 1, op,
+             ": cu_seqlens_q must be int32 [batch + 1]");
+  const int64_t batch = cu_seqlens_q.size(0) - 1;
+  check_size(op, "batch", batch, kMaxGridDim);
+  r.p.cu_seqlens_q = check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q, batch);
+  r.p.cu_seqlens_k = check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, q, batch);
+  check_size(op, "max_seqlen_q", max_seqlen_q, INT_MAX / 2);
+  check_size(op, "max_seqlen_k", max_seqlen_k, INT_MAX / 2);
+  r.p.batch = static_cast<int>(batch);
+  r.p.seqlen_q = static_cast<int>(max_seqlen_q);
+  r.p.seqlen_k = static_cast<int>(max_seqlen_k);
+  r.p.total_q = q.size(0);
+  r.p.total_k = k.size(0);
+  // Cheap checks of the contract: batch sequences of at most max_seqlen must hold every row.
+  LLMK_CHECK(batch * max_seqlen_q >= q.size(0) && batch * max_seqlen_k >= k.size(0), op, ": ", batch,
+             " sequences of at most max_seqlen_q = ", max_seqlen_q, " / max_seqlen_k = ", max_seqlen_k,
+             " cannot hold the ", q.size(0), " / ", k.size(0), " packed q / k rows");
+  if (r.on_host) {
+    check_host_cu_seqlens(op, "cu_seqlens_q", r.p.cu_seqlens_q, batch, q.size(0), max_seqlen_q);
+    check_host_cu_seqlens(op, "cu_seqlens_k", r.p.cu_seqlens_k, batch, k.size(0), max_seqlen_k);
+  }
+  r.empty = batch == 0 || max_seqlen_q == 0 || q.numel() == 0;
+  execute(r, q, stream);
+}
+
+}  // namespace llmk

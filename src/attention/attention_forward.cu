@@ -1,0 +1,64 @@
+// Launcher of the attention forward: the tile shape of each head dim and the dispatch
+// over dtype (fp16, bf16) and head dim. Every (dtype, head dim) pair is one kernel;
+// causal, varlen and GQA are run-time parameters of it.
+#include <cstdint>
+
+#include "attention/attention_forward_kernel.cuh"
+#include "common/cuda_check.h"
+#include "common/device_types.cuh"
+#include "common/dispatch.h"
+
+namespace llmk::detail {
+
+namespace {
+
+// 128 query rows per block as 4 warps of 2 x 16 rows: each K and V fragment loaded from
+// shared memory feeds two mma tiles. 256 keeps its 128 fp32 O registers per thread with
+// 8 warps of 16 rows. Shared memory: (kBlockM + 2 kBlockN) rows of D + 8 elements, 52 KB
+// (D = 64) to 135 KB (D = 256).
+template <int kHeadDim> struct TileOf;
+template <> struct TileOf<32> { using type = ForwardTile<32, 128, 128, 4>; };
+template <> struct TileOf<64> { using type = ForwardTile<64, 128, 64, 4>; };
+template <> struct TileOf<96> { using type = ForwardTile<96, 128, 64, 4>; };
+template <> struct TileOf<128> { using type = ForwardTile<128, 128, 64, 4>; };
+template <> struct TileOf<256> { using type = ForwardTile<256, 128, 64, 8>; };
+
+template <class T, class Tile>
+void launch(const AttentionParams& p, cudaStream_t stream) {
+  const void* kernel = reinterpret_cast<const void*>(&attention_forward_kernel<T, Tile>);
+  const int smem = Tile::kSmemElems * static_cast<int>(sizeof(T));
+  LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid((p.seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM, p.heads_q, p.batch);
+  attention_forward_kernel<T, Tile><<<grid, Tile::kThreads, smem, stream>>>(p);
+}
+
+template <class F>
+void dispatch_head_dim(int head_dim, F&& f) {
+  switch (head_dim) {
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 96: return f(std::integral_constant<int, 96>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+  }
+  throw_error("attention: head_dim ", head_dim, " is not compiled (32, 64, 96, 128, 256)");
+}
+
+}  // namespace
+
+void attention_forward_cuda(const AttentionParams& p, DType dtype, cudaStream_t stream) {
+  const char* op = "attention_forward_kernel";
+  LLMK_CHECK(dtype == DType::f16 || dtype == DType::bf16, "attention: dtype ", dtype_name(dtype),
+             " is not float16 or bfloat16");
+  dispatch_dtype(dtype, op, [&](auto tag) {
+    if constexpr (decltype(tag)::value != DType::f32) {
+      using T = device_type_t<decltype(tag)>;
+      dispatch_head_dim(p.head_dim, [&](auto dim) {
+        launch<T, typename TileOf<decltype(dim)::value>::type>(p, stream);
+      });
+    }
+  });
+  LLMK_CHECK_LAUNCH(op, stream);
+}
+
+}  // namespace llmk::detail

@@ -1,0 +1,78 @@
+// Kernel parameters of the attention forward and the sequence bounds shared by the CUDA
+// kernel and the CPU reference.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/host_device.h"
+#include "llmk/dtype.h"
+
+namespace llmk::detail {
+
+// One of q, k, v, out: strides in elements, the head dim contiguous. A row is one token
+// of one head.
+struct AttentionTensor {
+  void* data = nullptr;
+  int64_t batch_stride = 0, row_stride = 0, head_stride = 0;
+};
+
+struct AttentionParams {
+  AttentionTensor q, k, v, out;
+  float* lse = nullptr;  // null: not wanted
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;
+  int batch = 0, heads_q = 0, group = 1;  // group = heads_q / heads_kv
+  int head_dim = 0;
+  // Dense batches: every sequence has these lengths. Varlen: the maxima (grid size).
+  int seqlen_q = 0, seqlen_k = 0;
+  // Varlen: int32 [batch + 1] prefix sums; null for dense batches.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int64_t total_q = 0, total_k = 0;  // varlen: rows of the packed tensors
+  bool causal = false;
+  float scale = 1.0f;
+  float scale_log2 = 1.0f;  // scale * log2(e): the softmax runs on exp2
+};
+
+// Where sequence `b` lies: its first row in the (packed) tensor and its lengths.
+struct SequenceBounds {
+  int64_t q_start = 0, k_start = 0;
+  int seqlen_q = 0, seqlen_k = 0;
+};
+
+// Clamps a varlen range to [0, total): a broken caller contract never leaves the tensors.
+LLMK_HOST_DEVICE inline void packed_range(const int32_t* cu, int b, int64_t total, int64_t& start,
+                                          int& len) {
+  int64_t first = cu[b], last = cu[b + 1];
+  first = first < 0 ? 0 : (first > total ? total : first);
+  last = last < first ? first : (last > total ? total : last);
+  start = first;
+  len = static_cast<int>(last - first);
+}
+
+LLMK_HOST_DEVICE inline SequenceBounds sequence_bounds(const AttentionParams& p, int b) {
+  SequenceBounds s;
+  if (p.cu_seqlens_q == nullptr) {
+    s.seqlen_q = p.seqlen_q;
+    s.seqlen_k = p.seqlen_k;
+    return s;
+  }
+  packed_range(p.cu_seqlens_q, b, p.total_q, s.q_start, s.seqlen_q);
+  packed_range(p.cu_seqlens_k, b, p.total_k, s.k_start, s.seqlen_k);
+  return s;
+}
+
+// The last key (exclusive) that query row `row` may see: the causal mask is aligned to
+// the bottom-right corner of the [seqlen_q, seqlen_k] score matrix.
+LLMK_HOST_DEVICE inline int64_t visible_keys(const SequenceBounds& s, bool causal, int64_t row) {
+  if (!causal) return s.seqlen_k;
+  const int64_t end = row + 1 + s.seqlen_k - s.seqlen_q;
+  return end < 0 ? 0 : (end > s.seqlen_k ? s.seqlen_k : end);
+}
+
+// The CUDA launcher and the CPU reference, called after the arguments are validated.
+void attention_forward_cuda(const AttentionParams& p, DType dtype, cudaStream_t stream);
+void attention_forward_cpu(const AttentionParams& p, DType dtype);
+
+}  // namespace llmk::detail

@@ -1,0 +1,118 @@
+// The register-level pieces of attention that do not depend on how the scores were
+// computed (an sm_80 mma.sync mainloop today, a Hopper wgmma one later): the causal and
+// sequence-end mask, the online softmax, and the final normalization with the
+// log-sum-exp.
+//
+// Scores live in mma accumulator fragments: a warp owns kMTiles tiles of 16 rows, each
+// thread two rows of each (group and group + 8, group = lane / 4) and, for every 8-column
+// n-tile, two adjacent columns (2 * (lane % 4) + {0, 1}). A row is spread over the 4
+// threads of a quad, so row reductions are two xor-shuffles.
+#pragma once
+
+#include <cmath>
+
+#include "common/ptx.cuh"
+
+namespace llmk::detail {
+
+// -inf for every score past the sequence end or above the causal diagonal (key col >
+// row + causal_shift). Rows and columns count from the key block's first column: row0 is
+// the thread's first row (tile 0, group) minus that column, col0 its first column (n-tile
+// 0: 2 * (lane % 4)), seqlen_k the keys left from that column on.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void mask_scores(float (&s)[kMTiles][kNTiles][4], int row0, int col0,
+                                            int seqlen_k, bool causal, int causal_shift) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + mt * 16 + half * 8;
+      int end = causal ? row + 1 + causal_shift : seqlen_k;
+      end = end < seqlen_k ? end : seqlen_k;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          if (col0 + nt * 8 + c >= end) s[mt][nt][2 * half + c] = -INFINITY;
+        }
+      }
+    }
+  }
+}
+
+// Running max and (per-thread partial) sum of each of the thread's rows, over the key
+// blocks seen so far; the output accumulators are rescaled whenever the max grows.
+template <int kMTiles>
+struct OnlineSoftmax {
+  float row_max[kMTiles][2];
+  float row_sum[kMTiles][2];
+
+  __device__ __forceinline__ OnlineSoftmax() {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      row_max[mt][0] = row_max[mt][1] = -INFINITY;
+      row_sum[mt][0] = row_sum[mt][1] = 0.0f;
+    }
+  }
+
+  // Turns the scores of one key block into unnormalized probabilities
+  // p = exp2(s * scale_log2 - max * scale_log2) and rescales o by exp(old max - new max).
+  template <int kNTiles, int kDTiles>
+  __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4],
+                                         float (&o)[kMTiles][kDTiles][4], float scale_log2) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float m = row_max[mt][half];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+          m = fmaxf(m, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        // A row with every key masked so far keeps max -inf; subtract 0 instead so that
+        // its probabilities are exp2(-inf) = 0, not NaN.
+        const float m_scaled = m == -INFINITY ? 0.0f : m * scale_log2;
+        const float correction = ptx::exp2_approx(row_max[mt][half] * scale_log2 - m_scaled);
+        row_max[mt][half] = m;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float p = ptx::exp2_approx(fmaf(s[mt][nt][2 * half + c], scale_log2, -m_scaled));
+            s[mt][nt][2 * half + c] = p;
+            sum += p;
+          }
+        }
+        row_sum[mt][half] = row_sum[mt][half] * correction + sum;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o[mt][dt][2 * half] *= correction;
+          o[mt][dt][2 * half + 1] *= correction;
+        }
+      }
+    }
+  }
+
+  // After the last key block: the factor that normalizes each row (0 for a row that saw
+  // no key, whose output is then 0) and its natural-log log-sum-exp (-inf for such a row).
+  __device__ __forceinline__ void finish(float (&inv_sum)[kMTiles][2], float (&lse)[kMTiles][2],
+                                         float scale_log2) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float sum = row_sum[mt][half];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const bool empty = !(sum > 0.0f);
+        inv_sum[mt][half] = empty ? 0.0f : 1.0f / sum;
+        lse[mt][half] = empty ? -INFINITY
+                              : (row_max[mt][half] * scale_log2 + log2f(sum)) * 0.6931471805599453f;
+      }
+    }
+  }
+};
+
+}  // namespace llmk::detail
