@@ -378,7 +378,8 @@ TEST(AttentionGpu, MixedDevicesAreRejected) {
   Heads q(DType::bf16, 1, 8, 2, 64), k(DType::bf16, 1, 8, 2, 64), out(DType::bf16, 1, 8, 2, 64);
   q.randomize();
   k.randomize();
-  expect_error([&] { attention_forward(out.gpu(), q.gpu(), k.host(), k.host(), 0.125, false); }, "device");
+  expect_error([&] { attention_forward(out.gpu(), q.gpu(), k.host(), k.host(), 0.125, false); },
+               "k is on cpu:0 but q is on cuda:0");
 }
 
 }  // namespace
