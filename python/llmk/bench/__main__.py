@@ -173,7 +173,7 @@ def plot(rows, path):
             if j == 0:
                 ax.set_ylabel("TFLOP/s" if _has_flops(rows, op) else "GB/s", fontsize=8)
             if i == len(ops) - 1 or j >= len(hiddens[ops[i + 1]]):
-                ax.set_xlabel("tokens", fontsize=8)
+                ax.set_xlabel("seqlen" if _has_flops(rows, op) else "tokens", fontsize=8)
         axes[i][0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
