@@ -60,6 +60,8 @@ struct OnlineSoftmax {
   template <int kNTiles, int kDTiles>
   __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4],
                                          float (&o)[kMTiles][kDTiles][4], float scale_log2) {
+    float correction[kMTiles][2];
+    bool max_changed = false;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -73,7 +75,8 @@ struct OnlineSoftmax {
         // A row with every key masked so far keeps max -inf; subtract 0 instead so that
         // its probabilities are exp2(-inf) = 0, not NaN.
         const float m_scaled = m == -INFINITY ? 0.0f : m * scale_log2;
-        const float correction = ptx::exp2_approx(row_max[mt][half] * scale_log2 - m_scaled);
+        correction[mt][half] = ptx::exp2_approx(row_max[mt][half] * scale_log2 - m_scaled);
+        max_changed = max_changed || m != row_max[mt][half];
         row_max[mt][half] = m;
         float sum = 0.0f;
 #pragma unroll
@@ -85,12 +88,20 @@ struct OnlineSoftmax {
             sum += p;
           }
         }
-        row_sum[mt][half] = row_sum[mt][half] * correction + sum;
+        row_sum[mt][half] = row_sum[mt][half] * correction[mt][half] + sum;
+      }
+    }
+    // Once the running maxima settle (most key blocks of a long row), no row of the warp
+    // changes and the rescale of O (kDTiles * 4 multiplies per row pair) is skipped.
+    if (!__any_sync(0xffffffffu, max_changed)) return;
 #pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          o[mt][dt][2 * half] *= correction;
-          o[mt][dt][2 * half + 1] *= correction;
-        }
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        o[mt][dt][0] *= correction[mt][0];
+        o[mt][dt][1] *= correction[mt][0];
+        o[mt][dt][2] *= correction[mt][1];
+        o[mt][dt][3] *= correction[mt][1];
       }
     }
   }
