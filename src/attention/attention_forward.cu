@@ -17,7 +17,7 @@ namespace {
 // 8 warps of 16 rows. Key-block widths as measured on the H100 (docs/kernels/attention.md):
 // 128 keys at D <= 64 and 64 at D = 128, both without spills since the tile loads walk
 // their rows by pointer increments; 8-warp and 64-row shapes were slower. Shared memory:
-// (kBlockM + 2 kBlockN) rows of D + 8 elements, 40 KB (D = 32) to 132 KB (D = 256);
+// (kBlockM + 2 kBlockN) rows of D + 8 elements, 30 KB (D = 32) to 132 KB (D = 256);
 // 251-255 registers per thread, so 2 blocks (8 warps) per SM up to D = 128 and 1 block
 // (8 warps) at D = 256.
 template <int kHeadDim> struct TileOf;
