@@ -31,6 +31,8 @@
 
 namespace llmk::detail {
 
+__host__ __device__ constexpr int prev_power_of_two(int n) { return n < 2 ? 1 : 2 * prev_power_of_two(n / 2); }
+
 // The tile shape of one head dim: kBlockM query rows per block, kBlockN keys per
 // iteration, kWarps warps (each owning kBlockM / kWarps rows as 16-row mma tiles).
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
@@ -47,37 +49,26 @@ struct ForwardTile {
 
 // Rows [0, kRows) of a [rows, D] tile into shared memory, 16 bytes per cp.async; rows at
 // and past `valid_rows` are zero-filled (a zero key scores 0 and is then masked; a zero
-// value row keeps 0 * garbage from ever reaching O). Each pass of the block covers
-// kThreads / (D / 8) whole rows, so a thread keeps one column and walks its rows with
-// one pointer increment per pass (few live registers in the mainloop; D = 96, whose rows
-// do not divide the block, takes the general chunk walk).
+// value row keeps 0 * garbage from ever reaching O). A pass covers kRowsPerPass whole rows
+// (a power of two), so each loading thread keeps one column and walks its rows with one
+// pointer increment per pass: few live registers in the mainloop, which the Q K^T loop
+// needs to prefetch its fragments. At D = 96 (12 chunks a row) 96 of the 128 threads load.
 template <class T, class Tile, int kRows>
 __device__ __forceinline__ void load_rows(T* smem, const T* gmem, int64_t row_stride, int valid_rows) {
   constexpr int kChunksPerRow = Tile::kHeadDim / 8;
-  constexpr int kChunks = kRows * kChunksPerRow;
-  static_assert(kChunks % Tile::kThreads == 0);
+  constexpr int kRowsPerPass = prev_power_of_two(Tile::kThreads / kChunksPerRow);
+  static_assert(kRows % kRowsPerPass == 0);
   const int tid = static_cast<int>(threadIdx.x);
-  if constexpr (Tile::kThreads % kChunksPerRow == 0) {
-    constexpr int kRowsPerPass = Tile::kThreads / kChunksPerRow;
-    const int row0 = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
-    const T* src = gmem + row0 * row_stride + col;
-    const int64_t pass_stride = kRowsPerPass * row_stride;
-    const uint32_t dst = ptx::smem_address(smem + row0 * Tile::kPitch + col);
+  if (kRowsPerPass * kChunksPerRow < Tile::kThreads && tid >= kRowsPerPass * kChunksPerRow) return;
+  const int row0 = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
+  const T* src = gmem + row0 * row_stride + col;
+  const int64_t pass_stride = kRowsPerPass * row_stride;
+  const uint32_t dst = ptx::smem_address(smem + row0 * Tile::kPitch + col);
 #pragma unroll
-    for (int i = 0; i < kRows / kRowsPerPass; ++i) {
-      const bool valid = row0 + i * kRowsPerPass < valid_rows;
-      ptx::cp_async_16(dst + i * kRowsPerPass * Tile::kPitch * sizeof(T), valid ? src : gmem, valid);
-      src += pass_stride;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kChunks / Tile::kThreads; ++i) {
-      const int chunk = tid + i * Tile::kThreads;
-      const int row = chunk / kChunksPerRow, col = (chunk % kChunksPerRow) * 8;
-      const bool valid = row < valid_rows;
-      const T* src = valid ? gmem + row * row_stride + col : gmem;
-      ptx::cp_async_16(ptx::smem_address(smem + row * Tile::kPitch + col), src, valid);
-    }
+  for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+    const bool valid = row0 + i * kRowsPerPass < valid_rows;
+    ptx::cp_async_16(dst + i * kRowsPerPass * Tile::kPitch * sizeof(T), valid ? src : gmem, valid);
+    src += pass_stride;
   }
 }
 
