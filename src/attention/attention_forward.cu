@@ -13,19 +13,19 @@ namespace llmk::detail {
 namespace {
 
 // 128 query rows per block as 4 warps of 2 x 16 rows: each K and V fragment loaded from
-// shared memory feeds two mma tiles. 256 keeps its 128 fp32 O registers per thread with
-// 8 warps of 16 rows. Key-block widths as measured on the H100 (docs/kernels/attention.md):
-// 128 keys at D <= 64 and 64 at D = 128, both without spills since the tile loads walk
-// their rows by pointer increments; 8-warp and 64-row shapes were slower. Shared memory:
-// (kBlockM + 2 kBlockN) rows of D + 8 elements, 30 KB (D = 32) to 132 KB (D = 256);
-// 251-255 registers per thread, so 2 blocks (8 warps) per SM up to D = 128 and 1 block
-// (8 warps) at D = 256.
+// shared memory feeds two mma tiles. D = 256 keeps its 128 fp32 O registers per thread
+// with 64-row blocks of 4 warps x 16 rows (two blocks per SM; 8 warps x 16 rows of 128 was
+// 4-18% slower). Key-block widths as measured on the H100 (docs/kernels/attention.md):
+// 128 keys at D <= 64 and 64 at D >= 96, without spills since the tile loads walk their
+// rows by pointer increments; 8-warp and 64-row shapes were slower at D = 64 and 128.
+// Shared memory: (kBlockM + 2 kBlockN) rows of D + 8 elements, 30 KB (D = 32) to 101 KB
+// (D = 256); 248-255 registers per thread: 2 blocks (8 warps) per SM at every head dim.
 template <int kHeadDim> struct TileOf;
 template <> struct TileOf<32> { using type = ForwardTile<32, 128, 128, 4>; };
 template <> struct TileOf<64> { using type = ForwardTile<64, 128, 128, 4>; };
 template <> struct TileOf<96> { using type = ForwardTile<96, 128, 64, 4>; };
 template <> struct TileOf<128> { using type = ForwardTile<128, 128, 64, 4>; };
-template <> struct TileOf<256> { using type = ForwardTile<256, 128, 64, 8>; };
+template <> struct TileOf<256> { using type = ForwardTile<256, 64, 64, 4>; };
 
 template <class T, class Tile>
 void launch(const AttentionParams& p, cudaStream_t stream) {
