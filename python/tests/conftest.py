@@ -1,3 +1,4 @@
+import math
 import os
 import random
 
@@ -48,6 +49,15 @@ def dx_term_scale(x, w, dy, eps, offset=0.0):
     """max |rstd * dy * (offset + w)|: the scale of the terms whose difference is dx."""
     rstd = torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + eps)
     return (rstd * dy.double() * (offset + w.double())).abs().max().item()
+
+
+def gelu_ref(z: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """GELU of a float64 tensor without cancellation: F.gelu's 1 + erf / 1 + tanh lose every
+    digit for z << 0 even in float64 (~2e-5 relative at z = -7, all of it below -8), so the
+    erf form goes through erfc and the tanh form through sigmoid(2u)."""
+    if approximate == "none":
+        return 0.5 * z * torch.special.erfc(-z / math.sqrt(2.0))
+    return z * torch.sigmoid(2 * 0.7978845608028654 * (z + 0.044715 * z**3))
 
 
 def poisoned_like(t: torch.Tensor) -> torch.Tensor:

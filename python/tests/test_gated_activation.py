@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import llmk
-from conftest import DEVICES, DTYPES, RTOL, assert_close
+from conftest import DEVICES, DTYPES, RTOL, assert_close, gelu_ref
 
 ACTS = ["silu", "gelu", "gelu_tanh"]
 
@@ -15,7 +15,7 @@ ACTS = ["silu", "gelu", "gelu_tanh"]
 def act_ref(g, act):
     if act == "silu":
         return F.silu(g)
-    return F.gelu(g, approximate="tanh" if act == "gelu_tanh" else "none")
+    return gelu_ref(g, "tanh" if act == "gelu_tanh" else "none")
 
 
 def gated_ref(x, act):
