@@ -100,9 +100,13 @@ Validated validate(const char* op, const TensorView& out, const TensorView& q, c
     const std::vector<int64_t> want = packed ? std::vector<int64_t>{heads_q, q.size(0)}
                                              : std::vector<int64_t>{q.size(0), heads_q, q.size(1)};
     bool same = lse.ndim() == static_cast<int>(want.size());
-    for (int i = 0; same && i < lse.ndim(); ++i) same = lse.size(i) == want[i];
+    std::string want_shape;
+    for (size_t i = 0; i < want.size(); ++i) {
+      want_shape += (i ? ", " : "") + std::to_string(want[i]);
+      same = same && lse.size(static_cast<int>(i)) == want[i];
+    }
     LLMK_CHECK(same, op, ": lse must be float32 ", packed ? "[heads_q, total_q]" : "[batch, heads_q, seq_q]",
-               " (", want[0], ", ", want[1], packed ? "" : ", ", packed ? "" : std::to_string(want[2]), ")");
+               " = [", want_shape, "]");
     LLMK_CHECK(detail::is_contiguous(lse) && detail::is_aligned(lse.data(), 4), op,
                ": lse must be contiguous and 4-byte aligned");
     for (const auto& [arg, t] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
