@@ -6,6 +6,7 @@
 
 BUILD ?= build
 LLMK_CUDA_ARCHS ?= 80;90a
+LLMK_HEAD_DIMS ?= 32;64;96;128;256
 PYTHON ?= python3
 VENV := .venv
 JOBS ?= 2
@@ -28,7 +29,8 @@ deps:
 # TESTS=ON builds the C++ tests (GoogleTest); the benchmark does not need them.
 TESTS ?= ON
 build: deps
-	cmake -S . -B $(BUILD) $(GENERATOR) -DLLMK_CUDA_ARCHS="$(LLMK_CUDA_ARCHS)" -DLLMK_BUILD_PYTHON=ON \
+	cmake -S . -B $(BUILD) $(GENERATOR) -DLLMK_CUDA_ARCHS="$(LLMK_CUDA_ARCHS)" -DLLMK_HEAD_DIMS="$(LLMK_HEAD_DIMS)" \
+	  -DLLMK_BUILD_PYTHON=ON \
 	  -DLLMK_BUILD_TESTS=$(TESTS) -DPython_EXECUTABLE=$(PY) \
 	  $(if $(GTEST_SOURCE),-DLLMK_GTEST_SOURCE=$(GTEST_SOURCE))
 	cmake --build $(BUILD) -j $(JOBS)

@@ -50,4 +50,8 @@ void attention_varlen_forward(const TensorView& out, const TensorView& q, const 
                               int64_t max_seqlen_k, double scale, bool causal,
                               const TensorView& lse = TensorView{}, cudaStream_t stream = nullptr);
 
+// Whether this build has CUDA kernels for `head_dim` (CMake option LLMK_HEAD_DIMS trims
+// the list; default 32, 64, 96, 128, 256). The CPU backend computes all five regardless.
+bool attention_head_dim_compiled(int64_t head_dim);
+
 }  // namespace llmk

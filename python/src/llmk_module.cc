@@ -360,6 +360,7 @@ NB_MODULE(_C, m) {
       "out"_a, "q"_a, "k"_a, "v"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a, "max_seqlen_q"_a, "max_seqlen_k"_a,
       "lse"_a.none(), "scale"_a, "causal"_a = false, "stream"_a = 0);
 
+  m.def("attention_head_dim_compiled", &llmk::attention_head_dim_compiled, "head_dim"_a);
   m.def("cuda_device_count", &llmk::cuda_device_count);
   m.def("build_cuda_archs", &llmk::build_cuda_archs);
   m.def(

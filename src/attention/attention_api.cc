@@ -129,9 +129,11 @@ Validated validate(const char* op, const TensorView& out, const TensorView& q, c
   return r;
 }
 
-void execute(Validated& r, const TensorView& q, cudaStream_t stream) {
+void execute(const char* op, Validated& r, const TensorView& q, cudaStream_t stream) {
   if (r.empty) return;
   if (r.on_host) return detail::attention_forward_cpu(r.p, r.dtype);
+  LLMK_CHECK(detail::head_dim_compiled(r.p.head_dim), op, ": head_dim ", r.p.head_dim,
+             " has no CUDA kernel in this build (CMake option LLMK_HEAD_DIMS)");
   detail::DeviceGuard guard(q.device().index);
   detail::attention_forward_cuda(r.p, r.dtype, stream);
 }
@@ -165,6 +167,8 @@ void check_host_cu_seqlens(const char* op, const char* arg, const int32_t* cu, i
 
 }  // namespace
 
+bool attention_head_dim_compiled(int64_t head_dim) { return detail::head_dim_compiled(head_dim); }
+
 void attention_forward(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                        double scale, bool causal, const TensorView& lse, cudaStream_t stream) {
   const char* op = "attention_forward";
@@ -174,7 +178,7 @@ void attention_forward(const TensorView& out, const TensorView& q, const TensorV
   r.p.seqlen_q = static_cast<int>(q.size(1));
   r.p.seqlen_k = static_cast<int>(k.size(1));
   r.empty = q.numel() == 0;
-  execute(r, q, stream);
+  execute(op, r, q, stream);
 }
 
 void attention_varlen_forward(const TensorView& out, const TensorView& q, const TensorView& k,
@@ -205,7 +209,7 @@ void attention_varlen_forward(const TensorView& out, const TensorView& q, const 
     check_host_cu_seqlens(op, "cu_seqlens_k", r.p.cu_seqlens_k, batch, k.size(0), max_seqlen_k);
   }
   r.empty = batch == 0 || max_seqlen_q == 0 || q.numel() == 0;
-  execute(r, q, stream);
+  execute(op, r, q, stream);
 }
 
 }  // namespace llmk

@@ -38,14 +38,18 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
 
 template <class F>
 void dispatch_head_dim(int head_dim, F&& f) {
+  auto compiled = [&](auto dim) {
+    if constexpr (head_dim_compiled(decltype(dim)::value)) f(dim);
+    else throw_error("attention: head_dim ", decltype(dim)::value, " has no CUDA kernel in this build");
+  };
   switch (head_dim) {
-    case 32: return f(std::integral_constant<int, 32>{});
-    case 64: return f(std::integral_constant<int, 64>{});
-    case 96: return f(std::integral_constant<int, 96>{});
-    case 128: return f(std::integral_constant<int, 128>{});
-    case 256: return f(std::integral_constant<int, 256>{});
+    case 32: return compiled(std::integral_constant<int, 32>{});
+    case 64: return compiled(std::integral_constant<int, 64>{});
+    case 96: return compiled(std::integral_constant<int, 96>{});
+    case 128: return compiled(std::integral_constant<int, 128>{});
+    case 256: return compiled(std::integral_constant<int, 256>{});
   }
-  throw_error("attention: head_dim ", head_dim, " is not compiled (32, 64, 96, 128, 256)");
+  throw_error("attention: head_dim ", head_dim, " is not supported");
 }
 
 }  // namespace

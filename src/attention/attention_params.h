@@ -71,6 +71,20 @@ LLMK_HOST_DEVICE inline int64_t visible_keys(const SequenceBounds& s, bool causa
   return end < 0 ? 0 : (end > s.seqlen_k ? s.seqlen_k : end);
 }
 
+// The head dims whose CUDA kernels this build compiled: CMake's LLMK_HEAD_DIMS (default
+// all), as bit i of LLMK_HEAD_DIM_BITS for kHeadDims[i]. The CPU reference computes every
+// head dim the API accepts.
+#ifndef LLMK_HEAD_DIM_BITS
+#define LLMK_HEAD_DIM_BITS 31
+#endif
+constexpr int kHeadDims[] = {32, 64, 96, 128, 256};
+
+constexpr bool head_dim_compiled(int64_t head_dim) {
+  for (int i = 0; i < 5; ++i)
+    if (kHeadDims[i] == head_dim) return (LLMK_HEAD_DIM_BITS >> i) & 1;
+  return false;
+}
+
 // The CUDA launcher and the CPU reference, called after the arguments are validated.
 void attention_forward_cuda(const AttentionParams& p, DType dtype, cudaStream_t stream);
 void attention_forward_cpu(const AttentionParams& p, DType dtype);
