@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "common/device_types.cuh"
+#include "common/ptx.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 #include "softmax/softmax_params.h"
@@ -35,11 +36,7 @@ namespace llmk::detail {
 inline constexpr float kLog2e = 1.4426950408889634f;
 
 // exp(d) as one ex2.approx (relative error ~2^-22, flushing results below 2^-126 to 0).
-__device__ __forceinline__ float exp_e(float d) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(d * kLog2e));
-  return y;
-}
+__device__ __forceinline__ float exp_e(float d) { return ptx::exp2_approx(d * kLog2e); }
 
 // A partial softmax denominator: the max of a set of values and the sum of exp(v - max)
 // over the set. Empty or fully masked sets are {-inf, 0}.
