@@ -690,21 +690,24 @@ def _no_setup(ctx, inputs, output):
     pass
 
 
-def _lse_or_empty(want: bool, shape, device) -> Tensor:
-    return torch.empty(shape if want else (0,), dtype=torch.float32, device=device)
+def _attention_lse(q: Tensor, want: bool) -> Tensor:
+    """The float32 lse output of q's attention, [batch, heads, seq_q] (varlen q [total, heads,
+    dim]: [heads, total]); an empty tensor when not wanted."""
+    shape = (q.shape[1], q.shape[0]) if q.dim() == 3 else (q.shape[0], q.shape[2], q.shape[1])
+    return torch.empty(shape if want else (0,), dtype=torch.float32, device=q.device)
 
 
 @torch.library.custom_op("llmk::attention", mutates_args=())
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, return_lse: bool) -> Tuple[Tensor, Tensor]:
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = _lse_or_empty(return_lse, (q.shape[0], q.shape[2], q.shape[1]), q.device)
+    lse = _attention_lse(q, return_lse)
     _C.attention(out, q, k, v, lse if return_lse else None, scale, causal, _stream(q))
     return out, lse
 
 
 @_attention.register_fake
 def _(q, k, v, causal, scale, return_lse):
-    return q.new_empty(q.shape), _lse_or_empty(return_lse, (q.shape[0], q.shape[2], q.shape[1]), q.device)
+    return q.new_empty(q.shape), _attention_lse(q, return_lse)
 
 
 _attention.register_autograd(_no_attention_backward, setup_context=_no_setup)
@@ -714,7 +717,7 @@ _attention.register_autograd(_no_attention_backward, setup_context=_no_setup)
 def _attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                       max_seqlen_k: int, causal: bool, scale: float, return_lse: bool) -> Tuple[Tensor, Tensor]:
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = _lse_or_empty(return_lse, (q.shape[1], q.shape[0]), q.device)
+    lse = _attention_lse(q, return_lse)
     _C.attention_varlen(out, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         lse if return_lse else None, scale, causal, _stream(q))
     return out, lse
@@ -722,7 +725,7 @@ def _attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_
 
 @_attention_varlen.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse):
-    return q.new_empty(q.shape), _lse_or_empty(return_lse, (q.shape[1], q.shape[0]), q.device)
+    return q.new_empty(q.shape), _attention_lse(q, return_lse)
 
 
 _attention_varlen.register_autograd(_no_attention_backward, setup_context=_no_setup)
