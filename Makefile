@@ -26,21 +26,18 @@ deps:
 	  touch $(VENV)/.installed; \
 	fi
 
-# TESTS=ON builds the C++ tests (GoogleTest); the benchmark does not need them.
-TESTS ?= ON
+# One configuration serves both commands (the C++ tests included), so `make bench` then
+# `make test` builds once.
 build: deps
 	cmake -S . -B $(BUILD) $(GENERATOR) -DLLMK_CUDA_ARCHS="$(LLMK_CUDA_ARCHS)" -DLLMK_HEAD_DIMS="$(LLMK_HEAD_DIMS)" \
-	  -DLLMK_BUILD_PYTHON=ON \
-	  -DLLMK_BUILD_TESTS=$(TESTS) -DPython_EXECUTABLE=$(PY) \
+	  -DLLMK_BUILD_PYTHON=ON -DLLMK_BUILD_TESTS=ON -DPython_EXECUTABLE=$(PY) \
 	  $(if $(GTEST_SOURCE),-DLLMK_GTEST_SOURCE=$(GTEST_SOURCE))
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: TESTS = ON
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure
-	PYTHONPATH=$(CURDIR)/python $(PY) -m pytest python/tests -q
+	LLMK_BUILD_DIR=$(CURDIR)/$(BUILD) PYTHONPATH=$(CURDIR)/python $(PY) -m pytest python/tests -q -rs
 
-bench: TESTS = OFF
 bench: build
 	PYTHONPATH=$(CURDIR)/python $(PY) -m llmk.bench $(BENCH_ARGS)
 

@@ -14,7 +14,7 @@
 // A row that sees no key (causal with seq_q > seq_k, or seq_k == 0) gets out = 0 and
 // lse = -inf (the log of an empty sum).
 // scale: finite and > 0, usually 1 / sqrt(head_dim).
-// lse (optional; pass TensorView{} to skip): float32 [batch, heads_q, seq_q], contiguous,
+// lse (optional, std::nullopt to skip): float32 [batch, heads_q, seq_q], contiguous,
 // the natural-log log-sum-exp of each row of scale * q k^T over the keys it sees; what the
 // backward pass and the merging of partial attention results need.
 //
@@ -24,13 +24,15 @@
 
 #include <cuda_runtime_api.h>
 
+#include <optional>
+
 #include "llmk/tensor.h"
 
 namespace llmk {
 
-void attention_forward(const TensorView& out, const TensorView& q, const TensorView& k,
-                       const TensorView& v, double scale, bool causal,
-                       const TensorView& lse = TensorView{}, cudaStream_t stream = nullptr);
+void attention(const TensorView& out, const TensorView& q, const TensorView& k,
+               const TensorView& v, bool causal, double scale,
+               const std::optional<TensorView>& lse = std::nullopt, cudaStream_t stream = nullptr);
 
 // Variable-length batches packed without padding (FlashAttention's varlen API):
 //   q, out  [total_q, heads_q, head_dim]    k, v  [total_k, heads_kv, head_dim]
@@ -44,11 +46,12 @@ void attention_forward(const TensorView& out, const TensorView& q, const TensorV
 // device memory from the host would cost a sync; the kernel clamps every sequence to the
 // packed tensors, so a broken contract never reads or writes outside them). The CPU
 // backend checks all of it.
-void attention_varlen_forward(const TensorView& out, const TensorView& q, const TensorView& k,
-                              const TensorView& v, const TensorView& cu_seqlens_q,
-                              const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
-                              int64_t max_seqlen_k, double scale, bool causal,
-                              const TensorView& lse = TensorView{}, cudaStream_t stream = nullptr);
+void attention_varlen(const TensorView& out, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const TensorView& cu_seqlens_q,
+                      const TensorView& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                      bool causal, double scale,
+                      const std::optional<TensorView>& lse = std::nullopt,
+                      cudaStream_t stream = nullptr);
 
 // Whether this build has CUDA kernels for `head_dim` (CMake option LLMK_HEAD_DIMS trims
 // the list; default 32, 64, 96, 128, 256). The CPU backend computes all five regardless.

@@ -1,4 +1,4 @@
-// Normalization: rmsnorm, add_rmsnorm (fused residual add), rmsnorm_backward,
+// Normalization: rmsnorm, add_rmsnorm / add_rmsnorm_ (fused residual add), rmsnorm_backward,
 // rmsnorm_swiglu (gated RMSNorm) and its backward, layernorm and layernorm_backward.
 //
 // Tensors are [..., d] with a contiguous last dim; the leading dims are flattened into
@@ -27,14 +27,18 @@ void rmsnorm(const TensorView& out, const TensorView& x, const TensorView& weigh
              double offset = 0.0, const std::optional<TensorView>& rstd = std::nullopt,
              cudaStream_t stream = nullptr);
 
-// Fused residual add + RMSNorm:
-//   residual_out = x + residual          (rounded to the dtype)
-//   out          = rmsnorm(residual_out)
-// In place (vLLM's fused_add_rms_norm): pass out = x and residual_out = residual.
-// Out of place: four distinct tensors. Any other overlap is rejected.
+// Fused residual add + RMSNorm, out of place and in place:
+//   add_rmsnorm:   residual_out = x + residual      (rounded to the dtype)
+//                  out          = rmsnorm(residual_out)
+//                  out may be x and residual_out may be residual; any other overlap of the
+//                  four tensors is rejected.
+//   add_rmsnorm_:  the in-place form (vLLM's fused_add_rms_norm): residual += x, then
+//                  x = rmsnorm(residual); add_rmsnorm with out = x, residual_out = residual.
 void add_rmsnorm(const TensorView& out, const TensorView& residual_out, const TensorView& x,
                  const TensorView& residual, const TensorView& weight, double eps,
                  double offset = 0.0, cudaStream_t stream = nullptr);
+void add_rmsnorm_(const TensorView& x, const TensorView& residual, const TensorView& weight,
+                  double eps, double offset = 0.0, cudaStream_t stream = nullptr);
 
 // Backward of rmsnorm: given dy and the forward's x, weight, eps, offset,
 //   dx      = r * w' * dy - x * r^3 / d * sum(dy * w' * x)  (+ dresidual, if given)

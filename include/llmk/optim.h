@@ -1,6 +1,6 @@
 // Fused optimizer steps.
 //
-// adamw_step: one AdamW update (Loshchilov & Hutter, as torch.optim.AdamW) of a list of
+// adamw_step_: one AdamW update (Loshchilov & Hutter, as torch.optim.AdamW) of a list of
 // parameter tensors in as few launches as the list needs (one per 256 tensors of a dtype),
 // each element read and written once:
 //   p <- p * (1 - lr * weight_decay)
@@ -17,6 +17,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <optional>
 #include <vector>
 
 #include "llmk/tensor.h"
@@ -40,8 +41,10 @@ struct AdamWParam {
   TensorView step;        // f32, one element: the step count t >= 1 of this update
 };
 
-// lr_tensor: a f32 one-element tensor whose value replaces options.lr, or TensorView{}.
-void adamw_step(const std::vector<AdamWParam>& params, const AdamWOptions& options,
-                const TensorView& lr_tensor = TensorView{}, cudaStream_t stream = nullptr);
+// Updates every param, exp_avg and exp_avg_sq in place. lr_tensor (optional): a f32
+// one-element tensor whose value replaces options.lr.
+void adamw_step_(const std::vector<AdamWParam>& params, const AdamWOptions& options,
+                 const std::optional<TensorView>& lr_tensor = std::nullopt,
+                 cudaStream_t stream = nullptr);
 
 }  // namespace llmk

@@ -1,4 +1,5 @@
-// Rotary position embedding (RoPE), in place on the query and key heads, and its backward.
+// Rotary position embedding (RoPE), in place on the query and key heads (rope_), and its
+// backward (rope_backward_).
 //
 // Each head vector x[0:head_dim] of the token at position `pos` has its first rot_dim
 // elements rotated pairwise by the angles pos * inv_freq[i], i < rot_dim / 2; elements
@@ -23,9 +24,9 @@
 // Layouts: q is [tokens, heads_q, head_dim] or [batch, seq, heads_q, head_dim] with any
 // strides except a contiguous last dim, so q and k may be head slices of one fused qkv
 // tensor and the [batch, heads, seq, head_dim] layout is accepted as its transpose. k has
-// q's leading dims, dtype and head_dim and its own head count (GQA/MQA); pass an empty
-// TensorView{} to rotate q alone. positions (int32 or int64, contiguous) has q's leading
-// dims ([tokens] or [batch, seq]); [seq] or [1, seq] broadcasts over the batch.
+// q's leading dims, dtype and head_dim and its own head count (GQA/MQA); std::nullopt
+// rotates q alone. positions (int32 or int64, contiguous) has q's leading dims ([tokens]
+// or [batch, seq]); [seq] or [1, seq] broadcasts over the batch.
 // Math is fp32 (f32, f16, bf16 tensors) with one rounding per element. Tensors on the GPU
 // run there on `stream`; host tensors run the double-precision CPU reference.
 #pragma once
@@ -56,15 +57,19 @@ struct RopeTheta {
   std::optional<Llama3RopeScaling> llama3;
 };
 
-void rope(const TensorView& q, const TensorView& k, const TensorView& positions,
-          const TensorView& cos_sin_cache, RopeStyle style, cudaStream_t stream = nullptr);
-void rope(const TensorView& q, const TensorView& k, const TensorView& positions,
-          const RopeTheta& freqs, RopeStyle style, cudaStream_t stream = nullptr);
+// q and k (optional) are rotated in place.
+void rope_(const TensorView& q, const std::optional<TensorView>& k, const TensorView& positions,
+           const TensorView& cos_sin_cache, RopeStyle style, cudaStream_t stream = nullptr);
+void rope_(const TensorView& q, const std::optional<TensorView>& k, const TensorView& positions,
+           const RopeTheta& freqs, RopeStyle style, cudaStream_t stream = nullptr);
 
-// dq, dk: the gradients of the rotated q and k, replaced by those of the inputs.
-void rope_backward(const TensorView& dq, const TensorView& dk, const TensorView& positions,
-                   const TensorView& cos_sin_cache, RopeStyle style, cudaStream_t stream = nullptr);
-void rope_backward(const TensorView& dq, const TensorView& dk, const TensorView& positions,
-                   const RopeTheta& freqs, RopeStyle style, cudaStream_t stream = nullptr);
+// dq, dk (optional): the gradients of the rotated q and k, replaced in place by those of
+// the inputs.
+void rope_backward_(const TensorView& dq, const std::optional<TensorView>& dk,
+                    const TensorView& positions, const TensorView& cos_sin_cache, RopeStyle style,
+                    cudaStream_t stream = nullptr);
+void rope_backward_(const TensorView& dq, const std::optional<TensorView>& dk,
+                    const TensorView& positions, const RopeTheta& freqs, RopeStyle style,
+                    cudaStream_t stream = nullptr);
 
 }  // namespace llmk

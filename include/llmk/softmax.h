@@ -2,9 +2,10 @@
 //
 //   softmax(x)_i     = exp(s x_i - m) / sum_j exp(s x_j - m),   m = max_j s x_j
 //   log_softmax(x)_i = s x_i - m - log(sum_j exp(s x_j - m))
-// with an optional scale s (attention's 1/sqrt(d), a temperature's 1/T; any finite value,
-// negative included). fp32 math, one rounding per output; f32, f16 and bf16, every tensor
-// of a call in one dtype. Rows of any length from 1 column up: rows that fit in registers
+// with an optional scale s (attention's 1/sqrt(d), a temperature's 1/T; any value of
+// magnitude below 2.3e38, negative included). fp32 math with the exponents formed as
+// (x - the row's extreme x) * s, so fp32 keeps full accuracy at large |s x|; one rounding
+// per output; f32, f16 and bf16, every tensor of a call in one dtype. Rows of any length from 1 column up: rows that fit in registers
 // are read from memory once, longer rows take a two-pass online path (a running max and
 // rescaled sum on the first pass, the outputs on the second).
 //

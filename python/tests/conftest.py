@@ -8,14 +8,15 @@ import torch
 import llmk  # noqa: F401  (registers torch.ops.llmk)
 
 HAS_CUDA = torch.cuda.is_available() and llmk._C.cuda_device_count() > 0
-DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: GPU test skipped")
+# Every test runs on both; without a GPU the CUDA cases are collected and skipped with the
+# reason, so a run reports what it did not test.
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 # Output rounding step of each dtype: llmk rounds once from fp32 math, so outputs sit within
 # about one step of a float64 reference.
 RTOL = {torch.float32: 2e-5, torch.float16: 2 / 1024, torch.bfloat16: 2 / 128}
-
-requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: GPU test skipped")
 
 
 def pytest_configure(config):
@@ -58,6 +59,15 @@ def gelu_ref(z: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     if approximate == "none":
         return 0.5 * z * torch.special.erfc(-z / math.sqrt(2.0))
     return z * torch.sigmoid(2 * 0.7978845608028654 * (z + 0.044715 * z**3))
+
+
+def poison_allocator(like: torch.Tensor, blocks: int = 8):
+    """Leaves NaN-filled blocks of like's size in the CUDA caching allocator's free pool, so the
+    next outputs an op allocates start as NaN (an element the op does not write stays NaN)."""
+    if like.is_cuda:
+        pool = [torch.full((like.numel() * like.element_size() // 4 + 1024,), float("nan"), device=like.device)
+                for _ in range(blocks)]
+        del pool
 
 
 def poisoned_like(t: torch.Tensor) -> torch.Tensor:

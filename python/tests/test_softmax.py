@@ -74,14 +74,6 @@ def test_autograd_matches_float64(device, dtype, log):
     assert_close(x.grad, x64.grad, RTOL[dtype], "dx", atol=RTOL[dtype] * term)
 
 
-def test_opcheck():
-    x = torch.randn(5, 64, requires_grad=True)
-    torch.library.opcheck(torch.ops.llmk.softmax.default, (x, 0.5, False))
-    torch.library.opcheck(torch.ops.llmk.softmax.default, (x, 1.0, True))
-    y = torch.softmax(torch.randn(5, 64), -1)
-    torch.library.opcheck(torch.ops.llmk.softmax_backward.default, (torch.randn(5, 64), y, 1.0, False))
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_fullgraph(device):
     backend = "inductor" if device == "cuda" else "aot_eager"
@@ -104,11 +96,11 @@ def test_torch_compile_fullgraph(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_bad_inputs(device):
     x = torch.randn(4, 64, device=device)
-    with pytest.raises(ValueError, match="softmax: scale must be finite"):
+    with pytest.raises(RuntimeError, match="softmax: scale must be finite"):
         llmk.softmax(x, float("inf"))
-    with pytest.raises(ValueError, match="softmax_backward: dy has dtype float16, expected float32"):
+    with pytest.raises(RuntimeError, match="softmax_backward: dy has dtype float16, expected float32"):
         llmk.softmax_backward(x.half(), x)
-    with pytest.raises(ValueError, match="unsupported dtype"):
+    with pytest.raises(RuntimeError, match="softmax: x is float64; llmk takes float32, float16, bfloat16"):
         llmk.softmax(x.double())
     assert llmk.softmax(x[:0]).shape == (0, 64)
     assert llmk.log_softmax(x[:, :0]).shape == (4, 0)

@@ -32,7 +32,8 @@ Rows check_leading_dims(const char* op, const char* arg, const TensorView& t,
   bool same = t.ndim() == ref.ndim() && t.size(-1) == last;
   for (int i = 0; same && i < t.ndim() - 1; ++i) same = t.size(i) == ref.size(i);
   LLMK_CHECK(same, op, ": ", arg, " must have ", ref_arg, "'s leading dims and a last dim of ",
-             last);
+             last, ", got ", arg, " ", detail::shape_string(t), " and ", ref_arg, " ",
+             detail::shape_string(ref));
   return detail::as_rows(op, arg, t);
 }
 
@@ -50,24 +51,27 @@ const void* up_half(const Rows& fused, DType dtype) {
   return static_cast<const char*>(fused.data) + fused.d / 2 * dtype_size(dtype);
 }
 
-// The CPU reference for host tensors, else the CUDA launcher on ref's device.
+// The CPU reference for host tensors, else the CUDA launcher on the device of `ref`, the
+// argument `ref_arg` of `op`.
 template <class Params, class Cpu, class Cuda>
-void run(const Params& p, Activation act, const TensorView& ref, bool vector_ok, cudaStream_t stream,
-         Cpu cpu, Cuda cuda) {
+void run(const char* op, const char* ref_arg, const TensorView& ref, const Params& p,
+         Activation act, bool vector_ok, cudaStream_t stream, Cpu cpu, Cuda cuda) {
   if (p.rows == 0 || p.d == 0) return;
   if (!ref.is_cuda()) return cpu(p, act, ref.dtype());
-  detail::DeviceGuard guard(ref.device().index);
+  detail::DeviceGuard guard(op, ref_arg, ref);
   cuda(p, act, ref.dtype(), vector_ok, stream);
 }
 
-void run_forward(const detail::GatedParams& p, Activation act, const TensorView& ref,
-                 bool vector_ok, cudaStream_t stream) {
-  run(p, act, ref, vector_ok, stream, detail::gated_forward_cpu, detail::gated_forward_cuda);
+void run_forward(const char* op, const char* ref_arg, const TensorView& ref,
+                 const detail::GatedParams& p, Activation act, bool vector_ok, cudaStream_t stream) {
+  run(op, ref_arg, ref, p, act, vector_ok, stream, detail::gated_forward_cpu, detail::gated_forward_cuda);
 }
 
-void run_backward(const detail::GatedBackwardParams& p, Activation act, const TensorView& ref,
-                  bool vector_ok, cudaStream_t stream) {
-  run(p, act, ref, vector_ok, stream, detail::gated_backward_cpu, detail::gated_backward_cuda);
+void run_backward(const char* op, const char* ref_arg, const TensorView& ref,
+                  const detail::GatedBackwardParams& p, Activation act, bool vector_ok,
+                  cudaStream_t stream) {
+  run(op, ref_arg, ref, p, act, vector_ok, stream, detail::gated_backward_cpu,
+      detail::gated_backward_cuda);
 }
 
 void fused_forward(const char* op, Activation act, const TensorView& out, const TensorView& x,
@@ -81,7 +85,7 @@ void fused_forward(const char* op, Activation act, const TensorView& out, const 
   // The up half starts d elements into the row: aligned when d is a multiple of the vector.
   Rows gate = xr;
   gate.d = d;
-  run_forward(p, act, x, detail::rows_vectorizable({outr, gate}, x.dtype()), stream);
+  run_forward(op, "x", x, p, act, detail::rows_vectorizable({outr, gate}, x.dtype()), stream);
 }
 
 void fused_backward(const char* op, Activation act, const TensorView& dx, const TensorView& dy,
@@ -98,7 +102,7 @@ void fused_backward(const char* op, Activation act, const TensorView& dx, const 
                                       xr.row_stride, xr.row_stride};
   Rows gate = xr, dgate = dxr;
   gate.d = dgate.d = d;
-  run_backward(p, act, x, detail::rows_vectorizable({gate, dgate, dyr}, x.dtype()), stream);
+  run_backward(op, "x", x, p, act, detail::rows_vectorizable({gate, dgate, dyr}, x.dtype()), stream);
 }
 
 }  // namespace
@@ -134,8 +138,8 @@ void swiglu(const TensorView& out, const TensorView& gate, const TensorView& up,
   detail::check_no_overlap(op, "out", out, "up", up, true);
   const detail::GatedParams p{outr.data, gr.data, ur.data, gr.rows, gr.d,
                               outr.row_stride, gr.row_stride, ur.row_stride};
-  run_forward(p, Activation::silu, gate, detail::rows_vectorizable({outr, gr, ur}, gate.dtype()),
-              stream);
+  run_forward(op, "gate", gate, p, Activation::silu,
+              detail::rows_vectorizable({outr, gr, ur}, gate.dtype()), stream);
 }
 
 void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dy,
@@ -158,7 +162,7 @@ void swiglu_backward(const TensorView& dgate, const TensorView& dup, const Tenso
   const detail::GatedBackwardParams p{dgr.data, dur.data, dyr.data, gr.data, ur.data, gr.rows,
                                       gr.d, dgr.row_stride, dur.row_stride, dyr.row_stride,
                                       gr.row_stride, ur.row_stride};
-  run_backward(p, Activation::silu, gate,
+  run_backward(op, "gate", gate, p, Activation::silu,
                detail::rows_vectorizable({gr, ur, dyr, dgr, dur}, gate.dtype()), stream);
 }
 
@@ -190,7 +194,7 @@ void bias_gelu(const TensorView& out, const TensorView& x, const TensorView& bia
   if (xr.rows == 0 || xr.d == 0) return;
   const detail::BiasGeluParams p{outr.data, xr.data, bias.data(), xr.rows, xr.d, outr.row_stride, xr.row_stride};
   if (!x.is_cuda()) return detail::bias_gelu_cpu(p, act, x.dtype());
-  detail::DeviceGuard guard(x.device().index);
+  detail::DeviceGuard guard(op, "x", x);
   detail::bias_gelu_cuda(p, act, x.dtype(), bias_vector_ok({xr, outr}, bias, x.dtype()), stream);
 }
 
@@ -222,7 +226,7 @@ void bias_gelu_backward(const TensorView& dx, const TensorView& dbias, const Ten
                                    xr.rows, xr.d, dxr.row_stride, dyr.row_stride, xr.row_stride};
   if (xr.d == 0) return;
   if (!x.is_cuda()) return detail::bias_gelu_backward_cpu(p, act, x.dtype());
-  detail::DeviceGuard guard(x.device().index);
+  detail::DeviceGuard guard(op, "x", x);
   if (xr.rows == 0) {
     LLMK_CUDA_CHECK(cudaMemsetAsync(dbias.data(), 0, xr.d * dtype_size(x.dtype()), stream));
     return;

@@ -2,7 +2,7 @@
 // writes nothing), then run the CUDA launcher or the CPU reference.
 #include <climits>
 #include <cmath>
-#include <string>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -29,7 +29,7 @@ AttentionTensor check_heads(const char* op, const char* arg, const TensorView& t
   const int ndim = packed ? 3 : 4;
   LLMK_CHECK(t.ndim() == ndim, op, ": ", arg, " must be ",
              packed ? "[total_tokens, heads, head_dim]" : "[batch, seq, heads, head_dim]", ", got ",
-             t.ndim(), " dims");
+             detail::shape_string(t));
   LLMK_CHECK(t.dtype() == DType::f16 || t.dtype() == DType::bf16, op, ": ", arg,
              " must be float16 or bfloat16, got ", dtype_name(t.dtype()));
   LLMK_CHECK(supported_head_dim(t.size(-1)), op, ": ", arg, " has head_dim ", t.size(-1),
@@ -65,7 +65,8 @@ struct Validated {
 
 // The checks shared by the dense and varlen entry points; `packed` selects the layout.
 Validated validate(const char* op, const TensorView& out, const TensorView& q, const TensorView& k,
-                   const TensorView& v, double scale, bool causal, const TensorView& lse, bool packed) {
+                   const TensorView& v, bool causal, double scale, const std::optional<TensorView>& lse,
+                   bool packed) {
   Validated r;
   AttentionParams& p = r.p;
   p.q = check_heads(op, "q", q, packed);
@@ -94,24 +95,23 @@ Validated validate(const char* op, const TensorView& out, const TensorView& q, c
   detail::check_no_overlap(op, "out", out, "k", k, false);
   detail::check_no_overlap(op, "out", out, "v", v, false);
 
-  if (lse.ndim() != 0) {
-    detail::check_same_device(op, "lse", lse, "q", q);
-    detail::check_dtype(op, "lse", lse, DType::f32);
+  if (lse) {
+    detail::check_same_device(op, "lse", *lse, "q", q);
+    detail::check_dtype(op, "lse", *lse, DType::f32);
     const std::vector<int64_t> want = packed ? std::vector<int64_t>{heads_q, q.size(0)}
                                              : std::vector<int64_t>{q.size(0), heads_q, q.size(1)};
-    bool same = lse.ndim() == static_cast<int>(want.size());
-    std::string want_shape;
-    for (size_t i = 0; i < want.size(); ++i) {
-      want_shape += (i ? ", " : "") + std::to_string(want[i]);
-      same = same && lse.size(static_cast<int>(i)) == want[i];
-    }
+    bool same = lse->ndim() == static_cast<int>(want.size());
+    for (size_t i = 0; same && i < want.size(); ++i) same = lse->size(static_cast<int>(i)) == want[i];
     LLMK_CHECK(same, op, ": lse must be float32 ", packed ? "[heads_q, total_q]" : "[batch, heads_q, seq_q]",
-               " = [", want_shape, "]");
-    LLMK_CHECK(detail::is_contiguous(lse) && detail::is_aligned(lse.data(), 4), op,
-               ": lse must be contiguous and 4-byte aligned");
+               " = ", detail::dims_string(want.data(), static_cast<int>(want.size())), ", got ",
+               detail::shape_string(*lse));
+    LLMK_CHECK(detail::is_contiguous(*lse), op, ": lse must be contiguous, got strides ",
+               detail::dims_string(lse->strides(), lse->ndim()));
+    LLMK_CHECK(detail::is_aligned(lse->data(), 4), op, ": lse data pointer ", lse->data(),
+               " is not 4-byte aligned");
     for (const auto& [arg, t] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
-      detail::check_no_overlap(op, "lse", lse, arg, *t, false);
-    p.lse = static_cast<float*>(lse.data());
+      detail::check_no_overlap(op, "lse", *lse, arg, *t, false);
+    p.lse = static_cast<float*>(lse->data());
     p.lse_head_stride = packed ? q.size(0) : q.size(1);
     p.lse_batch_stride = packed ? 0 : heads_q * q.size(1);
   }
@@ -134,7 +134,7 @@ void execute(const char* op, Validated& r, const TensorView& q, cudaStream_t str
   if (r.on_host) return detail::attention_forward_cpu(r.p, r.dtype);
   LLMK_CHECK(detail::head_dim_compiled(r.p.head_dim), op, ": head_dim ", r.p.head_dim,
              " has no CUDA kernel in this build (CMake option LLMK_HEAD_DIMS)");
-  detail::DeviceGuard guard(q.device().index);
+  detail::DeviceGuard guard(op, "q", q);
   detail::attention_forward_cuda(r.p, r.dtype, stream);
 }
 
@@ -144,10 +144,10 @@ const int32_t* check_cu_seqlens(const char* op, const char* arg, const TensorVie
   detail::check_same_device(op, arg, cu, "q", q);
   detail::check_dtype(op, arg, cu, DType::i32);
   LLMK_CHECK(cu.ndim() == 1 && cu.size(0) == batch + 1, op, ": ", arg,
-             " must be int32 [batch + 1] = [", batch + 1, "], got ", cu.ndim(), " dims of ",
-             cu.ndim() > 0 ? cu.size(0) : 0);
-  LLMK_CHECK(detail::is_contiguous(cu) && detail::is_aligned(cu.data(), 4), op, ": ", arg,
-             " must be contiguous and 4-byte aligned");
+             " must be int32 [batch + 1] = [", batch + 1, "], got ", detail::shape_string(cu));
+  LLMK_CHECK(detail::is_contiguous(cu), op, ": ", arg, " must be contiguous, got stride ", cu.stride(0));
+  LLMK_CHECK(detail::is_aligned(cu.data(), 4), op, ": ", arg, " data pointer ", cu.data(),
+             " is not 4-byte aligned");
   return static_cast<const int32_t*>(cu.data());
 }
 
@@ -169,10 +169,10 @@ void check_host_cu_seqlens(const char* op, const char* arg, const int32_t* cu, i
 
 bool attention_head_dim_compiled(int64_t head_dim) { return detail::head_dim_compiled(head_dim); }
 
-void attention_forward(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
-                       double scale, bool causal, const TensorView& lse, cudaStream_t stream) {
-  const char* op = "attention_forward";
-  Validated r = validate(op, out, q, k, v, scale, causal, lse, false);
+void attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+               bool causal, double scale, const std::optional<TensorView>& lse, cudaStream_t stream) {
+  const char* op = "attention";
+  Validated r = validate(op, out, q, k, v, causal, scale, lse, false);
   check_size(op, "batch", q.size(0), kMaxGridDim);
   r.p.batch = static_cast<int>(q.size(0));
   r.p.seqlen_q = static_cast<int>(q.size(1));
@@ -181,14 +181,14 @@ void attention_forward(const TensorView& out, const TensorView& q, const TensorV
   execute(op, r, q, stream);
 }
 
-void attention_varlen_forward(const TensorView& out, const TensorView& q, const TensorView& k,
-                              const TensorView& v, const TensorView& cu_seqlens_q,
-                              const TensorView& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                              double scale, bool causal, const TensorView& lse, cudaStream_t stream) {
-  const char* op = "attention_varlen_forward";
-  Validated r = validate(op, out, q, k, v, scale, causal, lse, true);
+void attention_varlen(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
+                      int64_t max_seqlen_k, bool causal, double scale, const std::optional<TensorView>& lse,
+                      cudaStream_t stream) {
+  const char* op = "attention_varlen";
+  Validated r = validate(op, out, q, k, v, causal, scale, lse, true);
   LLMK_CHECK(cu_seqlens_q.ndim() == 1 && cu_seqlens_q.size(0) >= 1, op,
-             ": cu_seqlens_q must be int32 [batch + 1]");
+             ": cu_seqlens_q must be int32 [batch + 1], got ", detail::shape_string(cu_seqlens_q));
   const int64_t batch = cu_seqlens_q.size(0) - 1;
   check_size(op, "batch", batch, kMaxGridDim);
   r.p.cu_seqlens_q = check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q, batch);

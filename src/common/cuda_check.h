@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "llmk/error.h"
+#include "llmk/tensor.h"
 
 namespace llmk::detail {
 
@@ -14,9 +15,12 @@ namespace llmk::detail {
 // synchronize the stream so that an asynchronous fault is pinned to this kernel.
 void check_launch(const char* kernel, cudaStream_t stream, const char* file, int line);
 
+// Makes the device of `t` (the CUDA tensor argument `arg` of `op`) current until the end
+// of the scope. The first CUDA call of every op: a machine without a CUDA GPU (or driver)
+// and a device index out of range are reported in plain words, naming op and argument.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device);
+  DeviceGuard(const char* op, const char* arg, const TensorView& t);
   ~DeviceGuard();
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;

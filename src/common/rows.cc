@@ -8,7 +8,13 @@
 
 namespace llmk::detail {
 
-static void check_element_aligned(const char* op, const char* arg, const TensorView& t) {
+std::string dims_string(const int64_t* dims, int ndim) {
+  std::string s = "[";
+  for (int i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+void check_element_aligned(const char* op, const char* arg, const TensorView& t) {
   const auto address = reinterpret_cast<uintptr_t>(t.data());
   LLMK_CHECK(address % static_cast<uintptr_t>(dtype_size(t.dtype())) == 0, op, ": ", arg,
              " data pointer ", t.data(), " is not aligned to its ", dtype_size(t.dtype()),
@@ -46,9 +52,8 @@ Rows as_rows(const char* op, const char* arg, const TensorView& t) {
 }
 
 void check_vector(const char* op, const char* arg, const TensorView& t, int64_t n) {
-  LLMK_CHECK(t.ndim() == 1 && t.size(0) == n, op, ": ", arg, " must have shape [", n, "]",
-             t.ndim() == 1 ? ", got [" : "", t.ndim() == 1 ? t.size(0) : 0,
-             t.ndim() == 1 ? "]" : " (wrong number of dims)");
+  LLMK_CHECK(t.ndim() == 1 && t.size(0) == n, op, ": ", arg, " must have shape [", n, "], got ",
+             shape_string(t));
   LLMK_CHECK(n <= 1 || t.stride(0) == 1, op, ": ", arg, " must be contiguous, got stride ",
              t.stride(0));
   if (n > 0) check_element_aligned(op, arg, t);
@@ -57,12 +62,6 @@ void check_vector(const char* op, const char* arg, const TensorView& t, int64_t 
 void check_dtype(const char* op, const char* arg, const TensorView& t, DType expected) {
   LLMK_CHECK(t.dtype() == expected, op, ": ", arg, " has dtype ", dtype_name(t.dtype()),
              ", expected ", dtype_name(expected));
-}
-
-static std::string shape_string(const TensorView& t) {
-  std::string s = "[";
-  for (int i = 0; i < t.ndim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
 }
 
 void check_same_shape(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
@@ -91,7 +90,8 @@ Rows check_like(const char* op, const char* arg, const TensorView& t, const char
 
 void check_float_dtype(const char* op, const char* arg, const TensorView& t) {
   LLMK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::bf16,
-             op, ": ", arg, " has unsupported dtype ", dtype_name(t.dtype()));
+             op, ": ", arg, " has unsupported dtype ", dtype_name(t.dtype()),
+             " (expected float32, float16 or bfloat16)");
 }
 
 bool rows_vectorizable(std::initializer_list<Rows> rows, DType dtype) {
@@ -110,11 +110,13 @@ void check_workspace(const char* op, const std::optional<TensorView>& workspace,
              " elements (", size_fn, ")");
   check_same_device(op, "workspace", *workspace, "x", ref);
   check_dtype(op, "workspace", *workspace, DType::f32);
-  LLMK_CHECK(workspace->ndim() == 1 && workspace->numel() >= needed &&
-                 (workspace->numel() <= 1 || workspace->stride(0) == 1),
-             op, ": workspace must be a contiguous 1-d float32 tensor of at least ", needed,
-             " elements, got ", workspace->numel());
-  LLMK_CHECK(is_aligned(workspace->data(), 16), op, ": workspace must be 16-byte aligned");
+  LLMK_CHECK(workspace->ndim() == 1 && workspace->numel() >= needed, op,
+             ": workspace must be a 1-d float32 tensor of at least ", needed, " elements, got shape ",
+             shape_string(*workspace));
+  LLMK_CHECK(workspace->numel() <= 1 || workspace->stride(0) == 1, op,
+             ": workspace must be contiguous, got stride ", workspace->stride(0));
+  LLMK_CHECK(is_aligned(workspace->data(), 16), op, ": workspace data pointer ", workspace->data(),
+             " is not 16-byte aligned");
 }
 
 bool same_view(const TensorView& a, const TensorView& b) {
@@ -151,7 +153,8 @@ void check_no_overlap(const char* op, const char* a_arg, const TensorView& a, co
   }
   const ByteSpan sa = byte_span(a), sb = byte_span(b);
   LLMK_CHECK(sa.last <= sb.first || sb.last <= sa.first, op, ": ", a_arg, " and ", b_arg,
-             " overlap in memory; they must be the same tensor or disjoint");
+             " overlap in memory; they must be ",
+             allow_identical ? "the same tensor or disjoint" : "disjoint");
 }
 
 // No two elements of `t` share an address: with the dims sorted by stride, each stride

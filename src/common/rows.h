@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <string>
 
 #include "llmk/tensor.h"
 
@@ -17,9 +18,16 @@ struct Rows {
   int64_t row_stride = 0;
 };
 
+// A list of dims as error messages print shapes: "[2, 64]" ("[]" for none).
+std::string dims_string(const int64_t* dims, int ndim);
+inline std::string shape_string(const TensorView& t) { return dims_string(t.shape(), t.ndim()); }
+
 // Checks that `t` has at least one dim, a contiguous last dim, an element-aligned data
 // pointer and leading dims that flatten into uniformly strided rows.
 Rows as_rows(const char* op, const char* arg, const TensorView& t);
+
+// Checks that the data pointer of `t` is aligned to its elements.
+void check_element_aligned(const char* op, const char* arg, const TensorView& t);
 
 // Checks that `t` is a contiguous 1-d tensor of n elements.
 void check_vector(const char* op, const char* arg, const TensorView& t, int64_t n);

@@ -52,7 +52,8 @@ void check_row_stat(const char* op, const char* arg, const TensorView& t, const 
 Rows check_x(const char* op, const TensorView& x) {
   detail::check_float_dtype(op, "x", x);
   Rows rows = detail::as_rows(op, "x", x);
-  LLMK_CHECK(rows.d >= 1, op, ": x has an empty last dim; the hidden size must be >= 1");
+  LLMK_CHECK(rows.d >= 1, op, ": x has an empty last dim (shape ", detail::shape_string(x),
+             "); the hidden size must be >= 1");
   LLMK_CHECK(rows.d <= (int64_t{1} << 24), op, ": hidden size ", rows.d,
              " is larger than the supported 16777216");
   return rows;
@@ -137,7 +138,7 @@ void rmsnorm_forward(const char* op, const TensorView& out, const TensorView& x,
   p.gate = gater.data;
   p.gate_stride = gater.row_stride;
   if (!x.is_cuda()) return detail::rmsnorm_cpu(p, x.dtype(), weight.dtype());
-  detail::DeviceGuard guard(x.device().index);
+  detail::DeviceGuard guard(op, "x", x);
   const bool vector_ok = vectorizable({xr, outr, gater}, x.dtype(), {&weight});
   if (gate) detail::rmsnorm_swiglu_cuda(p, x.dtype(), weight.dtype(), vector_ok, stream);
   else detail::rmsnorm_cuda(p, x.dtype(), weight.dtype(), vector_ok, stream);
@@ -190,7 +191,7 @@ void rmsnorm_backward_impl(const char* op, const TensorView& dx, const TensorVie
   p.dgate_stride = dgater.row_stride;
   if (!x.is_cuda()) return detail::rmsnorm_backward_cpu(p, x.dtype(), weight.dtype());
 
-  detail::DeviceGuard guard(x.device().index);
+  detail::DeviceGuard guard(op, "x", x);
   if (xr.rows == 0) return zero_parameter_gradients({&dweight}, xr.d, stream);
   detail::check_workspace(op, workspace, x, rmsnorm_backward_workspace_size(xr.rows, xr.d, x.device().index),
                           "rmsnorm_backward_workspace_size");
@@ -214,25 +215,30 @@ void rmsnorm_swiglu(const TensorView& out, const TensorView& x, const TensorView
   rmsnorm_forward("rmsnorm_swiglu", out, x, &gate, weight, eps, offset, rstd, stream);
 }
 
-void add_rmsnorm(const TensorView& out, const TensorView& residual_out, const TensorView& x,
-                 const TensorView& residual, const TensorView& weight, double eps,
-                 double offset, cudaStream_t stream) {
-  const char* op = "add_rmsnorm";
+namespace {
+
+// add_rmsnorm, and add_rmsnorm_ when `in_place` (out is x and residual_out is residual;
+// the messages then name x and residual only).
+void add_rmsnorm_impl(const char* op, bool in_place, const TensorView& out, const TensorView& residual_out,
+                      const TensorView& x, const TensorView& residual, const TensorView& weight, double eps,
+                      double offset, cudaStream_t stream) {
+  const char* out_arg = in_place ? "x" : "out";
+  const char* res_out_arg = in_place ? "residual" : "residual_out";
   const Rows xr = check_x(op, x);
-  const Rows outr = check_like_x(op, "out", out, x);
+  const Rows outr = check_like_x(op, out_arg, out, x);
   const Rows resr = check_like_x(op, "residual", residual, x);
-  const Rows res_outr = check_like_x(op, "residual_out", residual_out, x);
+  const Rows res_outr = check_like_x(op, res_out_arg, residual_out, x);
   check_column_param(op, "weight", weight, x, xr.d);
   check_eps(op, eps);
   check_offset(op, offset);
-  // In place means out is x and residual_out is residual; outputs are otherwise disjoint
-  // from each other and from the inputs (x and residual may share memory: both are read).
-  detail::check_no_overlap(op, "out", out, "x", x, true);
-  detail::check_no_overlap(op, "residual_out", residual_out, "residual", residual, true);
-  detail::check_no_overlap(op, "out", out, "residual", residual, false);
-  detail::check_no_overlap(op, "out", out, "residual_out", residual_out, false);
-  detail::check_no_overlap(op, "residual_out", residual_out, "x", x, false);
-  for (const auto& [name, t] : {std::pair{"out", &out}, {"residual_out", &residual_out}})
+  // out may be x and residual_out may be residual; outputs are otherwise disjoint from each
+  // other and from the inputs (x and residual may share memory when both are only read).
+  detail::check_no_overlap(op, out_arg, out, "x", x, true);
+  detail::check_no_overlap(op, res_out_arg, residual_out, "residual", residual, true);
+  detail::check_no_overlap(op, out_arg, out, "residual", residual, false);
+  detail::check_no_overlap(op, out_arg, out, res_out_arg, residual_out, false);
+  detail::check_no_overlap(op, res_out_arg, residual_out, "x", x, false);
+  for (const auto& [name, t] : {std::pair{out_arg, &out}, {res_out_arg, &residual_out}})
     detail::check_no_overlap(op, name, *t, "weight", weight, false);
   if (xr.rows == 0) return;
 
@@ -244,9 +250,22 @@ void add_rmsnorm(const TensorView& out, const TensorView& residual_out, const Te
   p.residual_stride = resr.row_stride;
   p.offset = static_cast<float>(offset);
   if (!x.is_cuda()) return detail::add_rmsnorm_cpu(p, x.dtype(), weight.dtype());
-  detail::DeviceGuard guard(x.device().index);
+  detail::DeviceGuard guard(op, "x", x);
   detail::add_rmsnorm_cuda(p, x.dtype(), weight.dtype(),
                            vectorizable({xr, outr, resr, res_outr}, x.dtype(), {&weight}), stream);
+}
+
+}  // namespace
+
+void add_rmsnorm(const TensorView& out, const TensorView& residual_out, const TensorView& x,
+                 const TensorView& residual, const TensorView& weight, double eps,
+                 double offset, cudaStream_t stream) {
+  add_rmsnorm_impl("add_rmsnorm", false, out, residual_out, x, residual, weight, eps, offset, stream);
+}
+
+void add_rmsnorm_(const TensorView& x, const TensorView& residual, const TensorView& weight, double eps,
+                  double offset, cudaStream_t stream) {
+  add_rmsnorm_impl("add_rmsnorm_", true, x, residual, x, residual, weight, eps, offset, stream);
 }
 
 int64_t rmsnorm_backward_workspace_size(int64_t rows, int64_t d, int device_index) {
@@ -312,7 +331,7 @@ void layernorm(const TensorView& out, const TensorView& x, const std::optional<T
   p.mean = mean ? static_cast<float*>(mean->data()) : nullptr;
   p.rstd = rstd ? static_cast<float*>(rstd->data()) : nullptr;
   if (!x.is_cuda()) return detail::layernorm_cpu(p, x.dtype(), affine);
-  detail::DeviceGuard guard(x.device().index);
+  detail::DeviceGuard guard(op, "x", x);
   const bool vector_ok = vectorizable({xr, outr}, x.dtype(),
                                       {weight ? &*weight : nullptr, bias ? &*bias : nullptr});
   detail::layernorm_cuda(p, x.dtype(), affine, vector_ok, stream);
@@ -350,7 +369,7 @@ void layernorm_backward(const TensorView& dx, const std::optional<TensorView>& d
   p.weight = weight ? weight->data() : nullptr;
   if (!x.is_cuda()) return detail::layernorm_backward_cpu(p, x.dtype(), affine);
 
-  detail::DeviceGuard guard(x.device().index);
+  detail::DeviceGuard guard(op, "x", x);
   if (xr.rows == 0)
     return zero_parameter_gradients({dweight ? &*dweight : nullptr, dbias ? &*dbias : nullptr},
                                     xr.d, stream);

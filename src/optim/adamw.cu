@@ -139,7 +139,7 @@ void adamw_cuda(const AdamWLaunch& launch, DType dtype, cudaStream_t stream) {
   int device = 0, sms = 0;
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
   LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  dispatch_dtype(dtype, "adamw_step", [&](auto tag) {
+  dispatch_dtype(dtype, "adamw_step_", [&](auto tag) {
     const auto kernel = adamw_kernel<device_type_t<decltype(tag)>>;
     const int wave = kernel_fit(reinterpret_cast<const void*>(kernel), kThreads, device).blocks_per_sm * sms;
     const int blocks = chunks < wave ? chunks : wave;

@@ -33,7 +33,7 @@ void update_tensor(const AdamWLaunch& L, int t) {
 }  // namespace
 
 void adamw_cpu(const AdamWLaunch& launch, DType dtype) {
-  dispatch_dtype(dtype, "adamw_step", [&](auto tag) {
+  dispatch_dtype(dtype, "adamw_step_", [&](auto tag) {
     for (int t = 0; t < launch.count; ++t) update_tensor<host_type_t<decltype(tag)>>(launch, t);
   });
 }

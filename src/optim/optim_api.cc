@@ -18,13 +18,14 @@ using detail::AdamWLaunch;
 
 namespace {
 
-constexpr const char* kOp = "adamw_step";
+constexpr const char* kOp = "adamw_step_";
 
 void check_scalar(const std::string& arg, const TensorView& t, const TensorView& ref) {
-  detail::check_same_device(kOp, arg.c_str(), t, "params[0]", ref);
+  detail::check_same_device(kOp, arg.c_str(), t, "params[0].param", ref);
   detail::check_dtype(kOp, arg.c_str(), t, DType::f32);
   LLMK_CHECK(t.numel() == 1, kOp, ": ", arg, " must hold one element, got ", t.numel());
-  LLMK_CHECK(detail::is_aligned(t.data(), 4), kOp, ": ", arg, " is not 4-byte aligned");
+  LLMK_CHECK(detail::is_aligned(t.data(), 4), kOp, ": ", arg, " data pointer ", t.data(),
+             " is not 4-byte aligned");
 }
 
 void check_param(size_t i, const AdamWParam& a, const TensorView& ref) {
@@ -44,9 +45,9 @@ void check_param(size_t i, const AdamWParam& a, const TensorView& ref) {
   const std::pair<const std::string*, const TensorView*> all[] = {
       {&param, &a.param}, {&grad, &a.grad}, {&m, &a.exp_avg}, {&v, &a.exp_avg_sq}};
   for (const auto& [name, t] : all) {
-    LLMK_CHECK(detail::is_contiguous(*t), kOp, ": ", *name, " must be contiguous");
-    LLMK_CHECK(t->numel() == 0 || detail::is_aligned(t->data(), dtype_size(t->dtype())), kOp, ": ",
-               *name, " is not aligned to its elements");
+    LLMK_CHECK(detail::is_contiguous(*t), kOp, ": ", *name, " must be contiguous, got shape ",
+               detail::shape_string(*t), " with strides ", detail::dims_string(t->strides(), t->ndim()));
+    if (t->numel() > 0) detail::check_element_aligned(kOp, name->c_str(), *t);
   }
   for (int x = 0; x < 4; ++x)
     for (int y = x + 1; y < 4; ++y)
@@ -67,13 +68,12 @@ void check_options(const AdamWOptions& o, bool device_lr) {
 
 }  // namespace
 
-void adamw_step(const std::vector<AdamWParam>& params, const AdamWOptions& options,
-                const TensorView& lr_tensor, cudaStream_t stream) {
+void adamw_step_(const std::vector<AdamWParam>& params, const AdamWOptions& options,
+                 const std::optional<TensorView>& lr_tensor, cudaStream_t stream) {
   if (params.empty()) return;
   const TensorView& ref = params[0].param;
-  const bool device_lr = lr_tensor.data() != nullptr;
-  check_options(options, device_lr);
-  if (device_lr) check_scalar("lr_tensor", lr_tensor, ref);
+  check_options(options, lr_tensor.has_value());
+  if (lr_tensor) check_scalar("lr_tensor", *lr_tensor, ref);
   for (size_t i = 0; i < params.size(); ++i) check_param(i, params[i], ref);
   const bool on_host = !ref.is_cuda();
   if (on_host) {  // the step counts are read on the host: check them too
@@ -85,9 +85,9 @@ void adamw_step(const std::vector<AdamWParam>& params, const AdamWOptions& optio
 
   AdamWLaunch launch;
   launch.hyper = {options.lr, options.beta1, options.beta2, options.eps, options.weight_decay,
-                  options.maximize, device_lr ? static_cast<const float*>(lr_tensor.data()) : nullptr};
+                  options.maximize, lr_tensor ? static_cast<const float*>(lr_tensor->data()) : nullptr};
   std::optional<detail::DeviceGuard> guard;
-  if (!on_host) guard.emplace(ref.device().index);
+  if (!on_host) guard.emplace(kOp, "params[0].param", ref);
   auto flush = [&](DType dtype) {
     if (launch.count == 0) return;
     if (on_host) detail::adamw_cpu(launch, dtype);

@@ -13,9 +13,12 @@ using detail::Rows;
 
 namespace {
 
+constexpr double kLog2e = 1.4426950408889634;
+
+// The kernels multiply by scale and by scale * log2(e) in float32: both must be finite.
 void check_scale(const char* op, double scale) {
-  LLMK_CHECK(std::isfinite(scale) && std::isfinite(static_cast<float>(scale)), op,
-             ": scale must be finite in float32, got ", scale);
+  LLMK_CHECK(std::isfinite(scale) && std::isfinite(static_cast<float>(scale * kLog2e)), op,
+             ": scale must be finite in float32, times log2(e) (|scale| < 2.3e38), got ", scale);
 }
 
 void forward(const char* op, bool log, const TensorView& out, const TensorView& x, double scale,
@@ -27,9 +30,10 @@ void forward(const char* op, bool log, const TensorView& out, const TensorView& 
   detail::check_no_overlap(op, "out", out, "x", x, /*allow_identical=*/true);
   if (xr.rows == 0 || xr.d == 0) return;
   const detail::SoftmaxParams p{outr.data, xr.data, xr.rows, xr.d, outr.row_stride, xr.row_stride,
-                                static_cast<float>(scale)};
+                                static_cast<float>(scale), std::signbit(scale) ? -1.0f : 1.0f,
+                                static_cast<float>(scale * kLog2e)};
   if (!x.is_cuda()) return detail::softmax_cpu(p, log, x.dtype());
-  detail::DeviceGuard guard(x.device().index);
+  detail::DeviceGuard guard(op, "x", x);
   detail::softmax_cuda(p, log, x.dtype(), detail::rows_vectorizable({xr, outr}, x.dtype()), stream);
 }
 
@@ -47,7 +51,7 @@ void backward(const char* op, bool log, const TensorView& dx, const TensorView& 
                                         yr.rows,        yr.d,           dxr.row_stride,
                                         dyr.row_stride, yr.row_stride,  static_cast<float>(scale)};
   if (!y.is_cuda()) return detail::softmax_backward_cpu(p, log, y.dtype());
-  detail::DeviceGuard guard(y.device().index);
+  detail::DeviceGuard guard(op, "y", y);
   detail::softmax_backward_cuda(p, log, y.dtype(), detail::rows_vectorizable({yr, dyr, dxr}, y.dtype()),
                                 stream);
 }

@@ -1,11 +1,16 @@
 // Softmax / log-softmax forward kernels over rows [rows, n]:
-//   y = exp(s x - m) / sum exp(s x - m)     or     y = s x - m - log(sum exp(s x - m)).
+//   y = exp(z) / sum exp(z)     or     y = z - log(sum exp(z)),     z = s x - max(s x).
 //
-// Algorithm. One block per row (grid-strided over rows). With u = s x in fp32, each
-// exponent is exp2((u - m) * log2(e)): u - m is exact near the max (Sterbenz), so inputs of
-// magnitude 1e4 keep full fp32 accuracy where x * s * log2(e) - m would not. Each thread reduces its own
-// elements to a pair (max, sum of exp2(v - max)), and the block merges the pairs in one
-// reduction, rescaling each sum to the larger max (the online-softmax merge), so a row
+// Algorithm. One block per row (grid-strided over rows). Each exponent is formed as
+// z = (x - xe) * s, with xe the row's extreme input (its largest x for s >= 0, its smallest
+// for s < 0, found as the max of the exact keys sign(s) x): x - xe is exact near the max
+// (Sterbenz) and the product is rounded once, so z keeps a relative error of 2^-23 however
+// large s x is. (s x - max(s x) rounds s x first, an absolute error of |s x| 2^-24 in every
+// exponent: 6e-5 at |s x| = 1e3, and -3e-5 for the log_softmax of a single column.) The
+// sums take one ex2.approx per term (a term's error weighs its size e^z: the sum keeps
+// ~2 ulp); fp32 softmax outputs take expf (2 ulp, as torch.softmax). Each thread reduces
+// its own elements to a pair (max key, sum of exp(z)), and the block merges the pairs in
+// one reduction, rescaling each sum to the larger max (the online-softmax merge), so a row
 // costs one block reduction instead of a max reduction followed by a sum reduction.
 //   - softmax_vec_kernel keeps the row in registers (VPT 16-byte vectors per thread,
 //     chosen like the normalization kernels' by common/row_shape.h): the row is read from
@@ -18,12 +23,14 @@
 // Masked (-inf) entries contribute 0; a fully masked row gives zeros (log: -inf).
 //
 // Roofline (bf16, rows x n): read n, write n: 4 bytes per element (vector path), 6 with
-// the loop path's second read when the row is not in L2. ~5 FLOPs and one exp2 per element:
-// bandwidth bound. 8192 x 32000 bf16: 1.05 GB -> 350 us at 3.0 TB/s.
+// the loop path's second read when the row is not in L2. ~5 FLOPs and two ex2 per element
+// (fp32 softmax: one ex2 and one expf, ~10 instructions, over 8 bytes): bandwidth bound.
+// 8192 x 32000 bf16: 1.05 GB -> 350 us at 3.0 TB/s.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/device_types.cuh"
 #include "common/ptx.cuh"
@@ -33,57 +40,88 @@
 
 namespace llmk::detail {
 
-inline constexpr float kLog2e = 1.4426950408889634f;
+// The scale of a row of T and the exponents it gives. Keys sign(s) x order the entries as
+// s x does, exactly; a max key m names the extreme input xe = sign(s) m of its set, and an
+// input x has the exponent z = (x - xe) s <= 0 there.
+template <class T>
+struct RowScale {
+  float scale, sign, scale_log2e;
+  __device__ __forceinline__ explicit RowScale(const SoftmaxParams& p)
+      : scale(p.scale), sign(p.sign), scale_log2e(p.scale_log2e) {}
+  __device__ __forceinline__ float key(float x) const { return sign * x; }
+  __device__ __forceinline__ float extreme(float m) const { return sign * m; }
+  __device__ __forceinline__ float z(float x, float xe) const { return (x - xe) * scale; }
+  // exp(z) as a term of a sum: one ex2.approx of (x - xe) s log2(e). Its relative error
+  // (2 ulp + |z| 2^-24) is weighted by the term's size e^z, so the sum keeps ~2 ulp.
+  __device__ __forceinline__ float exp_term(float x, float xe) const {
+    return ptx::exp2_approx((x - xe) * scale_log2e);
+  }
+  // exp(z) as a softmax output: expf for fp32 (2 ulp, as torch.softmax); for bf16 and f16,
+  // rounded to 2^-9 and 2^-12, the term's ex2.approx.
+  __device__ __forceinline__ float exp_out(float x, float xe) const {
+    if constexpr (std::is_same_v<T, float>) return expf(z(x, xe));
+    else return exp_term(x, xe);
+  }
+};
 
-// exp(d) as one ex2.approx (relative error ~2^-22, flushing results below 2^-126 to 0).
-__device__ __forceinline__ float exp_e(float d) { return ptx::exp2_approx(d * kLog2e); }
-
-// A partial softmax denominator: the max of a set of values and the sum of exp(v - max)
+// A partial softmax denominator: the max key of a set of values and the sum of exp(z)
 // over the set. Empty or fully masked sets are {-inf, 0}.
 struct MaxSum {
   float max;
   float sum;
 };
 
+// `sum`, a partial sum of max key a, rescaled to max key m >= a; an empty partial stays 0
+// (also when s = 0, where its exponent would be -inf * 0).
+template <class T>
+__device__ __forceinline__ float rescaled(float sum, float a, float m, const RowScale<T>& sc) {
+  return sum == 0.0f ? 0.0f : sum * sc.exp_term(sc.extreme(a), sc.extreme(m));
+}
+
 // Merges every thread's pair; all threads get the row's pair. The row max first (a cheap
 // max reduction), then each thread rescales its own sum to it once and the block sums:
 // one exp per thread instead of one per merge step. Every thread of the block calls it.
-__device__ __forceinline__ MaxSum block_max_sum(MaxSum v) {
+template <class T>
+__device__ __forceinline__ MaxSum block_max_sum(MaxSum v, const RowScale<T>& sc) {
   const float m = block_max(v.max);
   if (m == -INFINITY) return {m, 0.0f};  // the whole row is masked (uniform across the block)
-  return {m, block_sum(v.sum * exp_e(v.max - m))};
+  return {m, block_sum(rescaled(v.sum, v.max, m, sc))};
 }
 
-// The output of one element from its scaled value u = s * x and the row's pair. A fully masked row (sum 0) gives 0 (softmax) or -inf (log_softmax).
-template <bool kLog>
+// The output of one element from its input x and the row's pair. A fully masked row (sum
+// 0) gives 0 (softmax) or -inf (log_softmax).
+template <class T, bool kLog>
 struct SoftmaxOut {
-  float max, inv_sum, log_sum;
+  RowScale<T> sc;
+  float xe, inv_sum, log_sum;
   bool masked;  // the row's sum is 0: every entry is -inf
-  __device__ __forceinline__ explicit SoftmaxOut(MaxSum row)
-      : max(row.max), inv_sum(1.0f / row.sum), log_sum(logf(row.sum)), masked(row.sum == 0.0f) {}
-  __device__ __forceinline__ float operator()(float u) const {
-    if constexpr (kLog) return masked ? -INFINITY : (u - max) - log_sum;
-    else return masked ? 0.0f : exp_e(u - max) * inv_sum;
+  __device__ __forceinline__ SoftmaxOut(MaxSum row, const RowScale<T>& scale)
+      : sc(scale), xe(scale.extreme(row.max)), inv_sum(1.0f / row.sum), log_sum(logf(row.sum)),
+        masked(row.sum == 0.0f) {}
+  __device__ __forceinline__ float operator()(float x) const {
+    if constexpr (kLog) return masked ? -INFINITY : sc.z(x, xe) - log_sum;
+    else return masked ? 0.0f : sc.exp_out(x, xe) * inv_sum;
   }
 };
 
-// Folds a vector of values (scaled by `scale`) into a thread's running pair.
+// Folds a vector of inputs into a thread's running pair.
 template <class T, int N>
-__device__ __forceinline__ MaxSum fold(MaxSum acc, const Vec<T, N>& v, float scale) {
+__device__ __forceinline__ MaxSum fold(MaxSum acc, const Vec<T, N>& v, const RowScale<T>& sc) {
   float m = acc.max;
 #pragma unroll
-  for (int j = 0; j < N; ++j) m = fmaxf(m, to_float(v.v[j]) * scale);
+  for (int j = 0; j < N; ++j) m = fmaxf(m, sc.key(to_float(v.v[j])));
   if (m == -INFINITY) return acc;
-  float sum = acc.sum * exp_e(acc.max - m);
+  float sum = rescaled(acc.sum, acc.max, m, sc);
+  const float xe = sc.extreme(m);
 #pragma unroll
-  for (int j = 0; j < N; ++j) sum += exp_e(to_float(v.v[j]) * scale - m);
+  for (int j = 0; j < N; ++j) sum += sc.exp_term(to_float(v.v[j]), xe);
   return {m, sum};
 }
 
 template <class T, int N, int VPT, bool kLog>
 __global__ void __launch_bounds__(512) softmax_vec_kernel(SoftmaxParams p) {
   const int n = static_cast<int>(p.n);
-  const float scale = p.scale;
+  const RowScale<T> sc(p);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     Vec<T, N> s[VPT];
@@ -94,19 +132,20 @@ __global__ void __launch_bounds__(512) softmax_vec_kernel(SoftmaxParams p) {
       if (col < n) {
         s[i] = load_vec<T, N>(x + col);
 #pragma unroll
-        for (int j = 0; j < N; ++j) m = fmaxf(m, to_float(s[i].v[j]) * scale);
+        for (int j = 0; j < N; ++j) m = fmaxf(m, sc.key(to_float(s[i].v[j])));
       }
     }
     float sum = 0.0f;
+    const float xe = sc.extreme(m);
     if (m != -INFINITY)
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
         const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
         if (col < n)
 #pragma unroll
-          for (int j = 0; j < N; ++j) sum += exp_e(to_float(s[i].v[j]) * scale - m);
+          for (int j = 0; j < N; ++j) sum += sc.exp_term(to_float(s[i].v[j]), xe);
       }
-    const SoftmaxOut<kLog> y_of(block_max_sum({m, sum}));
+    const SoftmaxOut<T, kLog> y_of(block_max_sum({m, sum}, sc), sc);
     T* out = static_cast<T*>(p.out) + row * p.out_stride;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -115,7 +154,7 @@ __global__ void __launch_bounds__(512) softmax_vec_kernel(SoftmaxParams p) {
         opaque(s[i]);
         Vec<T, N> y;
 #pragma unroll
-        for (int j = 0; j < N; ++j) y.v[j] = from_float<T>(y_of(to_float(s[i].v[j]) * scale));
+        for (int j = 0; j < N; ++j) y.v[j] = from_float<T>(y_of(to_float(s[i].v[j])));
         store_vec(out + col, y);
       }
     }
@@ -124,22 +163,22 @@ __global__ void __launch_bounds__(512) softmax_vec_kernel(SoftmaxParams p) {
 
 template <class T, int N, bool kLog>
 __global__ void __launch_bounds__(512) softmax_loop_kernel(SoftmaxParams p) {
-  const float scale = p.scale;
+  const RowScale<T> sc(p);
   const int64_t step = int64_t{blockDim.x} * N;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     MaxSum acc{-INFINITY, 0.0f};
     for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += step)
-      acc = fold(acc, load_vec<T, N>(x + col), scale);
+      acc = fold(acc, load_vec<T, N>(x + col), sc);
     // The block reduction's barriers also order every first-pass read before any write,
     // so out may be x; each thread then rewrites only the columns it read.
-    const SoftmaxOut<kLog> y_of(block_max_sum(acc));
+    const SoftmaxOut<T, kLog> y_of(block_max_sum(acc, sc), sc);
     T* out = static_cast<T*>(p.out) + row * p.out_stride;
     for (int64_t col = int64_t{threadIdx.x} * N; col < p.n; col += step) {
       const Vec<T, N> v = load_vec<T, N>(x + col);
       Vec<T, N> y;
 #pragma unroll
-      for (int j = 0; j < N; ++j) y.v[j] = from_float<T>(y_of(to_float(v.v[j]) * scale));
+      for (int j = 0; j < N; ++j) y.v[j] = from_float<T>(y_of(to_float(v.v[j])));
       store_vec(out + col, y);
     }
   }

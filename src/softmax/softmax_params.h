@@ -14,6 +14,8 @@ struct SoftmaxParams {
   int64_t out_stride;
   int64_t x_stride;
   float scale;
+  float sign;         // of scale: +1 or -1
+  float scale_log2e;  // scale * log2(e), rounded once
 };
 
 struct SoftmaxBackwardParams {

@@ -1,4 +1,4 @@
-// Fused AdamW (adamw_step): the CPU reference against a hand-computed step and an
+// Fused AdamW (adamw_step_): the CPU reference against a hand-computed step and an
 // independent double-precision loop over many steps; the CUDA kernel against the CPU
 // reference over parameter dtypes, sizes (empty, odd, chunk edges, more tensors than one
 // launch holds), unaligned tensors, per-tensor step counts, a device lr and CUDA-graph
@@ -57,7 +57,7 @@ TEST(AdamWCpu, MatchesHandComputedStep) {
   AdamWOptions o;
   o.lr = 0.1;
   o.weight_decay = 0.01;
-  adamw_step({a.host_view()}, o);
+  adamw_step_({a.host_view()}, o);
   // m = 0.05, v = 2.5e-4; step size lr / 0.1 = 1, denom sqrt(v) / sqrt(1e-3) + eps = 0.5 + 1e-8.
   EXPECT_NEAR(a.m.get(0, 0), 0.05, 1e-9);
   EXPECT_NEAR(a.v.get(0, 0), 2.5e-4, 1e-10);
@@ -68,7 +68,7 @@ TEST(AdamWCpu, MatchesHandComputedStep) {
   b.grad.set(0, 0, 0.5f);
   b.m.set(0, 0, 0.0f);
   b.v.set(0, 0, 0.0f);
-  adamw_step({b.host_view()}, o);
+  adamw_step_({b.host_view()}, o);
   EXPECT_NEAR(b.param.get(0, 0), 1.0 * (1 - 0.001) + 0.05 / (0.5 + 1e-8), 1e-7);
 }
 
@@ -87,7 +87,7 @@ TEST(AdamWCpu, ManyStepsMatchIndependentLoop) {
   for (int t = 1; t <= 50; ++t) {
     a.grad.randomize();
     a.step.set(0, 0, static_cast<float>(t));
-    adamw_step({a.host_view()}, o);
+    adamw_step_({a.host_view()}, o);
     for (int64_t i = 0; i < n; ++i) {
       const double g = a.grad.get(0, i);
       m[i] = 0.8 * m[i] + 0.2 * g;
@@ -152,8 +152,10 @@ TEST(AdamWGpu, MatchesCpuReference) {
       o.lr = 2e-2;               // the CPU reference gets the device value from options,
       gpu_options.lr = 1e3;      // the GPU must ignore this one
     }
-    adamw_step(hviews, o);
-    adamw_step(dviews, gpu_options, device_lr ? HostParam::slice(lr, glr.data, true, 0, 1) : TensorView{});
+    adamw_step_(hviews, o);
+    std::optional<TensorView> lr_view;
+    if (device_lr) lr_view = HostParam::slice(lr, glr.data, true, 0, 1);
+    adamw_step_(dviews, gpu_options, lr_view);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     for (size_t i = 0; i < host.size(); ++i) {
       HostParam got = download(*dev[i], host[i]);
@@ -176,7 +178,7 @@ TEST(AdamWGpu, GraphReplayReadsStepAndLrFromDevice) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  adamw_step({d.view(h)}, AdamWOptions{}, lr_view, stream);
+  adamw_step_({d.view(h)}, AdamWOptions{}, lr_view, stream);
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   HostParam ref = h;
@@ -188,7 +190,7 @@ TEST(AdamWGpu, GraphReplayReadsStepAndLrFromDevice) {
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     ref.step.set(0, 0, step);
     o.lr = new_lr;
-    adamw_step({ref.host_view()}, o);
+    adamw_step_({ref.host_view()}, o);
   }
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   HostParam got = download(d, h);
@@ -203,9 +205,10 @@ class AdamWBadInput : public testing::Test {
   HostParam a{DType::bf16, 64, 1.0f};
   HostParam b{DType::f32, 64, 1.0f};
   void expect_rejected(std::vector<AdamWParam> list, const std::string& needle,
-                       const AdamWOptions& o = AdamWOptions{}, const TensorView& lr = TensorView{}) {
+                       const AdamWOptions& o = AdamWOptions{},
+                       const std::optional<TensorView>& lr = std::nullopt) {
     const HostParam a0 = a, b0 = b;
-    expect_error([&] { adamw_step(list, o, lr); }, needle);
+    expect_error([&] { adamw_step_(list, o, lr); }, needle);
     for (auto [got, want] : {std::pair{&a, &a0}, {&b, &b0}}) {
       expect_equal_elements(got->param, want->param, "param after a rejected call");
       expect_equal_elements(got->m, want->m, "exp_avg after a rejected call");
@@ -217,7 +220,7 @@ class AdamWBadInput : public testing::Test {
 TEST_F(AdamWBadInput, TensorsAndOptions) {
   AdamWParam bad = a.host_view();
   bad.grad = b.host_view().grad;
-  expect_rejected({b.host_view(), bad}, "adamw_step: params[1].grad has dtype float32, expected bfloat16");
+  expect_rejected({b.host_view(), bad}, "adamw_step_: params[1].grad has dtype float32, expected bfloat16");
   bad = a.host_view();
   bad.exp_avg = a.host_view().param;
   expect_rejected({bad}, "params[0].exp_avg has dtype bfloat16, expected float32");
@@ -230,7 +233,7 @@ TEST_F(AdamWBadInput, TensorsAndOptions) {
   bad.grad = TensorView(b.grad.bytes.data(), DType::f32, Device{}, 1, shape, strides);
   bad.exp_avg = TensorView(b.m.bytes.data(), DType::f32, Device{}, 1, shape, strides);
   bad.exp_avg_sq = TensorView(b.v.bytes.data(), DType::f32, Device{}, 1, shape, strides);
-  expect_rejected({bad}, "params[0].param must be contiguous");
+  expect_rejected({bad}, "adamw_step_: params[0].param must be contiguous, got shape [32] with strides [2]");
   bad = b.host_view();
   bad.exp_avg_sq = bad.exp_avg;
   expect_rejected({bad}, "params[0].exp_avg and params[0].exp_avg_sq are the same tensor");
@@ -252,7 +255,7 @@ TEST_F(AdamWBadInput, TensorsAndOptions) {
     DeviceParam d(b);
     AdamWParam mixed = d.view(b);
     mixed.step = b.host_view().step;
-    expect_rejected({mixed}, "params[0].step is on cpu:0 but params[0] is on cuda:0");
+    expect_rejected({mixed}, "adamw_step_: params[0].step is on cpu:0 but params[0].param is on cuda:0");
   }
 }
 

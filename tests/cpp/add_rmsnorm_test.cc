@@ -1,6 +1,7 @@
-// add_rmsnorm: the CPU reference against its definition (add, round, rmsnorm), the CUDA
-// kernels against the CPU reference in both forms (in place and out of place), and bad
-// inputs (aliasing that is not the in-place form, shape and dtype mismatches).
+// add_rmsnorm and add_rmsnorm_: the CPU reference against its definition (add, round,
+// rmsnorm), the CUDA kernels against the CPU reference in both forms (in place and out of
+// place), and bad inputs (aliasing that is not the in-place form, shape and dtype
+// mismatches).
 #include "test_util.h"
 
 namespace llmk::test {
@@ -21,7 +22,7 @@ TEST(AddRMSNormCpu, EqualsAddThenRMSNorm) {
     EXPECT_EQ(res_out.bytes, sum.bytes) << dtype_name(dt);
     EXPECT_EQ(out.bytes, want.bytes) << dtype_name(dt);
     // In place gives the same bytes.
-    add_rmsnorm(x.view(), res.view(), x.view(), res.view(), w.view(true), 1e-6);
+    add_rmsnorm_(x.view(), res.view(), w.view(true), 1e-6);
     EXPECT_EQ(res.bytes, sum.bytes) << dtype_name(dt);
     EXPECT_EQ(x.bytes, want.bytes) << dtype_name(dt);
   }
@@ -44,7 +45,7 @@ void run_gpu_case(DType dt, DType wdt, int64_t rows, int64_t d, int64_t stride, 
   res_out.poison();
   DeviceTensor dx(x), dres(res), dw(w), dout(out), dres_out(res_out);
   if (in_place) {
-    add_rmsnorm(dx.view(), dres.view(), dx.view(), dres.view(), dw.view(true), 1e-6, offset);
+    add_rmsnorm_(dx.view(), dres.view(), dw.view(true), 1e-6, offset);
   } else {
     add_rmsnorm(dout.view(), dres_out.view(), dx.view(), dres.view(), dw.view(true), 1e-6, offset);
   }
@@ -134,6 +135,18 @@ TEST_F(AddRMSNormBadInput, AliasingOtherThanInPlace) {
   expect_error([&] { add_rmsnorm(out.view(), out.view(), x.view(), res.view(), w.view(true), 1e-6); },
                "out and residual_out");
   expect_untouched();
+}
+
+TEST_F(AddRMSNormBadInput, InPlaceNeedsDisjointTensors) {
+  const HostTensor x0 = x, res0 = res;
+  expect_error([&] { add_rmsnorm_(x.view(), x.view(), w.view(true), 1e-6); },
+               "add_rmsnorm_: x and residual are the same tensor, which this op does not allow");
+  TensorView shifted(x.bytes.data() + 2 * 64, DType::bf16, Device{}, {3, 64});
+  TensorView x3(x.bytes.data(), DType::bf16, Device{}, {3, 64});
+  expect_error([&] { add_rmsnorm_(x3, shifted, w.view(true), 1e-6); },
+               "add_rmsnorm_: x and residual overlap in memory; they must be disjoint");
+  EXPECT_EQ(x.bytes, x0.bytes);
+  EXPECT_EQ(res.bytes, res0.bytes);
 }
 
 TEST_F(AddRMSNormBadInput, MismatchedResidual) {

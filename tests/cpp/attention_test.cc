@@ -1,4 +1,4 @@
-// Attention forward (attention_forward, attention_varlen_forward): the CPU reference
+// Attention forward (attention, attention_varlen): the CPU reference
 // against hand values; the CUDA kernel against the CPU reference over dtypes, head dims,
 // causal and not, GQA/MQA, seqlen_q != seqlen_k (fully masked rows), lengths that are not
 // multiples of the tiles, seqlen 1, strided and transposed layouts, the log-sum-exp, and
@@ -175,9 +175,9 @@ void check_dense(DType dt, const Shape& s, bool causal, bool transposed = false,
   v.randomize();
   Lse lse_ref({s.batch, s.heads_q, s.seq_q}), lse({s.batch, s.heads_q, s.seq_q});
   const double scale = 1.0 / std::sqrt(double(s.dim));
-  attention_forward(ref.host(), q.host(), k.host(), v.host(), scale, causal, lse_ref.cpu());
-  if (skip_uncompiled(s.dim, [&] { attention_forward(out.gpu(), q.gpu(), k.gpu(), v.gpu(), scale, causal); })) return;
-  attention_forward(out.gpu(), q.gpu(), k.gpu(), v.gpu(), scale, causal, lse.gpu());
+  attention(ref.host(), q.host(), k.host(), v.host(), causal, scale, lse_ref.cpu());
+  if (skip_uncompiled(s.dim, [&] { attention(out.gpu(), q.gpu(), k.gpu(), v.gpu(), causal, scale); })) return;
+  attention(out.gpu(), q.gpu(), k.gpu(), v.gpu(), causal, scale, lse.gpu());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   expect_close(out, out.download(), ref, max_abs_v(v));
   expect_lse_close(lse.device->download(), lse_ref.host, Lse::numel(lse.shape));
@@ -193,7 +193,7 @@ TEST(AttentionCpu, MatchesHandValues) {
   for (int64_t j = 0; j < n; ++j)
     for (int64_t c = 0; c < d; ++c) k.store.set(0, k.index(0, j, 0, c), c == 0 ? 1.0f : 0.0f);
   Lse lse({1, 1, n});
-  attention_forward(out.host(), q.host(), k.host(), v.host(), 0.5, /*causal=*/true, lse.cpu());
+  attention(out.host(), q.host(), k.host(), v.host(), /*causal=*/true, 0.5, lse.cpu());
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t c = 0; c < d; ++c) {
       double mean = 0;
@@ -210,7 +210,7 @@ TEST(AttentionCpu, MatchesHandValues) {
   k2.randomize();
   v2.randomize();
   Lse lse2({1, 1, 4});
-  attention_forward(out2.host(), q2.host(), k2.host(), v2.host(), 0.5, true, lse2.cpu());
+  attention(out2.host(), q2.host(), k2.host(), v2.host(), true, 0.5, lse2.cpu());
   for (int64_t c = 0; c < d; ++c) {
     EXPECT_EQ(out2.get(0, 0, 0, c), 0.0f);
     EXPECT_EQ(out2.get(0, 1, 0, c), 0.0f);
@@ -280,9 +280,8 @@ void check_varlen(DType dt, const std::vector<int64_t>& lens_q, const std::vecto
   };
   Lse lse_ref({heads_q, cu_q.back()}), lse({heads_q, cu_q.back()});
   const double scale = 0.7 / std::sqrt(double(dim));
-  attention_varlen_forward(ref.host(true), q.host(true), k.host(true), v.host(true),
-                           cu_view(cu_host.bytes.data(), false, 0), cu_view(cu_host.bytes.data(), false, 1), max_q,
-                           max_k, scale, causal, lse_ref.cpu());
+  attention_varlen(ref.host(true), q.host(true), k.host(true), v.host(true), cu_view(cu_host.bytes.data(), false, 0),
+                   cu_view(cu_host.bytes.data(), false, 1), max_q, max_k, causal, scale, lse_ref.cpu());
   // The packed reference equals the dense reference of each sequence alone.
   for (int64_t b = 0; b < batch; ++b) {
     if (lens_q[b] == 0) continue;
@@ -297,7 +296,7 @@ void check_varlen(DType dt, const std::vector<int64_t>& lens_q, const std::vecto
           kb.store.set(0, kb.index(0, j, h, c), k.get(0, cu_k[b] + j, h, c));
           vb.store.set(0, vb.index(0, j, h, c), v.get(0, cu_k[b] + j, h, c));
         }
-    attention_forward(ob.host(), qb.host(), kb.host(), vb.host(), scale, causal);
+    attention(ob.host(), qb.host(), kb.host(), vb.host(), causal, scale);
     for (int64_t i = 0; i < lens_q[b]; ++i)
       for (int64_t h = 0; h < heads_q; ++h)
         for (int64_t c = 0; c < dim; ++c) ASSERT_EQ(ob.get(0, i, h, c), ref.get(0, cu_q[b] + i, h, c));
@@ -305,12 +304,12 @@ void check_varlen(DType dt, const std::vector<int64_t>& lens_q, const std::vecto
   if (!has_gpu()) return;
   DeviceTensor cu_dev(cu_host);
   if (skip_uncompiled(dim, [&] {
-        attention_varlen_forward(out.gpu(true), q.gpu(true), k.gpu(true), v.gpu(true), cu_view(cu_dev.data, true, 0),
-                                 cu_view(cu_dev.data, true, 1), max_q, max_k, scale, causal);
+        attention_varlen(out.gpu(true), q.gpu(true), k.gpu(true), v.gpu(true), cu_view(cu_dev.data, true, 0),
+                         cu_view(cu_dev.data, true, 1), max_q, max_k, causal, scale);
       }))
     return;
-  attention_varlen_forward(out.gpu(true), q.gpu(true), k.gpu(true), v.gpu(true), cu_view(cu_dev.data, true, 0),
-                           cu_view(cu_dev.data, true, 1), max_q, max_k, scale, causal, lse.gpu());
+  attention_varlen(out.gpu(true), q.gpu(true), k.gpu(true), v.gpu(true), cu_view(cu_dev.data, true, 0),
+                   cu_view(cu_dev.data, true, 1), max_q, max_k, causal, scale, lse.gpu());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   expect_close(out, out.download(), ref, max_abs_v(v));
   expect_lse_close(lse.device->download(), lse_ref.host, Lse::numel(lse.shape));
@@ -332,8 +331,8 @@ TEST(AttentionErrors, BadInputsWriteNothing) {
   v.randomize();
   const TensorView qv = q.host(), kv = k.host(), vv = v.host(), ov = out.host();
   auto call = [&](const TensorView& o, const TensorView& qq, const TensorView& kk, const TensorView& vvv,
-                  double scale = 0.125, const TensorView& lse = TensorView{}) {
-    attention_forward(o, qq, kk, vvv, scale, false, lse);
+                  double scale = 0.125, const std::optional<TensorView>& lse = std::nullopt) {
+    attention(o, qq, kk, vvv, false, scale, lse);
   };
   Heads k3(DType::bf16, 2, 8, 3, d), k48(DType::bf16, 2, 8, 2, 48), kf(DType::f16, 2, 8, 2, d);
   expect_error([&] { call(ov, qv, k3.host(), k3.host()); }, "multiple of heads_kv");
@@ -353,14 +352,15 @@ TEST(AttentionErrors, BadInputsWriteNothing) {
                "multiple of 8");
   const int64_t shape3[3] = {16, 4, d}, strides3[3] = {4 * d, d, 1};
   expect_error([&] { call(ov, TensorView(q.store.bytes.data(), DType::bf16, Device{}, 3, shape3, strides3), kv, vv); },
-               "[batch, seq, heads, head_dim]");
+               "attention: q must be [batch, seq, heads, head_dim], got [16, 4, 64]");
   expect_error([&] { call(ov, qv, kv, vv, std::nan("")); }, "scale");
   expect_error([&] { call(ov, qv, kv, vv, 0.0); }, "scale");
   expect_error([&] { call(qv, qv, kv, vv); }, "same tensor");
   Heads out_short(DType::bf16, 2, 7, 4, d);
   expect_error([&] { call(out_short.host(), qv, kv, vv); }, "out");
   Lse lse_bad({2, 4, 7});
-  expect_error([&] { call(ov, qv, kv, vv, 0.125, lse_bad.cpu()); }, "lse must be float32");
+  expect_error([&] { call(ov, qv, kv, vv, 0.125, lse_bad.cpu()); },
+               "attention: lse must be float32 [batch, heads_q, seq_q] = [2, 4, 8], got [2, 4, 7]");
   // Nothing was written by any rejected call.
   for (int64_t i = 0; i < out.store.d; ++i) ASSERT_TRUE(std::isnan(out.store.get(0, i)));
   for (int64_t i = 0; i < lse_bad.host.d; ++i) ASSERT_TRUE(std::isnan(lse_bad.host.get(0, i)));
@@ -375,10 +375,11 @@ TEST(AttentionErrors, BadInputsWriteNothing) {
     return TensorView(c.data(), dt, Device{}, 1, shape1, strides1);
   };
   auto varlen = [&](std::vector<int32_t>& cq, int64_t max_q, DType dt = DType::i32) {
-    attention_varlen_forward(po.host(true), pq.host(true), pk.host(true), pk.host(true), cu_view(cq, dt), cu_view(cu),
-                             max_q, 10, 0.1, true);
+    attention_varlen(po.host(true), pq.host(true), pk.host(true), pk.host(true), cu_view(cq, dt), cu_view(cu), max_q,
+                     10, true, 0.1);
   };
-  std::vector<int32_t> down = {0, 6, 4}, short_total = {0, 4, 9}, nonzero = {2, 4, 10}, ok = cu;
+  std::vector<int32_t> down = {0, 6, 4}, short_total = {0, 4, 9}, nonzero = {2, 4, 10}, ok = cu, one = {0, 10};
+  expect_error([&] { varlen(one, 10); }, "attention_varlen: cu_seqlens_k must be int32 [batch + 1] = [2], got [3]");
   expect_error([&] { varlen(down, 10); }, "decreases");
   expect_error([&] { varlen(short_total, 10); }, "must equal");
   expect_error([&] { varlen(nonzero, 10); }, "must be 0");
@@ -393,7 +394,7 @@ TEST(AttentionGpu, MixedDevicesAreRejected) {
   Heads q(DType::bf16, 1, 8, 2, 64), k(DType::bf16, 1, 8, 2, 64), out(DType::bf16, 1, 8, 2, 64);
   q.randomize();
   k.randomize();
-  expect_error([&] { attention_forward(out.gpu(), q.gpu(), k.host(), k.host(), 0.125, false); },
+  expect_error([&] { attention(out.gpu(), q.gpu(), k.host(), k.host(), false, 0.125); },
                "k is on cpu:0 but q is on cuda:0");
 }
 

@@ -115,7 +115,11 @@ TEST(BiasGeluBadInput, ShapesDtypesAndAliasing) {
   for (HostTensor* t : {&x, &b, &dy}) t->randomize();
   const HostTensor out0 = out, dx0 = dx;
   expect_error([&] { bias_gelu(out.view(), x.view(), b32.view(true)); }, "bias_gelu: bias has dtype float32, expected bfloat16");
-  expect_error([&] { bias_gelu(out.view(), x.view(), short_b.view(true)); }, "bias_gelu: bias must have shape [64]");
+  expect_error([&] { bias_gelu(out.view(), x.view(), short_b.view(true)); }, "bias_gelu: bias must have shape [64], got [32]");
+  HostTensor b2(DType::bf16, 2, 64);
+  expect_error([&] { bias_gelu(out.view(), x.view(), b2.view()); }, "bias_gelu: bias must have shape [64], got [2, 64]");
+  const TensorView scalar(b.bytes.data(), DType::bf16, Device{}, 0, nullptr, nullptr);
+  expect_error([&] { bias_gelu(out.view(), x.view(), scalar); }, "bias_gelu: bias must have shape [64], got []");
   expect_error([&] { bias_gelu(out.view(), x.view(), b.view(true), static_cast<GeluApproximation>(5)); },
                "unknown GELU approximation");
   expect_error([&] { bias_gelu_backward(dx.view(), x.view(), dy.view(), x.view(), b.view(true)); },

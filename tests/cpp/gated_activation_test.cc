@@ -232,11 +232,13 @@ class GatedActivationBadInput : public testing::Test {
 TEST_F(GatedActivationBadInput, ShapesAndDtypes) {
   HostTensor odd(DType::bf16, 4, 63), wide(DType::bf16, 4, 64), rows3(DType::bf16, 3, 32), f16(DType::f16, 4, 32);
   expect_error([&] { silu_and_mul(out.view(), odd.view()); }, "x's last dim must be even");
-  expect_error([&] { silu_and_mul(wide.view(), x.view()); }, "out must have x's leading dims and a last dim of 32");
+  expect_error([&] { silu_and_mul(wide.view(), x.view()); },
+               "silu_and_mul: out must have x's leading dims and a last dim of 32, got out [4, 64] and x [4, 64]");
   expect_error([&] { gelu_and_mul(rows3.view(), x.view()); }, "out must have x's leading dims");
   expect_error([&] { silu_and_mul(f16.view(), x.view()); }, "out has dtype float16, expected bfloat16");
   HostTensor gate(DType::bf16, 4, 32), up(DType::bf16, 4, 31);
-  expect_error([&] { swiglu(out.view(), gate.view(), up.view()); }, "up must have gate's leading dims");
+  expect_error([&] { swiglu(out.view(), gate.view(), up.view()); },
+               "swiglu: up must have gate's leading dims and a last dim of 32, got up [4, 31] and gate [4, 32]");
   expect_error([&] { swiglu(out.view(), gate.view(), f16.view()); }, "up has dtype float16");
   HostTensor dy(DType::bf16, 4, 32), dx_bad(DType::bf16, 4, 32);
   expect_error([&] { silu_and_mul_backward(dx_bad.view(), dy.view(), x.view()); },

@@ -135,6 +135,16 @@ TEST_F(LayerNormBadInput, ParameterDtypesAndShapes) {
   expect_untouched();
 }
 
+TEST_F(LayerNormBadInput, ParametersOfWrongRankShowTheirShape) {
+  HostTensor w2(DType::bf16, 2, 64);
+  const TensorView scalar(b.bytes.data(), DType::bf16, Device{}, 0, nullptr, nullptr);
+  expect_error([&] { layernorm(out.view(), x.view(), w2.view(), b.view(true), 1e-5); },
+               "layernorm: weight must have shape [64], got [2, 64]");
+  expect_error([&] { layernorm(out.view(), x.view(), w.view(true), scalar, 1e-5); },
+               "layernorm: bias must have shape [64], got []");
+  expect_untouched();
+}
+
 TEST_F(LayerNormBadInput, DeviceMismatchAndEmpty) {
   TensorView bg(b.bytes.data(), DType::bf16, Device{DeviceType::cuda, 0}, {64});
   expect_error([&] { layernorm(out.view(), x.view(), w.view(true), bg, 1e-5); },

@@ -170,9 +170,12 @@ TEST(RMSNormBackwardGpuBadInput, MissingOrShortWorkspace) {
                "need a float32 workspace");
   float* small = nullptr;
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&small), 16), cudaSuccess);
-  TensorView ws(small, DType::f32, Device{DeviceType::cuda, 0}, {4});
-  expect_error([&] { rmsnorm_backward(gdx.view(), gdw.view(true), gdy.view(), gx.view(), gw.view(true), 1e-6, 0.0, std::nullopt, ws); },
-               "at least");
+  const std::string needed = std::to_string(rmsnorm_backward_workspace_size(8, 64));
+  for (const TensorView& ws : {TensorView(small, DType::f32, Device{DeviceType::cuda, 0}, {4}),
+                               TensorView(small, DType::f32, Device{DeviceType::cuda, 0}, {2, 2})})
+    expect_error([&] { rmsnorm_backward(gdx.view(), gdw.view(true), gdy.view(), gx.view(), gw.view(true), 1e-6, 0.0, std::nullopt, ws); },
+                 "rmsnorm_backward: workspace must be a 1-d float32 tensor of at least " + needed +
+                     " elements, got shape " + (ws.ndim() == 1 ? "[4]" : "[2, 2]"));
   cudaFree(small);
   EXPECT_EQ(gdx.download().bytes, dx.bytes);
 }

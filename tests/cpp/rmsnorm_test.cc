@@ -166,6 +166,16 @@ TEST_F(RMSNormBadInput, WrongOutDtypeAndShape) {
   expect_untouched();
 }
 
+TEST_F(RMSNormBadInput, WeightOfWrongRankShowsItsShape) {
+  HostTensor w2(DType::bf16, 2, 64);
+  expect_error([&] { rmsnorm(out.view(), x.view(), w2.view(), 1e-6); },
+               "rmsnorm: weight must have shape [64], got [2, 64]");
+  const TensorView scalar(w.bytes.data(), DType::bf16, Device{}, 0, nullptr, nullptr);
+  expect_error([&] { rmsnorm(out.view(), x.view(), scalar, 1e-6); },
+               "rmsnorm: weight must have shape [64], got []");
+  expect_untouched();
+}
+
 TEST_F(RMSNormBadInput, NonContiguousLastDim) {
   const int64_t shape[2] = {4, 32}, strides[2] = {64, 2};
   TensorView xs(x.bytes.data(), DType::bf16, Device{}, 2, shape, strides);
@@ -229,7 +239,34 @@ TEST_F(RMSNormBadInput, EmptyTensors) {
   TensorView xe(x.bytes.data(), DType::bf16, Device{}, {4, 0});
   TensorView oe(out.bytes.data(), DType::bf16, Device{}, {4, 0});
   TensorView we(w.bytes.data(), DType::bf16, Device{}, {0});
-  expect_error([&] { rmsnorm(oe, xe, we, 1e-6); }, "empty last dim");
+  expect_error([&] { rmsnorm(oe, xe, we, 1e-6); }, "rmsnorm: x has an empty last dim (shape [4, 0])");
+}
+
+// CUDA views of dummy addresses: the calls below must fail before any is dereferenced.
+struct DummyCudaViews {
+  TensorView x, w, out;
+  explicit DummyCudaViews(int device) {
+    const Device cuda{DeviceType::cuda, device};
+    auto at = [](uintptr_t mib) { return reinterpret_cast<void*>(mib << 20); };
+    x = TensorView(at(1), DType::bf16, cuda, {4, 64});
+    w = TensorView(at(2), DType::bf16, cuda, {64});
+    out = TensorView(at(3), DType::bf16, cuda, {4, 64});
+  }
+};
+
+TEST(RMSNormNoGpu, CudaTensorSaysNoGpuIsPresent) {
+  if (has_gpu()) GTEST_SKIP() << "a CUDA GPU is present: this checks the message of a machine without one";
+  const DummyCudaViews v(0);
+  expect_error([&] { rmsnorm(v.out, v.x, v.w, 1e-6); }, "rmsnorm: x is a CUDA tensor but no CUDA GPU is present (cudaError");
+}
+
+TEST(RMSNormGpuBadInput, DeviceIndexOutOfRange) {
+  LLMK_REQUIRE_GPU();
+  const int count = cuda_device_count();
+  const DummyCudaViews v(count);
+  expect_error([&] { rmsnorm(v.out, v.x, v.w, 1e-6); },
+               "rmsnorm: x is on cuda:" + std::to_string(count) + " but " + std::to_string(count) +
+                   (count == 1 ? " CUDA device is present" : " CUDA devices are present"));
 }
 
 TEST(RMSNormGpuBadInput, HostWeightWithDeviceInput) {

@@ -1,4 +1,4 @@
-// RoPE (rope, rope_backward): the CPU reference against hand-computed rotations, an
+// RoPE (rope_, rope_backward_): the CPU reference against hand-computed rotations, an
 // independent cos/sin cache and Llama 3.1 frequencies, and its own inverse; the CUDA kernel
 // against the CPU reference over dtypes, styles, angle sources, partial rotary, GQA, fused
 // qkv slices, 4-d and transposed layouts and unaligned heads (every element outside the
@@ -83,7 +83,7 @@ TEST(RopeCpu, MatchesHandComputedRotation) {
     const float x[4] = {1.0f, 2.0f, 3.0f, 4.0f};
     for (int c = 0; c < 4; ++c) q.set(0, c, x[c]);
     Positions pos({2}, DType::i32);
-    rope(strided(q.bytes.data(), DType::f32, false, 0, {1, 1, 4}, {4, 4, 1}), TensorView{},
+    rope_(strided(q.bytes.data(), DType::f32, false, 0, {1, 1, 4}, {4, 4, 1}), std::nullopt,
          pos.view(false), RopeTheta{}, style);
     // NeoX pairs (x0, x2) at angle 2 and (x1, x3) at 0.02; GPT-J (x0, x1) and (x2, x3).
     const int a1 = 0, b1 = style == RopeStyle::neox ? 2 : 1;
@@ -104,10 +104,10 @@ HostTensor rotated(const HostTensor& x, int64_t heads, const std::vector<int64_t
   const TensorView q = strided(out.bytes.data(), x.dtype, false, 0, {x.rows, heads, dim},
                                {x.row_stride, dim, 1});
   Positions pos(positions, DType::i64);
-  if (cache && backward) rope_backward(q, TensorView{}, pos.view(false), cache->view(), style);
-  else if (cache) rope(q, TensorView{}, pos.view(false), cache->view(), style);
-  else if (backward) rope_backward(q, TensorView{}, pos.view(false), *theta, style);
-  else rope(q, TensorView{}, pos.view(false), *theta, style);
+  if (cache && backward) rope_backward_(q, std::nullopt, pos.view(false), cache->view(), style);
+  else if (cache) rope_(q, std::nullopt, pos.view(false), cache->view(), style);
+  else if (backward) rope_backward_(q, std::nullopt, pos.view(false), *theta, style);
+  else rope_(q, std::nullopt, pos.view(false), *theta, style);
   return out;
 }
 
@@ -159,7 +159,7 @@ TEST(RopeCpu, BackwardInvertsForwardAndTailIsUntouched) {
     const RopeTheta theta{rot, 10000.0, std::nullopt};
     const HostTensor y = rotated(x, heads, positions, &theta, nullptr, style);
     const HostTensor back = rotated(y, heads, positions, &theta, nullptr, style, true);
-    expect_close(back, x, 0, "rope_backward(rope(x))", 1e-5f);
+    expect_close(back, x, 0, "rope_backward_(rope_(x))", 1e-5f);
     for (int64_t t = 0; t < tokens; ++t)
       for (int64_t c = 0; c < heads * dim; ++c)
         if (c % dim >= rot) ASSERT_EQ(y.get(t, c), x.get(t, c)) << "tail changed at " << t << ", " << c;
@@ -221,10 +221,10 @@ void run_gpu_case(const GpuCase& k, bool backward) {
   if (k.four_d || k.transposed) pshape = k.broadcast_positions ? std::vector<int64_t>{1, k.seq}
                                                                : std::vector<int64_t>{k.batch, k.seq};
   auto call = [&](const TensorView& q, const TensorView& kv, const TensorView& p, const TensorView& c) {
-    if (k.use_cache && backward) rope_backward(q, kv, p, c, k.style);
-    else if (k.use_cache) rope(q, kv, p, c, k.style);
-    else if (backward) rope_backward(q, kv, p, theta, k.style);
-    else rope(q, kv, p, theta, k.style);
+    if (k.use_cache && backward) rope_backward_(q, kv, p, c, k.style);
+    else if (k.use_cache) rope_(q, kv, p, c, k.style);
+    else if (backward) rope_backward_(q, kv, p, theta, k.style);
+    else rope_(q, kv, p, theta, k.style);
   };
   // The transposed layout keeps rows of D per (batch, head, seq): reuse buf as that memory.
   ASSERT_TRUE(!k.transposed || (k.pad == 0 && !k.fused_qkv));
@@ -300,10 +300,10 @@ TEST(RopeGpu, LargePositionsStayAccurate) {
   Positions pos({131071, 1000000, 1 << 24, 123456789}, DType::i64);
   const RopeTheta theta{dim, 500000.0, std::nullopt};
   HostTensor ref = x;
-  rope(strided(ref.bytes.data(), DType::f32, false, 0, {tokens, 1, dim}, {dim, dim, 1}), TensorView{},
+  rope_(strided(ref.bytes.data(), DType::f32, false, 0, {tokens, 1, dim}, {dim, dim, 1}), std::nullopt,
        pos.view(false), theta, RopeStyle::neox);
   DeviceTensor g(x);
-  rope(strided(g.data, DType::f32, true, 0, {tokens, 1, dim}, {dim, dim, 1}), TensorView{},
+  rope_(strided(g.data, DType::f32, true, 0, {tokens, 1, dim}, {dim, dim, 1}), std::nullopt,
        pos.view(true), theta, RopeStyle::neox);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   expect_close(g.download(), ref, 0, "large positions", 2e-5f);
@@ -316,7 +316,7 @@ TEST(RopeGpu, OutOfRangePositionsGiveNaN) {
   x.randomize();
   Positions pos({3, 16, -1, 15}, DType::i32);
   DeviceTensor g(x), gc(cache);
-  rope(strided(g.data, DType::bf16, true, 0, {tokens, heads, dim}, {heads * dim, dim, 1}), TensorView{},
+  rope_(strided(g.data, DType::bf16, true, 0, {tokens, heads, dim}, {heads * dim, dim, 1}), std::nullopt,
        pos.view(true), gc.view(), RopeStyle::neox);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const HostTensor got = g.download();
@@ -340,36 +340,45 @@ class RopeBadInput : public testing::Test {
 TEST_F(RopeBadInput, ShapesDtypesAndFrequencies) {
   const HostTensor before = buf;
   const RopeTheta ok{8, 1e4, std::nullopt};
-  expect_error([&] { rope(q(), k(), pos.view(false), RopeTheta{5, 1e4, std::nullopt}, RopeStyle::gptj); },
+  expect_error([&] { rope_(q(), k(), pos.view(false), RopeTheta{5, 1e4, std::nullopt}, RopeStyle::gptj); },
                "rot_dim must be even");
-  expect_error([&] { rope(q(), k(), pos.view(false), RopeTheta{10, 1e4, std::nullopt}, RopeStyle::neox); },
+  expect_error([&] { rope_(q(), k(), pos.view(false), RopeTheta{10, 1e4, std::nullopt}, RopeStyle::neox); },
                "rot_dim must be even, in [2, min(head_dim = 8");
-  expect_error([&] { rope(q(), k(), pos.view(false), RopeTheta{8, -1.0, std::nullopt}, RopeStyle::neox); },
+  expect_error([&] { rope_(q(), k(), pos.view(false), RopeTheta{8, -1.0, std::nullopt}, RopeStyle::neox); },
                "theta must be finite and > 0");
   Llama3RopeScaling bad;
   bad.high_freq_factor = 0.5;
-  expect_error([&] { rope(q(), k(), pos.view(false), RopeTheta{8, 1e4, bad}, RopeStyle::neox); },
+  expect_error([&] { rope_(q(), k(), pos.view(false), RopeTheta{8, 1e4, bad}, RopeStyle::neox); },
                "llama3 scaling needs");
   Positions short_pos({0, 1, 2}, DType::i64);
-  expect_error([&] { rope(q(), k(), short_pos.view(false), ok, RopeStyle::neox); },
-               "positions must have q's leading dims ([tokens])");
+  expect_error([&] { rope_(q(), k(), short_pos.view(false), ok, RopeStyle::neox); },
+               "rope_: positions must have q's leading dims ([tokens] = [4]), got [3]");
+  const TensorView q4 = strided(buf.bytes.data(), DType::bf16, false, 0, {2, 2, 2, 8}, {64, 32, 8, 1});
+  expect_error([&] { rope_(q4, std::nullopt, short_pos.view(false), ok, RopeStyle::neox); },
+               "rope_: positions must have q's leading dims ([batch, seq] = [2, 2] or [seq] = [2]), got [3]");
   HostTensor fpos(DType::f32, 1, 4);
-  expect_error([&] { rope(q(), k(), fpos.view(true), ok, RopeStyle::neox); }, "positions must be int32 or int64");
+  expect_error([&] { rope_(q(), k(), fpos.view(true), ok, RopeStyle::neox); }, "positions must be int32 or int64");
   const TensorView k_dim = strided(buf.bytes.data(), DType::bf16, false, 16, {4, 1, 6}, {32, 8, 1});
-  expect_error([&] { rope(q(), k_dim, pos.view(false), ok, RopeStyle::neox); }, "k must have q's leading (token) dims and head_dim 8");
+  expect_error([&] { rope_(q(), k_dim, pos.view(false), ok, RopeStyle::neox); },
+               "rope_: k must have q's leading (token) dims and head_dim 8, got k [4, 1, 6] and q [4, 2, 8]");
+  expect_error([&] { rope_backward_(q(), k_dim, pos.view(false), ok, RopeStyle::neox); },
+               "rope_backward_: dk must have dq's leading (token) dims and head_dim 8, got dk [4, 1, 6] and dq [4, 2, 8]");
   HostTensor kf(DType::f32, 4, 8);
   const TensorView k_f32 = strided(kf.bytes.data(), DType::f32, false, 0, {4, 1, 8}, {8, 8, 1});
-  expect_error([&] { rope(q(), k_f32, pos.view(false), ok, RopeStyle::neox); }, "k has dtype float32, expected bfloat16");
-  expect_error([&] { rope(buf.view(), k(), pos.view(false), ok, RopeStyle::neox); }, "q must be [tokens, heads, head_dim]");
+  expect_error([&] { rope_(q(), k_f32, pos.view(false), ok, RopeStyle::neox); }, "k has dtype float32, expected bfloat16");
+  expect_error([&] { rope_(buf.view(), k(), pos.view(false), ok, RopeStyle::neox); },
+               "rope_: q must be [tokens, heads, head_dim] or [batch, seq, heads, head_dim], got [4, 32]");
   HostTensor cache16(DType::f16, 16, 8);
-  expect_error([&] { rope(q(), k(), pos.view(false), cache16.view(), RopeStyle::neox); },
+  expect_error([&] { rope_(q(), k(), pos.view(false), cache16.view(), RopeStyle::neox); },
                "cos_sin_cache has dtype float16, expected float32");
   HostTensor cache_wide(DType::f32, 16, 12);
-  expect_error([&] { rope(q(), k(), pos.view(false), cache_wide.view(), RopeStyle::neox); },
+  expect_error([&] { rope_(q(), k(), pos.view(false), cache_wide.view(), RopeStyle::neox); },
                "rot_dim must be even, in [2, min(head_dim = 8");
+  expect_error([&] { rope_(q(), k(), pos.view(false), cache.view(true), RopeStyle::neox); },
+               "rope_: cos_sin_cache must be [max_pos, rot_dim] with rot_dim > 0, got [8]");
   // Position 16 lies past the cache's 16 rows: the CPU backend rejects the call.
   Positions far({0, 1, 16, 3}, DType::i32);
-  expect_error([&] { rope(q(), k(), far.view(false), cache.view(), RopeStyle::neox); },
+  expect_error([&] { rope_(q(), k(), far.view(false), cache.view(), RopeStyle::neox); },
                "position 16 (index 2) is outside the cos_sin_cache's 16 rows");
   expect_untouched(before);
 }
@@ -377,17 +386,17 @@ TEST_F(RopeBadInput, ShapesDtypesAndFrequencies) {
 TEST_F(RopeBadInput, OverlapAndDevices) {
   const HostTensor before = buf;
   const RopeTheta ok{8, 1e4, std::nullopt};
-  expect_error([&] { rope(q(), q(), pos.view(false), ok, RopeStyle::neox); }, "q and k overlap");
+  expect_error([&] { rope_(q(), q(), pos.view(false), ok, RopeStyle::neox); }, "q and k overlap");
   const TensorView k_overlapping = strided(buf.bytes.data(), DType::bf16, false, 12, {4, 1, 8}, {32, 8, 1});
-  expect_error([&] { rope(q(), k_overlapping, pos.view(false), ok, RopeStyle::neox); }, "q and k overlap");
+  expect_error([&] { rope_(q(), k_overlapping, pos.view(false), ok, RopeStyle::neox); }, "q and k overlap");
   const TensorView heads_overlap = strided(buf.bytes.data(), DType::bf16, false, 0, {4, 2, 8}, {32, 4, 1});
-  expect_error([&] { rope(heads_overlap, TensorView{}, pos.view(false), ok, RopeStyle::neox); }, "share memory");
+  expect_error([&] { rope_(heads_overlap, std::nullopt, pos.view(false), ok, RopeStyle::neox); }, "share memory");
   if (has_gpu()) {
     DeviceTensor gbuf(buf);
     const TensorView gq = strided(gbuf.data, DType::bf16, true, 0, {4, 2, 8}, {32, 8, 1});
-    expect_error([&] { rope(gq, TensorView{}, pos.view(false), ok, RopeStyle::neox); },
+    expect_error([&] { rope_(gq, std::nullopt, pos.view(false), ok, RopeStyle::neox); },
                  "positions is on cpu:0 but q is on cuda:0");
-    expect_error([&] { rope(q(), TensorView{}, pos.view(true), ok, RopeStyle::neox); },
+    expect_error([&] { rope_(q(), std::nullopt, pos.view(true), ok, RopeStyle::neox); },
                  "positions is on cuda:0 but q is on cpu:0");
     HostTensor after = gbuf.download();
     expect_equal_elements(after, before, "device buffer after a rejected call");

@@ -1,7 +1,8 @@
 // softmax, log_softmax and their backwards: the CPU reference against hand-computed values,
 // masking rules and finite differences; the CUDA kernels against the CPU reference (every
 // kernel path: register-resident rows, long rows of the two-pass path, unaligned rows;
-// scales, inputs of magnitude 1e4, masked rows, strided rows, in place); bad inputs.
+// scales, inputs of magnitude 1e4, masked rows, strided rows, in place); fp32 accuracy at
+// logits of magnitude 1e3; single columns (exactly 1 and 0); bad inputs.
 #include "test_util.h"
 
 namespace llmk::test {
@@ -70,6 +71,31 @@ TEST(SoftmaxCpu, BackwardMatchesFiniteDifferences) {
       }
   }
 }
+
+// A single column: softmax is exactly 1 and log_softmax exactly 0, whatever the logit.
+void check_one_column(bool on_gpu) {
+  for (DType dt : all_dtypes())
+    for (double scale : {1.0, 100.0, -3.0, 0.37}) {
+      HostTensor x(dt, 37, 1), y(dt, 37, 1);
+      x.randomize(0.0f, 1000.0f);
+      for (bool log : {false, true}) {
+        y.poison();
+        if (on_gpu) {
+          DeviceTensor gx(x), gy(y);
+          forward(log, gy.view(), gx.view(), scale);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          y = gy.download();
+        } else {
+          forward(log, y.view(), x.view(), scale);
+        }
+        for (int64_t r = 0; r < 37; ++r)
+          ASSERT_EQ(y.get(r, 0), log ? 0.0f : 1.0f)
+              << (log ? "log_softmax " : "softmax ") << dtype_name(dt) << " scale " << scale << " x " << x.get(r, 0);
+      }
+    }
+}
+
+TEST(SoftmaxCpu, OneColumnIsExact) { check_one_column(false); }
 
 struct Case {
   DType dt;
@@ -157,6 +183,56 @@ TEST(SoftmaxGpu, ScalesMagnitudesMaskingStridesInPlace) {
     }
 }
 
+TEST(SoftmaxGpu, OneColumnIsExact) {
+  LLMK_REQUIRE_GPU();
+  check_one_column(true);
+}
+
+// fp32 logits s x of magnitude ~1e3 against the double reference. The bound is what an
+// fp32 softmax reaches when it forms each exponent z = s x - max(s x) with a relative error
+// of 2^-23 (one rounding of x - max, one of the product) and rounds a few more times
+// (expf's 2 ulp, as torch.softmax; the sum; the division):
+//   softmax:     |y - ref| <= (1e-6 + 2^-23 |z|) |ref|
+//   log_softmax: |y - ref| <= 1e-6 (1 + |ref|)
+// An exponent formed as fl(s x) - max carries an absolute error of |s x| 2^-24, 6e-5 here.
+void check_large_logits(bool log, int64_t rows, int64_t n, double scale, float mean, float stddev) {
+  SCOPED_TRACE(testing::Message() << (log ? "log_softmax" : "softmax") << " n " << n << " scale " << scale
+                                  << " x = " << mean << " + " << stddev << " randn");
+  HostTensor x(DType::f32, rows, n), want(DType::f32, rows, n), out(DType::f32, rows, n);
+  x.randomize(mean, stddev);
+  forward(log, want.view(), x.view(), scale);
+  out.poison();
+  DeviceTensor gx(x), gout(out);
+  forward(log, gout.view(), gx.view(), scale);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const HostTensor got = gout.download();
+  double worst = 0;  // the largest |y - ref| / bound
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = -INFINITY;
+    for (int64_t c = 0; c < n; ++c) m = std::max(m, scale * x.get(r, c));
+    for (int64_t c = 0; c < n; ++c) {
+      const double z = scale * x.get(r, c) - m, w = want.get(r, c), g = got.get(r, c);
+      const double bound = log ? 1e-6 * (1 + std::fabs(w)) : (1e-6 + std::ldexp(std::fabs(z), -23)) * std::fabs(w) + 1e-40;
+      const double ratio = std::fabs(g - w) / bound;
+      if (!(ratio <= 1) && worst <= 1)
+        ADD_FAILURE() << "row " << r << " col " << c << ": got " << g << ", want " << w << " (z " << z << ")";
+      worst = std::isnan(ratio) ? INFINITY : std::max(worst, ratio);
+    }
+  }
+  EXPECT_LE(worst, 1.0) << "largest error / bound";
+}
+
+TEST(SoftmaxGpu, LargeLogitsKeepFp32Accuracy) {
+  LLMK_REQUIRE_GPU();
+  for (bool log : {false, true})
+    for (int64_t n : {1000, 70000, 1003}) {  // register-resident, two-pass, unaligned rows
+      check_large_logits(log, 8, n, 1.0, 0.0f, 1000.0f);
+      check_large_logits(log, 8, n, 100.0, 0.0f, 10.0f);
+      check_large_logits(log, 8, n, 100.0, 10.0f, 0.03f);  // many entries near the max
+      check_large_logits(log, 8, n, -100.0, 10.0f, 0.03f);
+    }
+}
+
 class SoftmaxBadInput : public testing::Test {
  protected:
   HostTensor x{DType::bf16, 4, 64}, out{DType::bf16, 4, 64};
@@ -177,6 +253,11 @@ TEST_F(SoftmaxBadInput, ShapesDtypesScale) {
   expect_error([&] { log_softmax(f16.view(), x.view()); }, "log_softmax: out has dtype float16");
   expect_error([&] { softmax(out.view(), x.view(), std::nan("")); }, "scale must be finite");
   expect_error([&] { softmax(out.view(), x.view(), 1e300); }, "scale must be finite in float32");
+  expect_error([&] { softmax(out.view(), x.view(), 3e38); },
+               "softmax: scale must be finite in float32, times log2(e) (|scale| < 2.3e38), got 3e+38");
+  HostTensor i32(DType::i32, 4, 64);
+  expect_error([&] { softmax(out.view(), i32.view()); },
+               "softmax: x has unsupported dtype int32 (expected float32, float16 or bfloat16)");
   HostTensor dy(DType::bf16, 4, 64);
   expect_error([&] { softmax_backward(out.view(), dy.view(), f16.view()); }, "dy has dtype bfloat16, expected float16");
   expect_untouched();

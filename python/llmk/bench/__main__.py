@@ -1,26 +1,39 @@
-"""python -m llmk.bench --op rmsnorm [--op ...] [--csv F] [--plot F] [--table F]
+"""python -m llmk.bench --op rmsnorm [--op ...] [--all] [--csv F] [--plot F] [--table F]
+python -m llmk.bench --from-csv A.csv [B.csv ...] [--table F] [--plot F]
 
 On a GPU: every case of the op's sweep, llmk beside its peers, in one run; a CSV of all
-timings, a markdown table and a plot. Without a GPU: says so and times the CPU backend
-on small shapes.
+timings, a markdown table and a plot. Without a GPU: the same cases on the CPU backend at
+small shapes (each module's CPU_SWEEPS), beside the same peers where they run on the CPU
+(torch.compile and the GPU-only SDPA backends are skipped, with a note), written the same
+way; the table's header says that it is the CPU backend and that no GPU was found.
+`--op overhead` (also in --all) is what an eager PyTorch user pays per call: see
+overhead_cases.py. A case that fails (an op not built, a peer that does not run) is
+reported and skipped; the run then exits with status 1 after writing what it measured.
 """
 
 import argparse
 import csv
 import datetime
 import os
+import platform
 import subprocess
 import sys
 
 import torch
 
 import llmk
-from . import activation_cases, attention_cases, norm_cases, optim_cases, rope_cases, softmax_cases, timing
+from . import (activation_cases, attention_cases, norm_cases, optim_cases, overhead_cases, rope_cases,
+               softmax_cases, timing)
 
 CASE_MODULES = (norm_cases, activation_cases, softmax_cases, rope_cases, optim_cases, attention_cases)
 OPS = {op: case for m in CASE_MODULES for op, case in m.OPS.items()}
-# Each op's default sweep: (tokens, hidden) lists; --tokens / --hidden override them.
-SWEEPS = {op: sweep for m in CASE_MODULES for op, sweep in m.SWEEPS.items()}
+# Each op's default sweep per device: (tokens, hidden) lists; --tokens / --hidden override them.
+SWEEPS = {"cuda": {op: sweep for m in CASE_MODULES for op, sweep in m.SWEEPS.items()},
+          "cpu": {op: sweep for m in CASE_MODULES for op, sweep in m.CPU_SWEEPS.items()}}
+OVERHEAD = "overhead"
+# Peers that the CPU run leaves out, and why.
+GPU_ONLY_PEERS = {"compile": "torch.compile (Inductor's CPU backend compiles C++ per shape: minutes for a sweep)"}
+CPU_NOTE = "CPU backend: no CUDA GPU found"
 
 
 def _commit() -> str:
@@ -51,57 +64,97 @@ def _max_error(fn, reference, sample):
     return (got - ref).abs().max().item() / scale
 
 
-def run_gpu(ops, tokens_list, hidden_list, dtype):
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, 1024)
-    copy_gbs = timing.copy_bandwidth_gbs()
-    empty_us = timing.empty_launch_us()
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        model = platform.processor() or platform.machine()
+    threads = torch.get_num_threads()
+    return f"{model}, torch on {threads} thread{'s' if threads > 1 else ''} ({CPU_NOTE})"
+
+
+def machine(device, ops) -> dict:
+    """The device's name and the ceilings the rows are measured against (only what `ops` need)."""
+    info = dict(device=torch.cuda.get_device_name() if device == "cuda" else _cpu_name())
+    if any(op in OPS for op in ops):
+        info.update(copy_gbs=timing.copy_bandwidth_gbs(device), empty_us=timing.empty_launch_us(device))
     # The tensor-core ceiling, measured only when a compute-bound op (one that counts FLOPs) runs.
-    gemm = timing.gemm_tflops() if any(op in attention_cases.OPS for op in ops) else None
-    device = torch.cuda.get_device_name()
-    print(f"device {device}; measured copy bandwidth {copy_gbs:.0f} GB/s (read + write); "
-          f"empty kernel {empty_us:.2f} us per call" + (f"; bf16 cuBLAS GEMM {gemm:.0f} TFLOP/s" if gemm else ""),
-          flush=True)
-    rows = []
+    if any(op in attention_cases.OPS for op in ops):
+        info["gemm"] = timing.gemm_tflops(device)
+    return info
+
+
+def _header(info, commit, date) -> str:
+    ceilings = ""
+    if "copy_gbs" in info:
+        empty = "empty kernel" if _device_of(info) == "cuda" else "empty op (torch.neg of one element)"
+        ceilings = f"; copy bandwidth {float(info['copy_gbs']):.0f} GB/s, {empty} {float(info['empty_us']):.2f} us"
+    if "gemm" in info:
+        ceilings += f"; bf16 GEMM {_fmt(info['gemm'])} TFLOP/s"
+    return f"Device {info['device']}, commit {commit}, {date}{ceilings}."
+
+
+def _device_of(info) -> str:
+    return "cpu" if CPU_NOTE in info["device"] else "cuda"
+
+
+def _runnable(impls, device, noted):
+    """The impls that run on `device`; a GPU-only peer is left out on the CPU, said once."""
+    if device == "cuda":
+        return impls
+    for name in impls.keys() & GPU_ONLY_PEERS.keys() - noted:
+        noted.add(name)
+        print(f"cpu: skipping the {GPU_ONLY_PEERS[name]} peers", flush=True)
+    return {k: v for k, v in impls.items() if k not in GPU_ONLY_PEERS}
+
+
+def run(ops, tokens_list, hidden_list, dtype, device, info, failures):
+    """Every case of every op's sweep on `device`, one row per impl; failures collects what did not run."""
+    if device == "cuda":
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 1024)
+    rows, noted = [], set()
     for op in ops:
-        for hidden in hidden_list or SWEEPS[op][1]:
-            for tokens in tokens_list or SWEEPS[op][0]:
-                bytes_moved, make, impls, reference, *flops = OPS[op](tokens, hidden, dtype)
-                sets = timing.buffer_sets(make, bytes_moved)
-                results = {}
-                for impl, fn in impls.items():
-                    us, method = timing.time_cuda(fn, sets)
-                    err = _max_error(fn, reference, sets[0])
+        for hidden in hidden_list or SWEEPS[device][op][1]:
+            for tokens in tokens_list or SWEEPS[device][op][0]:
+                try:
+                    bytes_moved, make, impls, reference, *flops = OPS[op](tokens, hidden, dtype, device)
+                    sets = timing.buffer_sets(make, bytes_moved, device)
+                except Exception as e:  # noqa: BLE001 - report, go on with the next case
+                    failures.append(f"{op} {tokens} x {hidden}: {type(e).__name__}: {e}")
+                    print(f"{op:17s} {tokens:6d} x {hidden:6d}  skipped: {failures[-1]}", flush=True)
+                    continue
+                case_rows, results = [], {}
+                for impl, fn in _runnable(impls, device, noted).items():
+                    try:
+                        us, method = timing.time_op(fn, sets, device)
+                        err = _max_error(fn, reference, sets[0])
+                    except Exception as e:  # noqa: BLE001
+                        failures.append(f"{op} {tokens} x {hidden} {impl}: {type(e).__name__}: {e}")
+                        print(f"{op:17s} {tokens:6d} x {hidden:6d}  {impl} failed: {failures[-1]}", flush=True)
+                        if impl == "llmk":
+                            break
+                        continue
                     results[impl] = us
-                    rows.append(dict(op=op, dtype=str(dtype).replace("torch.", ""), tokens=tokens, hidden=hidden,
-                                     impl=impl, time_us=round(us, 3), gbs=round(bytes_moved / us / 1e3, 1),
-                                     pct_copy=round(100 * bytes_moved / us / 1e3 / copy_gbs, 1),
-                                     max_rel_err=f"{err:.2e}", timing=method,
-                                     copy_gbs=round(copy_gbs), empty_us=round(empty_us, 3)))
+                    case_rows.append(dict(op=op, dtype=str(dtype).replace("torch.", ""), tokens=tokens, hidden=hidden,
+                                          impl=impl, time_us=round(us, 3), gbs=_sig(bytes_moved / us / 1e3),
+                                          pct_copy=round(100 * bytes_moved / us / 1e3 / info["copy_gbs"], 1),
+                                          max_rel_err=f"{err:.2e}", timing=method,
+                                          copy_gbs=round(info["copy_gbs"]), empty_us=round(info["empty_us"], 3)))
                     if flops:
-                        rows[-1].update(tflops=round(flops[0] / us / 1e6, 1),
-                                        pct_gemm=round(100 * flops[0] / us / 1e6 / gemm, 1), gemm_tflops=round(gemm))
-                line = "  ".join(f"{k} {v:8.2f}us" for k, v in results.items())
-                print(f"{op:17s} {tokens:6d} x {hidden:6d}  {line}", flush=True)
+                        gemm = info["gemm"]
+                        case_rows[-1].update(tflops=_sig(flops[0] / us / 1e6),
+                                             pct_gemm=round(100 * flops[0] / us / 1e6 / gemm, 1),
+                                             gemm_tflops=_sig(gemm))
+                if "llmk" in results:
+                    rows += case_rows
+                    line = "  ".join(f"{k} {v:8.2f}us" for k, v in results.items())
+                    print(f"{op:17s} {tokens:6d} x {hidden:6d}  {line}", flush=True)
                 del sets
-                torch.cuda.empty_cache()
-    return rows, dict(device=device, copy_gbs=copy_gbs, empty_us=empty_us)
-
-
-def run_cpu(ops):
-    print("no CUDA GPU found: timing the CPU reference backend on small shapes (CPU timings)")
-    rows = []
-    for tokens in (1, 16, 128):
-        for hidden in (896, 4096):
-            x = torch.randn(tokens, hidden)
-            w = torch.randn(hidden)
-            ours = timing.time_cpu(lambda a, b: llmk.rmsnorm(a, b), (x, w))
-            eager = timing.time_cpu(norm_cases.hf_rmsnorm, (x, w))
-            print(f"rmsnorm cpu {tokens:4d} x {hidden:5d}: llmk {ours:9.1f} us, eager {eager:9.1f} us")
-            for impl, us in (("llmk", ours), ("eager", eager)):
-                rows.append(dict(op="rmsnorm", dtype="float32", tokens=tokens, hidden=hidden, impl=impl,
-                                 time_us=round(us, 1), timing="cpu"))
+                if device == "cuda":
+                    torch.cuda.empty_cache()
     return rows
 
 
@@ -109,13 +162,14 @@ def markdown_table(rows, info) -> str:
     out = []
     by_case = {}
     for r in rows:
-        by_case.setdefault((r["op"], r["tokens"], r["hidden"]), {})[r["impl"]] = r
-    ops = list(dict.fromkeys(r["op"] for r in rows))
+        if not overhead_cases.is_overhead_row(r):
+            by_case.setdefault((r["op"], r["tokens"], r["hidden"]), {})[r["impl"]] = r
+    ops = list(dict.fromkeys(op for op, _, _ in by_case))
     for op in ops:
         cases = [(k, v) for k, v in by_case.items() if k[0] == op]
-        peers = [i for i in cases[0][1] if i != "llmk"]
+        peers = [i for i in dict.fromkeys(i for _, impls in cases for i in impls) if i != "llmk"]
         out.append(f"\n### {op}\n")
-        if "tflops" in cases[0][1]["llmk"]:
+        if cases[0][1]["llmk"].get("tflops") not in (None, ""):
             out += _flops_table(cases, peers)
             continue
         out.append("| tokens | hidden | llmk us | GB/s | % of copy | x launch | " +
@@ -123,9 +177,10 @@ def markdown_table(rows, info) -> str:
         out.append("|---:|---:|---:|---:|---:|---:|" + "---:|" * len(peers) + "---:|")
         for (_, tokens, hidden), impls in cases:
             o = impls["llmk"]
-            speedups = " | ".join(f"{impls[p]['time_us'] / o['time_us']:.2f}x" for p in peers)
-            out.append(f"| {tokens} | {hidden} | {o['time_us']:.2f} | {o['gbs']:.0f} | {o['pct_copy']:.1f}% | "
+            speedups = " | ".join(f"{impls[p]['time_us'] / o['time_us']:.2f}x" if p in impls else "-" for p in peers)
+            out.append(f"| {tokens} | {hidden} | {o['time_us']:.2f} | {_fmt(o['gbs'])} | {o['pct_copy']:.1f}% | "
                        f"{o['time_us'] / info['empty_us']:.2f} | {speedups} | {o['max_rel_err']} |")
+    out += overhead_cases.markdown(rows)
     return "\n".join(out) + "\n"
 
 
@@ -138,8 +193,8 @@ def _flops_table(cases, peers):
         o = impls["llmk"]
         speedups = " | ".join(f"{float(impls[p]['time_us']) / float(o['time_us']):.2f}x" if p in impls else "-"
                               for p in peers)
-        rates = " | ".join(f"{float(impls[p]['tflops']):.0f}" if p in impls else "-" for p in peers)
-        lines.append(f"| {tokens} | {hidden} | {float(o['time_us']):.1f} | {float(o['tflops']):.0f} | "
+        rates = " | ".join(_fmt(impls[p]["tflops"]) if p in impls else "-" for p in peers)
+        lines.append(f"| {tokens} | {hidden} | {float(o['time_us']):.1f} | {_fmt(o['tflops'])} | "
                      f"{float(o['pct_gemm']):.1f}% | {speedups} | {rates} | {o['max_rel_err']} |")
     return lines
 
@@ -149,13 +204,16 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    overhead = [r for r in rows if overhead_cases.is_overhead_row(r)]
+    rows = [r for r in rows if not overhead_cases.is_overhead_row(r)]
     ops = list(dict.fromkeys(r["op"] for r in rows))
     hiddens = {op: sorted({int(r["hidden"]) for r in rows if r["op"] == op}) for op in ops}
-    columns = max(len(h) for h in hiddens.values())
+    columns = max([len(h) for h in hiddens.values()] + [2 if overhead else 1])
     colors = {"llmk": "tab:blue", "eager": "tab:orange", "F.rms_norm": "tab:green", "F.layer_norm": "tab:green",
               "torch": "tab:green", "foreach": "tab:orange", "fused": "tab:green", "llmk 2 kernels": "tab:purple",
               "compile": "tab:red", "flash": "tab:orange", "cudnn": "tab:green", "efficient": "tab:gray"}
-    fig, axes = plt.subplots(len(ops), columns, figsize=(3.2 * columns, 2.8 * len(ops)), squeeze=False)
+    fig, axes = plt.subplots(len(ops) + bool(overhead), columns,
+                             figsize=(3.2 * columns, 2.8 * len(ops) + 4.5 * bool(overhead)), squeeze=False)
     for i, op in enumerate(ops):
         for ax in axes[i][len(hiddens[op]):]:
             ax.axis("off")
@@ -175,8 +233,23 @@ def plot(rows, path):
             if i == len(ops) - 1 or j >= len(hiddens[ops[i + 1]]):
                 ax.set_xlabel("seqlen" if _has_flops(rows, op) else "tokens", fontsize=8)
         axes[i][0].legend(fontsize=6)
+    if overhead:
+        for ax in axes[-1][2:]:
+            ax.axis("off")
+        overhead_cases.plot(axes[-1][0], axes[-1][1], overhead)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _fmt(rate) -> str:
+    """A rate in the table: whole numbers on the GPU, two significant digits below 10 (CPU rows)."""
+    rate = float(rate)
+    return f"{rate:.0f}" if rate >= 10 else f"{rate:.2g}"
+
+
+def _sig(value: float) -> float:
+    """A rate for the CSV: 0.1 resolution, three significant digits below 10 (CPU rows)."""
+    return round(value, 1) if value >= 10 else float(f"{value:.3g}")
 
 
 def _has_flops(rows, op) -> bool:
@@ -184,20 +257,29 @@ def _has_flops(rows, op) -> bool:
 
 
 def rebuild(args) -> int:
+    """The table and the plot of earlier runs' CSVs (their first CSV's header names the device)."""
     rows, header = [], ""
     for path in args.from_csv:
         with open(path) as f:
-            header = f.readline().lstrip("# ").strip()
+            first = f.readline().lstrip("# ").strip()
+            header = header or first
             rows += list(csv.DictReader(f))
     for r in rows:
-        for key in ("time_us", "gbs", "pct_copy", "empty_us"):
-            r[key] = float(r[key])
-    info = {"empty_us": rows[0]["empty_us"]}
+        for key in ("time_us", "gbs", "pct_copy", "empty_us", "copy_gbs"):
+            if r.get(key) not in (None, ""):
+                r[key] = float(r[key])
+    # "llmk benchmark; commit C; date; device"
+    _, commit, date, device = [s.strip() for s in header.split(";", 3)]
+    info = dict(device=device)
+    ceilings = next((r for r in rows if r.get("empty_us") not in (None, "")), None)
+    if ceilings:
+        info.update(copy_gbs=ceilings["copy_gbs"], empty_us=ceilings["empty_us"])
+    gemm = next((r["gemm_tflops"] for r in rows if r.get("gemm_tflops") not in (None, "")), None)
+    if gemm:
+        info["gemm"] = gemm
     order = {op: i for i, op in enumerate(OPS)}
     rows.sort(key=lambda r: order.get(r["op"], len(order)))  # stable: keeps each op's sweep order
-    table = (f"{header}; copy bandwidth {rows[0]['copy_gbs']} GB/s, empty kernel {rows[0]['empty_us']} us.\n"
-             + markdown_table(rows, info))
-    report(table, rows, args)
+    report(_header(info, commit.removeprefix("commit "), date) + "\n" + markdown_table(rows, info), rows, args)
     return 0
 
 
@@ -207,44 +289,53 @@ def report(table, rows, args):
     if args.table:
         with open(args.table, "w") as f:
             f.write(table)
-    if args.plot:
+    if args.plot and rows:
         plot(rows, args.plot)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m llmk.bench")
-    parser.add_argument("--op", action="append", choices=sorted(OPS), help="op to benchmark (repeatable)")
-    parser.add_argument("--all", action="store_true", help="every op")
-    parser.add_argument("--tokens", type=int, nargs="*", help="token counts (default: each op's sweep)")
-    parser.add_argument("--hidden", type=int, nargs="*", help="hidden sizes (default: each op's sweep)")
+    parser.add_argument("--op", action="append", choices=sorted([*OPS, OVERHEAD]),
+                        help="op to benchmark (repeatable); 'overhead': host time per call and eager fwd+bwd")
+    parser.add_argument("--all", action="store_true", help="every op, and the overhead case")
+    parser.add_argument("--tokens", type=int, nargs="*", help="token counts (default: each op's sweep; not overhead)")
+    parser.add_argument("--hidden", type=int, nargs="*", help="hidden sizes (default: each op's sweep; not overhead)")
     parser.add_argument("--csv", help="write every timing here")
     parser.add_argument("--table", help="write the markdown table here")
     parser.add_argument("--plot", help="write a PNG plot here")
     parser.add_argument("--from-csv", nargs="+", metavar="CSV",
                         help="no timing: rebuild the table and plot from CSVs of earlier runs")
     args = parser.parse_args(argv)
-    ops = list(OPS) if args.all or not args.op else args.op
+    ops = [*OPS, OVERHEAD] if args.all or not args.op else args.op
 
     if args.from_csv:
         return rebuild(args)
 
-    if not (torch.cuda.is_available() and llmk._C.cuda_device_count() > 0):
-        rows = run_cpu(ops)
-        info = None
-    else:
-        rows, info = run_gpu(ops, args.tokens, args.hidden, torch.bfloat16)
+    device = "cuda" if torch.cuda.is_available() and llmk._C.cuda_device_count() > 0 else "cpu"
+    if device == "cpu":
+        # llmk's CPU backend runs on one thread: so does torch here, which compares like with
+        # like and keeps torch's OpenMP from stalling on a loaded machine (F.rms_norm of 64 x
+        # 4096 took 48 ms on 2 busy cores, 1.7 ms on one thread).
+        torch.set_num_threads(1)
+        print(f"no CUDA GPU found: timing the CPU backend on small shapes, torch on one thread ({CPU_NOTE})",
+              flush=True)
+    info = machine(device, ops)
+    print(_header(info, _commit(), datetime.date.today()), flush=True)
+    failures = []
+    sweep_ops = [op for op in ops if op != OVERHEAD]
+    rows = run(sweep_ops, args.tokens, args.hidden, torch.bfloat16, device, info, failures)
+    if OVERHEAD in ops:
+        rows += overhead_cases.run(torch.bfloat16, device, failures)
     if args.csv and rows:
         with open(args.csv, "w", newline="") as f:
-            f.write(f"# llmk benchmark; commit {_commit()}; {datetime.date.today()}; "
-                    f"{info['device'] if info else 'cpu'}\n")
+            f.write(f"# llmk benchmark; commit {_commit()}; {datetime.date.today()}; {info['device']}\n")
             writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
             writer.writeheader()
             writer.writerows(rows)
-    if info:
-        table = (f"Device {info['device']}, commit {_commit()}, {datetime.date.today()}; copy bandwidth "
-                 f"{info['copy_gbs']:.0f} GB/s, empty kernel {info['empty_us']:.2f} us.\n" + markdown_table(rows, info))
-        report(table, rows, args)
-    return 0
+    report(_header(info, _commit(), datetime.date.today()) + "\n" + markdown_table(rows, info), rows, args)
+    if failures:
+        print(f"{len(failures)} case(s) did not run:\n  " + "\n  ".join(failures))
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 PyTorch (``F.silu(gate) * up`` on the halves of x, as Hugging Face's LlamaMLP;
 ``F.gelu(x + b, approximate="tanh")`` as GPT-2's MLP) and torch.compile of it (per shape,
 dynamic=False); the backward peers are autograd through each. `hidden` is the MLP's
-intermediate size d (x is [tokens, 2d] for the gated forms)."""
+intermediate size d (x is [tokens, 2d] for the gated forms). Each case is
+case(tokens, d, dtype, device) -> (bytes moved, make, impls, reference)."""
 
 import torch
 import torch.nn.functional as F
@@ -48,15 +49,16 @@ def grad_peer(forward):
     return run
 
 
-def _randn(*shape, dtype):
-    return torch.randn(*shape, device="cuda", dtype=dtype)
+def randn_maker(dtype, device, *shapes):
+    """An input-set maker: fresh normal tensors of `shapes`."""
+    return lambda: tuple(torch.randn(*shape, device=device, dtype=dtype) for shape in shapes)
 
 
 def gated_case(eager, ours, reference):
-    def case(tokens, d, dtype):
+    def case(tokens, d, dtype, device):
         elt = torch.tensor([], dtype=dtype).element_size()
         impls = {"llmk": ours, "eager": eager, "compile": _compiled(eager)}
-        return 3 * tokens * d * elt, lambda: (_randn(tokens, 2 * d, dtype=dtype),), impls, reference
+        return 3 * tokens * d * elt, randn_maker(dtype, device, (tokens, 2 * d)), impls, reference
 
     return case
 
@@ -69,7 +71,7 @@ def gelu_tanh_and_mul_reference(x):
     return eager_gelu_tanh_and_mul(x.double())
 
 
-def silu_and_mul_backward_case(tokens, d, dtype):
+def silu_and_mul_backward_case(tokens, d, dtype, device):
     elt = torch.tensor([], dtype=dtype).element_size()
     impls = {
         "llmk": lambda x, dy: llmk.silu_and_mul_backward(dy, x),
@@ -81,18 +83,17 @@ def silu_and_mul_backward_case(tokens, d, dtype):
         x64 = x.double().requires_grad_()
         return torch.autograd.grad(eager_silu_and_mul(x64), x64, dy.double())[0]
 
-    return 5 * tokens * d * elt, lambda: (_randn(tokens, 2 * d, dtype=dtype), _randn(tokens, d, dtype=dtype)), \
-        impls, reference
+    return 5 * tokens * d * elt, randn_maker(dtype, device, (tokens, 2 * d), (tokens, d)), impls, reference
 
 
-def swiglu_case(tokens, d, dtype):
+def swiglu_case(tokens, d, dtype, device):
     elt = torch.tensor([], dtype=dtype).element_size()
     impls = {"llmk": llmk.swiglu, "eager": eager_swiglu, "compile": _compiled(eager_swiglu)}
-    return 3 * tokens * d * elt, lambda: (_randn(tokens, d, dtype=dtype), _randn(tokens, d, dtype=dtype)), impls, \
+    return 3 * tokens * d * elt, randn_maker(dtype, device, (tokens, d), (tokens, d)), impls, \
         lambda g, u: eager_swiglu(g.double(), u.double())
 
 
-def swiglu_backward_case(tokens, d, dtype):
+def swiglu_backward_case(tokens, d, dtype, device):
     elt = torch.tensor([], dtype=dtype).element_size()
     impls = {
         "llmk": lambda g, u, dy: llmk.swiglu_backward(dy, g, u),
@@ -104,10 +105,7 @@ def swiglu_backward_case(tokens, d, dtype):
         g64 = g.double().requires_grad_()
         return torch.autograd.grad(eager_swiglu(g64, u.double()), g64, dy.double())[0]
 
-    def make():
-        return _randn(tokens, d, dtype=dtype), _randn(tokens, d, dtype=dtype), _randn(tokens, d, dtype=dtype)
-
-    return 5 * tokens * d * elt, make, impls, reference
+    return 5 * tokens * d * elt, randn_maker(dtype, device, (tokens, d), (tokens, d), (tokens, d)), impls, reference
 
 
 def eager_bias_gelu(x, b):
@@ -115,15 +113,15 @@ def eager_bias_gelu(x, b):
     return F.gelu(x + b, approximate="tanh")
 
 
-def bias_gelu_case(tokens, d, dtype):
+def bias_gelu_case(tokens, d, dtype, device):
     elt = torch.tensor([], dtype=dtype).element_size()
     impls = {"llmk": lambda x, b: llmk.bias_gelu(x, b, "tanh"), "eager": eager_bias_gelu,
              "compile": _compiled(eager_bias_gelu)}
-    return 2 * tokens * d * elt, lambda: (_randn(tokens, d, dtype=dtype), _randn(d, dtype=dtype)), impls, \
+    return 2 * tokens * d * elt, randn_maker(dtype, device, (tokens, d), (d,)), impls, \
         lambda x, b: eager_bias_gelu(x.double(), b.double())
 
 
-def bias_gelu_backward_case(tokens, d, dtype):
+def bias_gelu_backward_case(tokens, d, dtype, device):
     elt = torch.tensor([], dtype=dtype).element_size()
     impls = {
         "llmk": lambda x, b, dy: llmk.bias_gelu_backward(dy, x, b, "tanh"),
@@ -135,10 +133,7 @@ def bias_gelu_backward_case(tokens, d, dtype):
         x64 = x.double().requires_grad_()
         return torch.autograd.grad(eager_bias_gelu(x64, b.double()), x64, dy.double())[0]
 
-    def make():
-        return _randn(tokens, d, dtype=dtype), _randn(d, dtype=dtype), _randn(tokens, d, dtype=dtype)
-
-    return 3 * tokens * d * elt, make, impls, reference
+    return 3 * tokens * d * elt, randn_maker(dtype, device, (tokens, d), (d,), (tokens, d)), impls, reference
 
 
 OPS = {
@@ -153,3 +148,5 @@ OPS = {
 }
 SWEEPS = {op: (TOKENS, FFN) for op in OPS}
 SWEEPS["bias_gelu"] = SWEEPS["bias_gelu_backward"] = (TOKENS, [3072, 16384])  # GPT-2 small, GPT-J
+CPU_SWEEPS = {op: ([1, 64], [4864]) for op in OPS}  # without a GPU: the CPU backend at small shapes
+CPU_SWEEPS["bias_gelu"] = CPU_SWEEPS["bias_gelu_backward"] = ([1, 64], [3072])

@@ -5,7 +5,10 @@ head dim. Peers: torch.nn.functional.scaled_dot_product_attention on the same te
 (transposed views, PyTorch's [batch, heads, seq, dim]) with each backend pinned through
 torch.nn.attention.sdpa_kernel: flash (FlashAttention 2), cudnn, efficient (xformers'
 memory-efficient kernel). FLOPs: 4 * batch * heads * seq^2 * head_dim, halved when causal.
-The error column compares the last 256 query rows of head 0 with a float64 reference."""
+The error column compares the last 256 query rows of head 0 with a float64 reference.
+Without a GPU (the CPU backend): one batch of `seqlen` tokens, hidden 256; the SDPA backends
+that do not run on the CPU (cudnn, efficient) are skipped with a note. Each case is
+case(seqlen, head_dim, dtype, device) -> (bytes moved, make, impls, reference, flops)."""
 
 import torch
 import torch.nn.functional as F
@@ -14,12 +17,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import llmk
 
 TOKENS_PER_BATCH = 16384
-HIDDEN = 2048
+HIDDEN = {"cuda": 2048, "cpu": 256}
 SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
 HEAD_DIMS = [64, 128]
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
          "efficient": SDPBackend.EFFICIENT_ATTENTION}
 CHECK_ROWS = 256
+_SKIPPED = set()  # (peer, device) already reported as not running
 
 
 def _sdpa(backend, causal):
@@ -33,20 +37,22 @@ def _sdpa(backend, causal):
 def _works(fn, sample):
     try:
         fn(*sample)
-        torch.cuda.synchronize()
+        if sample[0].is_cuda:
+            torch.cuda.synchronize()
         return True
     except RuntimeError:
         return False
 
 
 def attention_case(causal):
-    def case(seqlen, head_dim, dtype):
-        batch, heads = TOKENS_PER_BATCH // seqlen, HIDDEN // head_dim
+    def case(seqlen, head_dim, dtype, device):
+        batch = TOKENS_PER_BATCH // seqlen if device == "cuda" else 1
+        heads, check_rows = HIDDEN[device] // head_dim, min(CHECK_ROWS, seqlen)
         elt = torch.tensor([], dtype=dtype).element_size()
         flops = 4 * batch * heads * seqlen * seqlen * head_dim // (2 if causal else 1)
 
         def make():
-            return tuple(torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype) for _ in range(3))
+            return tuple(torch.randn(batch, seqlen, heads, head_dim, device=device, dtype=dtype) for _ in range(3))
 
         sample = make()
         impls = {"llmk": lambda q, k, v: llmk.attention(q, k, v, causal=causal)}
@@ -54,14 +60,17 @@ def attention_case(causal):
             fn = _sdpa(backend, causal)
             if _works(fn, sample):
                 impls[name] = fn
+            elif (name, device) not in _SKIPPED:
+                _SKIPPED.add((name, device))
+                print(f"attention on {device}: SDPA's {name} backend does not run ({seqlen} x {head_dim}); skipped")
         del sample
 
         def reference(q, k, v):
-            rows = slice(seqlen - CHECK_ROWS, seqlen)
+            rows = slice(seqlen - check_rows, seqlen)
             qd, kd, vd = q[0, rows, 0].double(), k[0, :, 0].double(), v[0, :, 0].double()
             s = qd @ kd.T / head_dim**0.5
             if causal:  # row i of the square sees keys j <= i
-                i = torch.arange(seqlen - CHECK_ROWS, seqlen, device=q.device)[:, None]
+                i = torch.arange(seqlen - check_rows, seqlen, device=q.device)[:, None]
                 s = s.masked_fill(torch.arange(seqlen, device=q.device)[None, :] > i, float("-inf"))
             return torch.softmax(s, -1) @ vd, lambda out: out[0, rows, 0]
 
@@ -72,3 +81,4 @@ def attention_case(causal):
 
 OPS = {"attention": attention_case(False), "attention_causal": attention_case(True)}
 SWEEPS = {op: (SEQLENS, HEAD_DIMS) for op in OPS}
+CPU_SWEEPS = {op: ([64, 256], HEAD_DIMS) for op in OPS}  # without a GPU: the CPU backend at small shapes

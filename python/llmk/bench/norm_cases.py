@@ -6,6 +6,7 @@ shape, dynamic=False); the backward peers are autograd through F.rms_norm and th
 compiled formula. LayerNorm peers: F.layer_norm (PyTorch's fused kernel) and torch.compile
 of it, forward and backward. Gated RMSNorm (rmsnorm_swiglu) peers: llmk's own two-kernel
 composition (rmsnorm, then swiglu), Qwen3-Next's eager RMSNormGated and torch.compile of it.
+Each case is case(tokens, hidden, dtype, device) -> (bytes moved, make, impls, reference).
 """
 
 import torch
@@ -51,23 +52,23 @@ def autograd_peer(forward, with_bias=False):
     return run
 
 
-def backward_inputs(tokens, hidden, dtype):
+def backward_inputs(tokens, hidden, dtype, device):
     """An input-set maker for the backward cases: (x, weight, dy)."""
     def make():
-        return (torch.randn(tokens, hidden, device="cuda", dtype=dtype),
-                torch.randn(hidden, device="cuda", dtype=dtype),
-                torch.randn(tokens, hidden, device="cuda", dtype=dtype))
+        return (torch.randn(tokens, hidden, device=device, dtype=dtype),
+                torch.randn(hidden, device=device, dtype=dtype),
+                torch.randn(tokens, hidden, device=device, dtype=dtype))
 
     return make
 
 
-def rmsnorm_case(tokens, hidden, dtype):
+def rmsnorm_case(tokens, hidden, dtype, device):
     elt = torch.tensor([], dtype=dtype).element_size()
     bytes_moved = 2 * tokens * hidden * elt + hidden * elt
 
     def make():
-        return (torch.randn(tokens, hidden, device="cuda", dtype=dtype),
-                torch.randn(hidden, device="cuda", dtype=dtype))
+        return (torch.randn(tokens, hidden, device=device, dtype=dtype),
+                torch.randn(hidden, device=device, dtype=dtype))
 
     impls = {
         "llmk": lambda x, w: llmk.rmsnorm(x, w, EPS),
@@ -83,14 +84,14 @@ def rmsnorm_case(tokens, hidden, dtype):
     return bytes_moved, make, impls, reference
 
 
-def add_rmsnorm_case(tokens, hidden, dtype, in_place=False):
+def add_rmsnorm_case(tokens, hidden, dtype, device, in_place=False):
     elt = torch.tensor([], dtype=dtype).element_size()
     bytes_moved = 4 * tokens * hidden * elt + hidden * elt
 
     def make():
-        return (torch.randn(tokens, hidden, device="cuda", dtype=dtype),
-                torch.randn(tokens, hidden, device="cuda", dtype=dtype),
-                torch.randn(hidden, device="cuda", dtype=dtype))
+        return (torch.randn(tokens, hidden, device=device, dtype=dtype),
+                torch.randn(tokens, hidden, device=device, dtype=dtype),
+                torch.randn(hidden, device=device, dtype=dtype))
 
     def ours_in_place(x, r, w):
         llmk.add_rmsnorm_(x, r, w, EPS)
@@ -111,11 +112,11 @@ def add_rmsnorm_case(tokens, hidden, dtype, in_place=False):
     return bytes_moved, make, impls, reference
 
 
-def rmsnorm_backward_case(tokens, hidden, dtype):
+def rmsnorm_backward_case(tokens, hidden, dtype, device):
     elt = torch.tensor([], dtype=dtype).element_size()
     bytes_moved = 3 * tokens * hidden * elt + 2 * hidden * elt
 
-    make = backward_inputs(tokens, hidden, dtype)
+    make = backward_inputs(tokens, hidden, dtype, device)
 
     impls = {
         "llmk": lambda x, w, dy: llmk.rmsnorm_backward(dy, x, w, EPS),
@@ -131,14 +132,14 @@ def rmsnorm_backward_case(tokens, hidden, dtype):
     return bytes_moved, make, impls, reference
 
 
-def layernorm_case(tokens, hidden, dtype):
+def layernorm_case(tokens, hidden, dtype, device):
     elt = torch.tensor([], dtype=dtype).element_size()
     bytes_moved = 2 * tokens * hidden * elt + 2 * hidden * elt
 
     def make():
-        return (torch.randn(tokens, hidden, device="cuda", dtype=dtype),
-                torch.randn(hidden, device="cuda", dtype=dtype),
-                torch.randn(hidden, device="cuda", dtype=dtype))
+        return (torch.randn(tokens, hidden, device=device, dtype=dtype),
+                torch.randn(hidden, device=device, dtype=dtype),
+                torch.randn(hidden, device=device, dtype=dtype))
 
     def torch_layernorm(x, w, b):
         return F.layer_norm(x, (hidden,), w, b, EPS)
@@ -155,11 +156,11 @@ def layernorm_case(tokens, hidden, dtype):
     return bytes_moved, make, impls, reference
 
 
-def layernorm_backward_case(tokens, hidden, dtype):
+def layernorm_backward_case(tokens, hidden, dtype, device):
     elt = torch.tensor([], dtype=dtype).element_size()
     bytes_moved = 3 * tokens * hidden * elt + 3 * hidden * elt
 
-    make = backward_inputs(tokens, hidden, dtype)
+    make = backward_inputs(tokens, hidden, dtype, device)
 
     def torch_layernorm(x, w, b):
         return F.layer_norm(x, (hidden,), w, b, EPS)
@@ -195,14 +196,14 @@ def gated_reference(x, gate, w):
     return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + EPS) * w.double() * F.silu(gate.double())
 
 
-def rmsnorm_swiglu_case(tokens, hidden, dtype):
+def rmsnorm_swiglu_case(tokens, hidden, dtype, device):
     elt = torch.tensor([], dtype=dtype).element_size()
     bytes_moved = 3 * tokens * hidden * elt + hidden * elt  # read x, gate; write out
 
     def make():
-        return (torch.randn(tokens, hidden, device="cuda", dtype=dtype),
-                torch.randn(tokens, hidden, device="cuda", dtype=dtype),
-                torch.randn(hidden, device="cuda", dtype=dtype))
+        return (torch.randn(tokens, hidden, device=device, dtype=dtype),
+                torch.randn(tokens, hidden, device=device, dtype=dtype),
+                torch.randn(hidden, device=device, dtype=dtype))
 
     impls = {
         "llmk": lambda x, gate, w: llmk.rmsnorm_swiglu(x, gate, w, EPS),
@@ -213,13 +214,13 @@ def rmsnorm_swiglu_case(tokens, hidden, dtype):
     return bytes_moved, make, impls, gated_reference
 
 
-def rmsnorm_swiglu_backward_case(tokens, hidden, dtype):
+def rmsnorm_swiglu_backward_case(tokens, hidden, dtype, device):
     elt = torch.tensor([], dtype=dtype).element_size()
     bytes_moved = 5 * tokens * hidden * elt + 2 * hidden * elt  # read dy, x, gate; write dx, dgate
 
     def make():
-        return tuple(torch.randn(tokens, hidden, device="cuda", dtype=dtype) for _ in range(3)) + (
-            torch.randn(hidden, device="cuda", dtype=dtype),)
+        return tuple(torch.randn(tokens, hidden, device=device, dtype=dtype) for _ in range(3)) + (
+            torch.randn(hidden, device=device, dtype=dtype),)
 
     def two_kernels(x, gate, dy, w):  # recompute y, swiglu_backward, rmsnorm_backward
         dgate, dy_norm = llmk.swiglu_backward(dy, gate, llmk.rmsnorm(x, w, EPS))
@@ -256,7 +257,7 @@ def rmsnorm_swiglu_backward_case(tokens, hidden, dtype):
 OPS = {
     "rmsnorm": rmsnorm_case,
     "add_rmsnorm": add_rmsnorm_case,
-    "add_rmsnorm_": lambda t, h, d: add_rmsnorm_case(t, h, d, in_place=True),
+    "add_rmsnorm_": lambda t, h, d, device: add_rmsnorm_case(t, h, d, device, in_place=True),
     "rmsnorm_backward": rmsnorm_backward_case,
     "layernorm": layernorm_case,
     "layernorm_backward": layernorm_backward_case,
@@ -266,3 +267,6 @@ OPS = {
 SWEEPS = {op: (TOKENS, HIDDEN) for op in OPS}
 # Gated RMSNorm runs per head (Qwen3-Next: rows = tokens x heads of 128) or over a wide row.
 SWEEPS["rmsnorm_swiglu"] = SWEEPS["rmsnorm_swiglu_backward"] = ([1, 16, 2048, 8192, 65536], [128, 4096])
+# Without a GPU: the CPU backend at small shapes.
+CPU_SWEEPS = {op: ([1, 64], [896, 4096]) for op in OPS}
+CPU_SWEEPS["rmsnorm_swiglu"] = CPU_SWEEPS["rmsnorm_swiglu_backward"] = ([1, 64], [128, 4096])

@@ -5,7 +5,9 @@ rotates in place (one launch for q and k); the peers are vLLM's native PyTorch r
 torch.compile (per shape, dynamic=False). `hidden` names the attention config: 4096 is
 Llama-3-8B (32 q heads, 8 kv heads of 128), 896 Qwen2-0.5B (14 / 2 of 64). Bytes count the
 rotated q and k read and written once; the cos/sin rows (rot_dim floats per token) and the
-positions add ~3% and are not counted."""
+positions add ~3% and are not counted. The backward (llmk.rope_backward_) applies the inverse
+rotation in place to the gradients. Each case is case(tokens, hidden, dtype, device) ->
+(bytes moved, make, impls, reference)."""
 
 import torch
 
@@ -69,11 +71,11 @@ def _two_output_grad(forward):
 
 def rope_case(source, backward=False):
     """rope (cache), rope_theta (angles from theta) or rope_backward (cache, inverse rotation)."""
-    def case(tokens, hidden, dtype):
+    def case(tokens, hidden, dtype, device):
         heads_q, heads_kv, dim = CONFIGS[hidden]
         elt = torch.tensor([], dtype=dtype).element_size()
-        cache = llmk.rope_cos_sin_cache(MAX_POSITION, dim, THETA, device="cuda") if source == "cache" else None
-        inv_freq = 1.0 / THETA ** (torch.arange(0, dim, 2, device="cuda", dtype=torch.float64) / dim)
+        cache = llmk.rope_cos_sin_cache(MAX_POSITION, dim, THETA, device=device) if source == "cache" else None
+        inv_freq = 1.0 / THETA ** (torch.arange(0, dim, 2, device=device, dtype=torch.float64) / dim)
         if source == "cache":
             def peer(q, k, positions):
                 return torch_rope_cache(q, k, positions, cache)
@@ -82,12 +84,15 @@ def rope_case(source, backward=False):
         compiled = torch.compile(peer, dynamic=False)
 
         def make():
-            qkv = torch.randn(tokens, (heads_q + 2 * heads_kv) * dim, device="cuda", dtype=dtype)
-            return qkv, torch.randint(0, MAX_POSITION, (tokens,), device="cuda")
+            qkv = torch.randn(tokens, (heads_q + 2 * heads_kv) * dim, device=device, dtype=dtype)
+            return qkv, torch.randint(0, MAX_POSITION, (tokens,), device=device)
+
+        rotate = llmk.rope_backward_ if backward else llmk.rope_
+        angles = {} if cache is not None else {"theta": THETA}  # the cache holds the angles: theta only without it
 
         def ours(qkv, positions):  # qkv holds q and k, or their gradients (backward)
             q, k = _split(qkv, heads_q, heads_kv, dim)
-            llmk.rope_(q, k, positions, cache, theta=THETA, inverse=backward)
+            rotate(q, k, positions, cache, **angles)
             return q
 
         if backward:  # the gradient of the fused qkv's q and k slices; the peers' saved inputs are qkv's
@@ -118,3 +123,4 @@ OPS = {
     "rope_backward": rope_case("cache", backward=True),
 }
 SWEEPS = {op: (TOKENS, list(CONFIGS)) for op in OPS}
+CPU_SWEEPS = {op: ([1, 64], list(CONFIGS)) for op in OPS}  # without a GPU: the CPU backend at small shapes

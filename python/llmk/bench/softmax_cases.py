@@ -1,7 +1,8 @@
 """Benchmark cases of the softmax family and their peers, all bf16: torch.softmax /
 torch.log_softmax (PyTorch's fused kernels) and torch.compile of them (per shape,
 dynamic=False); the backward peers are autograd through each. `hidden` is the row
-length n: attention-score rows (4096) and vocabulary rows (Llama-2 32000, Llama-3 128256)."""
+length n: attention-score rows (4096) and vocabulary rows (Llama-2 32000, Llama-3 128256).
+Each case is case(tokens, n, dtype, device) -> (bytes moved, make, impls, reference)."""
 
 import torch
 
@@ -12,8 +13,8 @@ COLUMNS = [4096, 32000, 128256]
 TOKENS = [1, 16, 2048, 8192]
 
 
-def _randn(tokens, n, dtype):
-    return torch.randn(tokens, n, device="cuda", dtype=dtype) * 3
+def _randn(tokens, n, dtype, device):
+    return torch.randn(tokens, n, device=device, dtype=dtype) * 3
 
 
 def _torch_softmax(x):
@@ -27,16 +28,16 @@ def _torch_log_softmax(x):
 def forward_case(log):
     peer = _torch_log_softmax if log else _torch_softmax
 
-    def case(tokens, n, dtype):
+    def case(tokens, n, dtype, device):
         elt = torch.tensor([], dtype=dtype).element_size()
         impls = {"llmk": llmk.log_softmax if log else llmk.softmax, "torch": peer,
                  "compile": torch.compile(peer, dynamic=False)}
-        return 2 * tokens * n * elt, lambda: (_randn(tokens, n, dtype),), impls, lambda x: peer(x.double())
+        return 2 * tokens * n * elt, lambda: (_randn(tokens, n, dtype, device),), impls, lambda x: peer(x.double())
 
     return case
 
 
-def softmax_backward_case(tokens, n, dtype):
+def softmax_backward_case(tokens, n, dtype, device):
     elt = torch.tensor([], dtype=dtype).element_size()
     # The peers run autograd.grad through a graph built once per input set (from x); llmk
     # takes the forward's output y directly.
@@ -49,8 +50,8 @@ def softmax_backward_case(tokens, n, dtype):
     }
 
     def make():
-        x = _randn(tokens, n, dtype)
-        return x, torch.softmax(x, -1), torch.randn(tokens, n, device="cuda", dtype=dtype)
+        x = _randn(tokens, n, dtype, device)
+        return x, torch.softmax(x, -1), torch.randn(tokens, n, device=device, dtype=dtype)
 
     def reference(x, y, dy):
         y64 = y.double()
@@ -65,3 +66,4 @@ OPS = {
     "softmax_backward": softmax_backward_case,
 }
 SWEEPS = {op: (TOKENS, COLUMNS) for op in OPS}
+CPU_SWEEPS = {op: ([1, 64], [4096, 32000]) for op in OPS}  # without a GPU: the CPU backend at small shapes

@@ -1,6 +1,11 @@
 """Timing by the protocol in shared/DESIGN.md: CUDA graphs of many calls (no Python or
 launch overhead between them), inputs rotated among enough buffers to defeat the L2,
-median over several replays; the machine's ceilings measured in the same run."""
+median over several replays; the machine's ceilings measured in the same run.
+
+Every function takes the device it times ("cuda" or "cpu"). On the CPU (no GPU found) a
+call's time is wall time around a loop of calls (perf_counter), on one input set: the
+shapes are small and sit in the caches, so CPU rows say how the reference backend
+compares with torch's CPU kernels, not what the memory system can do."""
 
 import statistics
 import time
@@ -11,10 +16,18 @@ import torch
 L2_DEFEAT_BYTES = 4 * 64 * 2**20  # rotate through at least 4x a 50-64 MiB L2
 
 
-def buffer_sets(make: Callable[[], Sequence[torch.Tensor]], bytes_per_call: int, max_sets: int = 16) -> List:
-    """Enough independent input sets that cycling through them streams from HBM."""
+def buffer_sets(make: Callable[[], Sequence[torch.Tensor]], bytes_per_call: int, device: str = "cuda",
+                max_sets: int = 16) -> List:
+    """Enough independent input sets that cycling through them streams from HBM (one set on the CPU)."""
+    if device == "cpu":
+        return [make()]
     count = max(1, min(max_sets, -(-L2_DEFEAT_BYTES // max(bytes_per_call, 1))))
     return [make() for _ in range(count)]
+
+
+def time_op(fn: Callable, sets: List, device: str) -> tuple:
+    """(median microseconds per call of fn(*set), method): time_cuda or time_cpu."""
+    return time_cuda(fn, sets) if device == "cuda" else time_cpu(fn, sets)
 
 
 def time_cuda(fn: Callable, sets: List, min_calls: int = 20, replays: int = 7) -> tuple:
@@ -57,48 +70,72 @@ def time_cuda(fn: Callable, sets: List, min_calls: int = 20, replays: int = 7) -
     return statistics.median(times), method
 
 
-def time_cpu(fn: Callable, args: Sequence, repeats: int = 5) -> float:
-    fn(*args)
+def time_cpu(fn: Callable, sets: List, min_seconds: float = 0.02, replays: int = 5) -> tuple:
+    """Median microseconds per call of fn(*set) on the CPU: loops of enough calls to last
+    `min_seconds` (at least one), timed with perf_counter after one warm-up call per set."""
+    for s in sets:
+        fn(*s)
+    t0 = time.perf_counter()
+    fn(*sets[0])
+    calls = max(1, min(10000, int(min_seconds / max(time.perf_counter() - t0, 1e-7))))
+    times = []
+    for _ in range(replays):
+        t0 = time.perf_counter()
+        for i in range(calls):
+            fn(*sets[i % len(sets)])
+        times.append((time.perf_counter() - t0) * 1e6 / calls)
+    return statistics.median(times), "cpu"
+
+
+def _median_seconds(fn: Callable, device: str, repeats: int = 20) -> float:
+    """Median seconds of single calls of fn after one warm-up: CUDA events on the GPU, perf_counter on the CPU."""
+    fn()
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn(*args)
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
-
-
-def copy_bandwidth_gbs() -> float:
-    """Device-to-device copy of 2 GiB (bytes read plus written per second): the best of a
-    cudaMemcpy (Tensor.copy_) and an elementwise copy kernel, each the median of 20."""
-    n = 2**30
-    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    best = 0.0
-    for copy in (lambda: dst.copy_(src), lambda: torch.mul(src, 1, out=dst)):
-        copy()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(20):
+        if device == "cuda":
+            torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            copy()
+            fn()
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e-3)
-        best = max(best, 2 * src.numel() * src.element_size() / statistics.median(times) / 1e9)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbs(device: str = "cuda") -> float:
+    """Device-to-device copy of 2 GiB (bytes read plus written per second): the best of a
+    cudaMemcpy (Tensor.copy_) and an elementwise copy kernel, each the median of 20. On the
+    CPU the same of 128 MiB (past the caches)."""
+    n = 2**30 if device == "cuda" else 2**26
+    src = torch.randn(n, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    best = 0.0
+    for copy in (lambda: dst.copy_(src), lambda: torch.mul(src, 1, out=dst)):
+        best = max(best, 2 * src.numel() * src.element_size() / _median_seconds(copy, device) / 1e9)
     return best
 
 
-def empty_launch_us() -> float:
-    """Per-call time of a kernel that does nothing, timed like every other row."""
-    us, _ = time_cuda(lambda: torch.cuda._sleep(0), [()], min_calls=50)
+def empty_launch_us(device: str = "cuda") -> float:
+    """Per-call time of a kernel that does nothing, timed like every other row. On the CPU:
+    an op on one element (torch.neg into a preallocated output), the dispatcher's floor."""
+    if device == "cuda":
+        us, _ = time_cuda(lambda: torch.cuda._sleep(0), [()], min_calls=50)
+    else:
+        one = torch.ones(1)
+        us, _ = time_cpu(lambda: torch.neg(one, out=one), [()])
     return us
 
 
-def gemm_tflops() -> float:
-    """The tensor-core ceiling: a bf16 cuBLAS GEMM of 8192^3 (torch.matmul), the median of 20."""
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    us, _ = time_cuda(torch.matmul, [(a, b)], min_calls=20)
+def gemm_tflops(device: str = "cuda") -> float:
+    """The tensor-core ceiling: a bf16 cuBLAS GEMM of 8192^3 (torch.matmul), the median of
+    20 (on the CPU: a bf16 GEMM of 1024^3)."""
+    n = 8192 if device == "cuda" else 1024
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    us, _ = time_op(torch.matmul, [(a, b)], device)
     return 2 * n**3 / us / 1e6

@@ -1,0 +1,41 @@
+// llmk._C: loading it registers the CPU and CUDA kernels of every torch.ops.llmk op (the
+// ops_*.cc files of this folder, through PyTorch's stable ABI); this module itself holds the
+// few plain functions that are not tensor ops: what GPU llmk sees and how it was built.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include "llmk/llmk.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+NB_MODULE(_C, m) {
+  m.doc() = "llmk: fused GPU kernels for transformer language models (torch ops and build facts)";
+
+  m.def("attention_head_dim_compiled", &llmk::attention_head_dim_compiled, "head_dim"_a);
+  m.def("cuda_device_count", &llmk::cuda_device_count);
+  m.def("build_cuda_archs", &llmk::build_cuda_archs);
+  m.def(
+      "device_info",
+      [](int index) {
+        const llmk::DeviceInfo i = llmk::device_info(index);
+        nb::dict d;
+        d["available"] = i.available;
+        d["error"] = i.error;
+        d["index"] = i.index;
+        d["name"] = i.name;
+        d["compute_capability"] = nb::make_tuple(i.cc_major, i.cc_minor);
+        d["sm_count"] = i.sm_count;
+        d["max_threads_per_sm"] = i.max_threads_per_sm;
+        d["shared_mem_per_block_optin"] = i.shared_mem_per_block_optin;
+        d["shared_mem_per_sm"] = i.shared_mem_per_sm;
+        d["l2_bytes"] = i.l2_bytes;
+        d["memory_bus_bits"] = i.memory_bus_bits;
+        d["memory_clock_khz"] = i.memory_clock_khz;
+        d["sm_clock_khz"] = i.sm_clock_khz;
+        d["peak_bandwidth_gbs"] = i.peak_bandwidth_gbs;
+        d["peak_bf16_tflops"] = i.peak_bf16_tflops;
+        return d;
+      },
+      "index"_a = 0);
+}

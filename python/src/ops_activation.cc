@@ -1,0 +1,109 @@
+// torch.ops.llmk activation ops: silu_and_mul, gelu_and_mul, swiglu, their backwards,
+// bias_gelu and bias_gelu_backward. Schemas, fakes and autograd: python/llmk/ops/activation.py.
+#include <string>
+
+#include "torch_bridge.h"
+
+namespace llmk::torch_ops {
+namespace {
+
+// The GELU approximation, spelled as torch.nn.functional.gelu spells it.
+GeluApproximation gelu_approximation(const OpCall& op, const std::string& name) {
+  if (name == "none") return GeluApproximation::none;
+  if (name == "tanh") return GeluApproximation::tanh;
+  detail::throw_error(op.name(), ": approximate must be 'none' or 'tanh', got '", name, "'");
+}
+
+// [..., 2d] -> [..., d]: the output of a gated activation over a fused gate-and-up tensor.
+Tensor empty_half(const Tensor& x) {
+  Shape shape = shape_of(x);
+  if (!shape.empty()) shape.back() /= 2;
+  return empty(x, shape, x.scalar_type());
+}
+
+Tensor silu_and_mul(Tensor x) {
+  const OpCall op("silu_and_mul", x);
+  Tensor out = empty_half(x);
+  llmk::silu_and_mul(op.view(out, "out"), op.view(x, "x"), op.stream());
+  return out;
+}
+
+Tensor gelu_and_mul(Tensor x, std::string approximate) {
+  const OpCall op("gelu_and_mul", x);
+  const GeluApproximation a = gelu_approximation(op, approximate);
+  Tensor out = empty_half(x);
+  llmk::gelu_and_mul(op.view(out, "out"), op.view(x, "x"), a, op.stream());
+  return out;
+}
+
+Tensor swiglu(Tensor gate, Tensor up) {
+  const OpCall op("swiglu", gate);
+  Tensor out = output_like(gate);
+  llmk::swiglu(op.view(out, "out"), op.view(gate, "gate"), op.view(up, "up"), op.stream());
+  return out;
+}
+
+Tensor silu_and_mul_backward(Tensor dy, Tensor x) {
+  const OpCall op("silu_and_mul_backward", x);
+  dy = dense_rows(dy);
+  Tensor dx = output_like(x);
+  llmk::silu_and_mul_backward(op.view(dx, "dx"), op.view(dy, "dy"), op.view(x, "x"), op.stream());
+  return dx;
+}
+
+Tensor gelu_and_mul_backward(Tensor dy, Tensor x, std::string approximate) {
+  const OpCall op("gelu_and_mul_backward", x);
+  const GeluApproximation a = gelu_approximation(op, approximate);
+  dy = dense_rows(dy);
+  Tensor dx = output_like(x);
+  llmk::gelu_and_mul_backward(op.view(dx, "dx"), op.view(dy, "dy"), op.view(x, "x"), a, op.stream());
+  return dx;
+}
+
+std::tuple<Tensor, Tensor> swiglu_backward(Tensor dy, Tensor gate, Tensor up) {
+  const OpCall op("swiglu_backward", gate);
+  dy = dense_rows(dy);
+  Tensor dgate = output_like(gate);
+  Tensor dup = output_like(up);
+  llmk::swiglu_backward(op.view(dgate, "dgate"), op.view(dup, "dup"), op.view(dy, "dy"), op.view(gate, "gate"),
+                        op.view(up, "up"), op.stream());
+  return {dgate, dup};
+}
+
+Tensor bias_gelu(Tensor x, Tensor bias, std::string approximate) {
+  const OpCall op("bias_gelu", x);
+  const GeluApproximation a = gelu_approximation(op, approximate);
+  Tensor out = output_like(x);
+  llmk::bias_gelu(op.view(out, "out"), op.view(x, "x"), op.view(bias, "bias"), a, op.stream());
+  return out;
+}
+
+std::tuple<Tensor, Tensor> bias_gelu_backward(Tensor dy, Tensor x, Tensor bias, std::string approximate) {
+  const OpCall op("bias_gelu_backward", x);
+  const GeluApproximation a = gelu_approximation(op, approximate);
+  dy = dense_rows(dy);
+  Tensor dx = output_like(x);
+  Tensor dbias = output_like(bias);
+  Tensor workspace = row_workspace(x, llmk::bias_gelu_backward_workspace_size);
+  llmk::bias_gelu_backward(op.view(dx, "dx"), op.view(dbias, "dbias"), op.view(dy, "dy"), op.view(x, "x"),
+                           op.view(bias, "bias"), a, op.view(workspace, "workspace"), op.stream());
+  return {dx, dbias};
+}
+
+void register_activation(torch::stable::detail::StableLibrary& m) {
+  m.impl("silu_and_mul", TORCH_BOX(&silu_and_mul));
+  m.impl("gelu_and_mul", TORCH_BOX(&gelu_and_mul));
+  m.impl("swiglu", TORCH_BOX(&swiglu));
+  m.impl("silu_and_mul_backward", TORCH_BOX(&silu_and_mul_backward));
+  m.impl("gelu_and_mul_backward", TORCH_BOX(&gelu_and_mul_backward));
+  m.impl("swiglu_backward", TORCH_BOX(&swiglu_backward));
+  m.impl("bias_gelu", TORCH_BOX(&bias_gelu));
+  m.impl("bias_gelu_backward", TORCH_BOX(&bias_gelu_backward));
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(llmk, CPU, m) { register_activation(m); }
+STABLE_TORCH_LIBRARY_IMPL(llmk, CUDA, m) { register_activation(m); }
+
+}  // namespace llmk::torch_ops

@@ -1,0 +1,102 @@
+// torch.ops.llmk RoPE ops: rope_ and rope_backward_ (in place on q and k, one launch), and
+// the functional rope / rope_backward (new contiguous tensors; the autograd pair).
+// Schemas, fakes and autograd: python/llmk/ops/rope.py.
+#include <torch/csrc/stable/ops.h>
+
+#include <string>
+#include <vector>
+
+#include "torch_bridge.h"
+
+namespace llmk::torch_ops {
+namespace {
+
+// Where the angles come from: the arguments every RoPE op takes after its tensors. Each
+// argument is honoured or rejected: theta, rot_dim and llama3_scaling describe angles
+// computed from theta and cannot be combined with a cos_sin_cache (which holds its own).
+struct Angles {
+  std::optional<Tensor> cache;
+  RopeTheta theta;
+  RopeStyle style;
+};
+
+Angles angles(const OpCall& op, const std::optional<Tensor>& cache, std::optional<double> theta, int64_t rot_dim,
+              const std::string& style, const std::optional<std::vector<double>>& llama3) {
+  Angles a{cache, RopeTheta{rot_dim, theta.value_or(10000.0), std::nullopt}, RopeStyle::neox};
+  if (style == "gptj") a.style = RopeStyle::gptj;
+  else LLMK_CHECK(style == "neox", op.name(), ": style must be 'neox' or 'gptj', got '", style, "'");
+  if (cache) {
+    const int64_t width = cache->dim() == 2 ? cache->size(1) : -1;
+    LLMK_CHECK(rot_dim == 0 || rot_dim == width, op.name(), ": rot_dim ", rot_dim,
+               " does not match the ", width, " columns of cos_sin_cache (a cache's width is its rotary "
+               "dim: pass rot_dim=None, or a cache of ", rot_dim, " columns)");
+    LLMK_CHECK(!theta, op.name(), ": theta (", *theta, ") and cos_sin_cache were both given; the cache holds the "
+               "angles, so pass one or the other");
+    LLMK_CHECK(!llama3, op.name(), ": llama3_scaling applies to angles computed from theta; a cos_sin_cache "
+               "holds its angles already (build it with rope_cos_sin_cache(..., llama3_scaling=...))");
+    return a;
+  }
+  if (llama3) {
+    LLMK_CHECK(llama3->size() == 4, op.name(), ": llama3_scaling takes 4 values (factor, low_freq_factor, "
+               "high_freq_factor, original_max_position), got ", llama3->size());
+    a.theta.llama3 = Llama3RopeScaling{(*llama3)[0], (*llama3)[1], (*llama3)[2], (*llama3)[3]};
+  }
+  return a;
+}
+
+template <bool kBackward>
+void rotate(const OpCall& op, const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
+            const Angles& a) {
+  const TensorView qv = op.view(q, kBackward ? "dq" : "q"), pv = op.view(positions, "positions");
+  const std::optional<TensorView> kv = op.view(k, kBackward ? "dk" : "k");
+  if (a.cache) {
+    const TensorView cv = op.view(*a.cache, "cos_sin_cache");
+    kBackward ? rope_backward_(qv, kv, pv, cv, a.style, op.stream()) : rope_(qv, kv, pv, cv, a.style, op.stream());
+  } else {
+    kBackward ? rope_backward_(qv, kv, pv, a.theta, a.style, op.stream())
+              : rope_(qv, kv, pv, a.theta, a.style, op.stream());
+  }
+}
+
+template <bool kBackward>
+void in_place(Tensor q, std::optional<Tensor> k, Tensor positions, std::optional<Tensor> cache,
+              std::optional<double> theta, int64_t rot_dim, std::string style,
+              std::optional<std::vector<double>> llama3) {
+  const OpCall op(kBackward ? "rope_backward_" : "rope_", q);
+  rotate<kBackward>(op, q, k, positions, angles(op, cache, theta, rot_dim, style, llama3));
+}
+
+// A contiguous copy of t, the output the functional ops rotate in place.
+Tensor copy_of(const Tensor& t) {
+  Tensor out = output_like(t);
+  torch::stable::copy_(out, t);
+  return out;
+}
+
+// k absent: the second output is empty ([0]).
+template <bool kBackward>
+std::tuple<Tensor, Tensor> functional(Tensor q, std::optional<Tensor> k, Tensor positions,
+                                      std::optional<Tensor> cache, std::optional<double> theta, int64_t rot_dim,
+                                      std::string style, std::optional<std::vector<double>> llama3) {
+  const OpCall op(kBackward ? "rope_backward" : "rope", q);
+  const Angles a = angles(op, cache, theta, rot_dim, style, llama3);
+  Tensor q_out = copy_of(q);
+  std::optional<Tensor> k_out;
+  if (k) k_out = copy_of(*k);
+  rotate<kBackward>(op, q_out, k_out, positions, a);
+  return {q_out, k_out ? *k_out : empty(q, {0}, q.scalar_type())};
+}
+
+void register_rope(torch::stable::detail::StableLibrary& m) {
+  m.impl("rope_", TORCH_BOX(&in_place<false>));
+  m.impl("rope_backward_", TORCH_BOX(&in_place<true>));
+  m.impl("rope", TORCH_BOX(&functional<false>));
+  m.impl("rope_backward", TORCH_BOX(&functional<true>));
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(llmk, CPU, m) { register_rope(m); }
+STABLE_TORCH_LIBRARY_IMPL(llmk, CUDA, m) { register_rope(m); }
+
+}  // namespace llmk::torch_ops

@@ -1,0 +1,130 @@
+#include "torch_bridge.h"
+
+#include <torch/csrc/stable/ops.h>
+
+namespace llmk::torch_ops {
+namespace {
+
+const char* torch_dtype_name(ScalarType t) {
+  switch (t) {
+    case ScalarType::Double: return "float64";
+    case ScalarType::Float: return "float32";
+    case ScalarType::Half: return "float16";
+    case ScalarType::BFloat16: return "bfloat16";
+    case ScalarType::Long: return "int64";
+    case ScalarType::Int: return "int32";
+    case ScalarType::Short: return "int16";
+    case ScalarType::Char: return "int8";
+    case ScalarType::Byte: return "uint8";
+    case ScalarType::Bool: return "bool";
+    case ScalarType::ComplexFloat: return "complex64";
+    case ScalarType::ComplexDouble: return "complex128";
+    default: return torch::headeronly::toString(t);
+  }
+}
+
+DType llmk_dtype(ScalarType t, const char* op, const char* arg) {
+  switch (t) {
+    case ScalarType::Float: return DType::f32;
+    case ScalarType::Half: return DType::f16;
+    case ScalarType::BFloat16: return DType::bf16;
+    case ScalarType::Int: return DType::i32;
+    case ScalarType::Long: return DType::i64;
+    default:
+      detail::throw_error(op, ": ", arg, " is ", torch_dtype_name(t),
+                          "; llmk takes float32, float16, bfloat16 (and int32/int64 indices)");
+  }
+}
+
+int32_t device_type_of(const Tensor& t) {
+  int32_t type = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), &type));
+  return type;
+}
+
+}  // namespace
+
+OpCall::OpCall(const char* op, const Tensor& first) : op_(op) {
+  if (!first.is_cuda()) return;
+#ifdef LLMK_TORCH_CUDA
+  const int32_t index = first.get_device_index();
+  TORCH_ERROR_CODE_CHECK(aoti_torch_create_cuda_guard(
+      index, reinterpret_cast<CUDAGuardHandle*>(&device_guard_)));
+  void* stream = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(index, &stream));
+  stream_ = static_cast<cudaStream_t>(stream);
+#else
+  detail::throw_error(op, ": got a CUDA tensor, but llmk's torch ops were built against a "
+                      "PyTorch without CUDA");
+#endif
+}
+
+OpCall::~OpCall() {
+#ifdef LLMK_TORCH_CUDA
+  if (device_guard_) aoti_torch_delete_cuda_guard(static_cast<CUDAGuardHandle>(device_guard_));
+#endif
+}
+
+TensorView OpCall::view(const Tensor& t, const char* arg) const {
+  const int32_t type = device_type_of(t);
+  const bool cuda = type == aoti_torch_device_type_cuda();
+  LLMK_CHECK(cuda || type == aoti_torch_device_type_cpu(), op_, ": ", arg,
+             " is on a device llmk cannot use (device type ", type, "); llmk takes CPU and CUDA tensors");
+  const int64_t ndim = t.dim();
+  LLMK_CHECK(ndim <= TensorView::kMaxDims, op_, ": ", arg, " has ", ndim, " dims; llmk takes at most ",
+             TensorView::kMaxDims);
+  const Device device{cuda ? DeviceType::cuda : DeviceType::cpu, cuda ? t.get_device_index() : 0};
+  return TensorView(t.data_ptr(), llmk_dtype(t.scalar_type(), op_, arg), device, static_cast<int>(ndim),
+                    t.sizes().data(), t.strides().data());
+}
+
+std::optional<TensorView> OpCall::view(const std::optional<Tensor>& t, const char* arg) const {
+  if (!t) return std::nullopt;
+  return view(*t, arg);
+}
+
+std::optional<TensorView> OpCall::view_if(bool want, const Tensor& t, const char* arg) const {
+  if (!want) return std::nullopt;
+  return view(t, arg);
+}
+
+Tensor empty(const Tensor& like, const Shape& shape, ScalarType dtype) {
+  Shape strides(shape.size());
+  int64_t stride = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= shape[i] > 1 ? shape[i] : 1;
+  }
+  AtenTensorHandle handle = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
+      static_cast<int64_t>(shape.size()), shape.data(), strides.data(), static_cast<int32_t>(dtype),
+      device_type_of(like), like.is_cuda() ? like.get_device_index() : 0, &handle));
+  return Tensor(handle);
+}
+
+Shape shape_of(const Tensor& t) {
+  const auto sizes = t.sizes();
+  return Shape(sizes.begin(), sizes.end());
+}
+
+Tensor output_like(const Tensor& t) { return empty(t, shape_of(t), t.scalar_type()); }
+
+Shape rows_shape(const Tensor& t) {
+  Shape shape = shape_of(t);
+  if (!shape.empty()) shape.pop_back();
+  return shape;
+}
+
+Tensor row_workspace(const Tensor& x, int64_t (*size_fn)(int64_t, int64_t, int)) {
+  if (!x.is_cuda()) return empty(x, {0}, ScalarType::Float);
+  const int64_t d = x.dim() ? x.size(-1) : 1;
+  const int64_t rows = d ? x.numel() / d : 0;
+  return empty(x, {size_fn(rows, d, x.get_device_index())}, ScalarType::Float);
+}
+
+Tensor dense_rows(const Tensor& t) {
+  if (t.dim() == 0 || t.stride(-1) == 1) return t;
+  return torch::stable::contiguous(t);
+}
+
+}  // namespace llmk::torch_ops
