@@ -162,7 +162,7 @@ def test_bad_inputs(device):
     with pytest.raises(RuntimeError, match="same length"):
         torch.ops.llmk.adamw_step_([q], [q.clone()], [m], [m.clone()], [], 1e-3, None, 0.9, 0.999, 1e-8, 0.0, False)
     if HAS_CUDA and device == "cuda":
-        with pytest.raises(RuntimeError, match=r"params\[0\].step is on cpu:0 but params\[0\] is on cuda:0"):
+        with pytest.raises(RuntimeError, match=r"params\[0\].step is on cpu:0 but params\[0\].param is on cuda:0"):
             torch.ops.llmk.adamw_step_([q], [q.clone()], [m], [m.clone()], [torch.ones(())], 1e-3, None, 0.9, 0.999,
                                        1e-8, 0.0, False)
     llmk.optim.AdamW([torch.randn(0, device=device, requires_grad=True)]).step()  # no grads: nothing to do

@@ -10,13 +10,13 @@ of the op (norm.py, activation.py, ...). An entry holds
 - the docstring of the public function.
 
 The public ``llmk.<op>`` functions and ``llmk.__all__`` come from the table: an entry is
-public through a generated wrapper, or through a hand-written one registered with
-:func:`public` where the Python API adds something (a default computed from an argument, a
-dict converted to a list, an optional output).
+public as its fast call (a function generated from the schema, :func:`_fast_call`), or
+through a hand-written function registered with :func:`public` where the Python API adds
+something (an optional output, a dict converted to a list, argument checks).
 
-Per call, the public function runs a few lines of Python (:func:`_fast_call`): with no
-gradient to track it calls the op below autograd, straight into its C++ kernel; with one, it
-applies the op's autograd.Function directly. A direct ``torch.ops.llmk.<op>`` call reaches
+Per call, the fast call runs a few lines of Python: with no gradient to track it calls the
+op below autograd, straight into its C++ kernel; with one, it applies the op's
+autograd.Function directly. A direct ``torch.ops.llmk.<op>`` call reaches
 the same Function through the op's Autograd kernel (a Python round trip of ~9 us on the H100
 box, which the public function skips). Under ``torch.compile`` the public function calls the
 op itself, so that AOTAutograd traces the registered autograd formula.
@@ -51,7 +51,7 @@ def define(schema: str, fake: Callable, *, setup: Optional[Callable] = None, bac
     OPS[name] = op
     call = _fast_call(op, function)
     if public:
-        PUBLIC[name] = _wrapper(op, call, doc)
+        PUBLIC[name] = _public(call, doc)
     return call
 
 
@@ -73,37 +73,36 @@ _is_compiling = torch.compiler.is_compiling
 
 
 def _fast_call(op: torch._ops.OpOverload, function: Optional[type]) -> Callable:
-    """Calls `op` on positional arguments with the least Python: an op without autograd
-    straight through the dispatcher (its Autograd key is PyTorch's C++ fallback); an op with
-    autograd below the Autograd key when no gradient is needed, else through its Function."""
+    """The op as a Python function of its schema's arguments and defaults (the public
+    function, and what the family modules call), with the least Python per call: an op
+    without autograd goes straight into the dispatcher (its Autograd key is PyTorch's C++
+    fallback); an op with autograd goes below the Autograd key when no gradient is needed
+    (through ``op._op``, the OpOverload's C++ entry point), else through its Function; while
+    torch.compile traces, it calls the op itself so that AOTAutograd sees the registered
+    formula. Generated from the schema so that every argument is passed on positionally."""
+    arguments = op._schema.arguments
+    params = ", ".join(a.name + (f"={a.default_value!r}" if a.has_default_value() else "") for a in arguments)
+    names = ", ".join(a.name for a in arguments)
     if function is None:
-        return op
-
-    def call(*args):
-        if _is_compiling():
-            return op(*args)
-        if _grad_enabled() and _any_requires_grad(*args):
-            return function.apply(*args)
-        with _below_autograd():
-            return op(*args)
-
+        body = f"    return _op({names})\n"
+    else:
+        body = (f"    if _is_compiling():\n        return _op({names})\n"
+                f"    if _grad_enabled() and _any_requires_grad({names}):\n        return _function.apply({names})\n"
+                f"    with _below_autograd():\n        return _enter({names})\n")
+    namespace = dict(_op=op, _enter=op._op, _function=function, _is_compiling=_is_compiling,
+                     _grad_enabled=_grad_enabled, _any_requires_grad=_any_requires_grad,
+                     _below_autograd=_below_autograd)
+    exec(f"def {op._opname}({params}):\n{body}", namespace)  # noqa: S102 (a signature from the schema)
+    call = namespace[op._opname]
+    call.op = op
+    call.__module__ = "llmk"
     return call
 
 
-def _wrapper(op: torch._ops.OpOverload, call: Callable, doc: str) -> Callable:
-    """The public function of an op: its schema's arguments and defaults as a Python signature,
-    every argument passed on positionally to its fast call."""
-    name, arguments = op._opname, op._schema.arguments
-    params = ", ".join(a.name + (f"={a.default_value!r}" if a.has_default_value() else "") for a in arguments)
-    names = ", ".join(a.name for a in arguments)
-    namespace = {"_call": call}
-    exec(f"def {name}({params}):\n    return _call({names})\n", namespace)  # noqa: S102 (a signature from the schema)
-    wrapper = namespace[name]
-    wrapper.op = op
-    wrapper.__module__ = "llmk"
-    schema = f"``{op._schema}``"
-    wrapper.__doc__ = f"{doc}\n\nSchema: {schema}" if doc else schema
-    return wrapper
+def _public(call: Callable, doc: str) -> Callable:
+    schema = f"``{call.op._schema}``"
+    call.__doc__ = f"{doc}\n\nSchema: {schema}" if doc else schema
+    return call
 
 
 def _autograd_function(op: torch._ops.OpOverload, setup: Callable, backward: Callable) -> type:
