@@ -47,21 +47,12 @@ int32_t device_type_of(const Tensor& t) {
 OpCall::OpCall(const char* op, const Tensor& first) : op_(op) {
   if (!first.is_cuda()) return;
 #ifdef LLMK_TORCH_CUDA
-  const int32_t index = first.get_device_index();
-  TORCH_ERROR_CODE_CHECK(aoti_torch_create_cuda_guard(
-      index, reinterpret_cast<CUDAGuardHandle*>(&device_guard_)));
   void* stream = nullptr;
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(index, &stream));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(first.get_device_index(), &stream));
   stream_ = static_cast<cudaStream_t>(stream);
 #else
   detail::throw_error(op, ": got a CUDA tensor, but llmk's torch ops were built against a "
                       "PyTorch without CUDA");
-#endif
-}
-
-OpCall::~OpCall() {
-#ifdef LLMK_TORCH_CUDA
-  if (device_guard_) aoti_torch_delete_cuda_guard(static_cast<CUDAGuardHandle>(device_guard_));
 #endif
 }
 

@@ -1,9 +1,9 @@
 // The op layer's bridge from PyTorch to the torch-free C++ API, over PyTorch's stable ABI
 // (torch::stable::Tensor and the C shim; one built module serves every torch >= 2.10).
 //
-// An op kernel opens an OpCall on its first tensor: it names the op for error messages,
-// makes that tensor's CUDA device current for the call and fetches torch's current stream
-// on it. Tensors become TensorViews through OpCall::view, which names the argument when its
+// An op kernel opens an OpCall on its first tensor: it names the op for error messages and
+// fetches torch's current stream on that tensor's CUDA device (the C++ API makes the device
+// current for its launch). Tensors become TensorViews through OpCall::view, which names the argument when its
 // dtype, device or rank is one llmk cannot take; outputs are allocated through torch's
 // allocator (the CUDA caching allocator on the GPU) by empty().
 #pragma once
@@ -12,7 +12,6 @@
 #include <torch/csrc/stable/tensor.h>
 
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <vector>
 
@@ -28,9 +27,6 @@ class OpCall {
  public:
   // `op`: the op's public name (a string literal); `first`: the tensor whose device runs it.
   OpCall(const char* op, const Tensor& first);
-  ~OpCall();
-  OpCall(const OpCall&) = delete;
-  OpCall& operator=(const OpCall&) = delete;
 
   TensorView view(const Tensor& t, const char* arg) const;
   std::optional<TensorView> view(const std::optional<Tensor>& t, const char* arg) const;
@@ -42,7 +38,6 @@ class OpCall {
  private:
   const char* op_;
   cudaStream_t stream_ = nullptr;
-  void* device_guard_ = nullptr;
 };
 
 // A new contiguous tensor of `shape` and `dtype` on the device of `like`.
