@@ -8,9 +8,10 @@ trains, autograd; the table of ops is python/llmk/ops.
 from . import ops  # defines the ops: schemas, fakes, autograd
 from . import _C  # registers their C++ kernels
 from . import nn, optim
+from .patching import PatchReport, patch, unpatch
 
 globals().update(ops.PUBLIC)
-__all__ = [*ops.PUBLIC, "nn", "optim", "device_info"]
+__all__ = [*ops.PUBLIC, "nn", "optim", "patch", "unpatch", "PatchReport", "device_info"]
 
 
 def device_info(index: int = 0) -> dict:

@@ -1,0 +1,308 @@
+"""``llmk.patch(model)``: a Hugging Face transformers (5.x) causal LM of the Llama, Qwen2,
+Qwen3, Mistral or Gemma 2/3 family running on llmk kernels, and ``llmk.unpatch(model)``.
+
+What is replaced, each part only where llmk computes exactly what the model computes:
+
+- RMSNorm modules (``*RMSNorm``, Gemma's ``1 + weight`` as ``offset=1``) run ``llmk.rmsnorm``;
+  per-head q/k norms (Qwen3, Gemma 3) included.
+- Decoder layers: the residual add before the MLP's norm (Llama-like: ``post_attention_layernorm``,
+  Gemma: ``pre_feedforward_layernorm``) is fused into it with ``llmk.add_rmsnorm``.
+- The rotary application: the family's ``apply_rotary_pos_emb`` runs ``llmk.rope`` with the
+  model's own cos/sin (so every rope scaling the model has is honoured); this is a function of
+  the family's modeling module, so it applies to every model of that family in the process
+  until the last patched one is unpatched (numerically the same rotation).
+- The gated MLP with a SiLU gate runs ``llmk.swiglu`` (Gemma's GELU gate over two projections
+  has no llmk kernel yet: left, with the reason).
+- Attention goes through transformers' AttentionInterface as ``"llmk"``: ``llmk.attention``
+  for calls it computes (fp16/bf16, no attention mask beyond causal, no dropout, no sliding
+  window, no soft-capping, eval mode); every other call goes to SDPA, unchanged. A model in
+  training mode keeps SDPA (llmk's attention backward is a later issue).
+
+The report returned says what was replaced and what was left and why. Nothing is copied:
+the patched model shares its parameters and state dict with the original, and works under
+``torch.compile(fullgraph=True)``; every replaced part trains through autograd.
+"""
+
+import sys
+import types
+import weakref
+from dataclasses import dataclass, field
+from typing import Dict
+
+import torch
+
+from . import ops
+
+# model_type -> (family, norm offset, the decoder layer's norm that follows the first residual add)
+FAMILIES = {
+    "llama": ("llama", 0.0, "post_attention_layernorm"),
+    "mistral": ("mistral", 0.0, "post_attention_layernorm"),
+    "qwen2": ("qwen2", 0.0, "post_attention_layernorm"),
+    "qwen3": ("qwen3", 0.0, "post_attention_layernorm"),
+    "gemma2": ("gemma2", 1.0, "pre_feedforward_layernorm"),
+    "gemma3_text": ("gemma3", 1.0, "pre_feedforward_layernorm"),
+}
+NOT_YET = {"linear": "llmk's GEMM (issue 12)", "cross_entropy": "llmk's cross-entropy (issue 16)",
+           "decode": "llmk's decode attention over a KV cache (issue 15)"}
+_SILU = ("silu", "swish")
+_ATTENTION_NAME = "llmk"
+
+
+@dataclass
+class PatchReport:
+    """What :func:`patch` replaced (part -> count) and left (part -> reason)."""
+    model_type: str
+    replaced: Dict[str, int] = field(default_factory=dict)
+    left: Dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"llmk.patch ({self.model_type}):"]
+        lines += [f"  replaced {part}: {count}" for part, count in self.replaced.items()]
+        lines += [f"  left {part}: {reason}" for part, reason in self.left.items()]
+        return "\n".join(lines)
+
+
+def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, mlp: bool = True,
+          attention: bool = True, linear: bool = False, cross_entropy: bool = False,
+          decode: bool = False) -> PatchReport:
+    """Runs `model` (a transformers causal LM of a supported family, on any device) on llmk
+    kernels; returns the :class:`PatchReport`. ``linear``, ``cross_entropy`` and ``decode`` wait
+    on their kernels and are rejected when asked for."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", type(model).__name__)
+    if model_type not in FAMILIES:
+        raise ValueError(f"llmk.patch: model type {model_type!r} is not supported; supported: "
+                         f"{', '.join(sorted(FAMILIES))}")
+    for name, wanted in (("linear", linear), ("cross_entropy", cross_entropy), ("decode", decode)):
+        if wanted:
+            raise ValueError(f"llmk.patch: {name}=True needs {NOT_YET[name]}, which has not landed yet")
+    if getattr(model, "_llmk_patch", None) is not None:
+        raise ValueError("llmk.patch: the model is already patched (llmk.unpatch(model) first)")
+    family, offset, fused_norm = FAMILIES[model_type]
+    report = PatchReport(model_type)
+    state = {"rope": None, "attn_implementation": None}
+    if rmsnorm:
+        report.replaced["rmsnorm modules"] = _patch_norms(model, offset)
+        report.replaced["residual add + rmsnorm (decoder layers)"] = _patch_layers(model, fused_norm, offset)
+    else:
+        report.left["rmsnorm"] = "rmsnorm=False"
+    if rope:
+        # The family's function is restored with the last patched model: by unpatch, or when
+        # the model is garbage collected.
+        state["rope"] = weakref.finalize(model, _unpatch_rope, _patch_rope(type(model).__module__))
+        report.replaced["rotary application (apply_rotary_pos_emb)"] = 1
+    else:
+        report.left["rope"] = "rope=False"
+    act = getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
+    if not mlp:
+        report.left["mlp"] = "mlp=False"
+    elif act in _SILU:
+        report.replaced["gated MLP (swiglu)"] = _patch_mlps(model)
+    else:
+        report.left["mlp"] = (f"the {act!r} gate over separate gate/up projections has no llmk kernel "
+                              "(gelu_and_mul takes the fused [..., 2d] projection)")
+    if attention:
+        reason = _attention_unsupported(config, model.training)
+        if reason:
+            report.left["attention"] = reason
+        else:
+            state["attn_implementation"] = config._attn_implementation
+            _use_llmk_attention(model)
+            windows = sum(t == "sliding_attention" for t in (getattr(config, "layer_types", None) or []))
+            report.replaced["attention (AttentionInterface 'llmk')"] = config.num_hidden_layers - windows
+            report.left["attention calls"] = (
+                "SDPA computes calls llmk cannot: an attention mask beyond causal (padding, a static "
+                "cache), dropout, training, fp32" + (f", the {windows} sliding-window layers" if windows else ""))
+    else:
+        report.left["attention"] = "attention=False"
+    for name in NOT_YET:
+        report.left[name] = f"waits on {NOT_YET[name]}"
+    model._llmk_patch = state
+    return report
+
+
+def unpatch(model: torch.nn.Module) -> None:
+    """Restores a model :func:`patch` changed."""
+    state = getattr(model, "_llmk_patch", None)
+    if state is None:
+        raise ValueError("llmk.unpatch: the model is not patched")
+    for module in model.modules():
+        if getattr(module.__dict__.get("forward"), "_llmk", False):
+            del module.forward
+    if state["rope"] is not None:
+        state["rope"]()
+    if state["attn_implementation"] is not None:
+        model.set_attn_implementation(state["attn_implementation"])
+    model._llmk_patch = None
+
+
+def _replace_forward(module: torch.nn.Module, fn) -> None:
+    fn._llmk = True  # what unpatch looks for (a bound method shows its function's attributes)
+    module.forward = types.MethodType(fn, module)
+
+
+# -- RMSNorm modules and the decoder layers' fused residual add ---------------------------
+
+
+def _norm_eps(norm: torch.nn.Module) -> float:
+    return getattr(norm, "variance_epsilon", None) or getattr(norm, "eps")
+
+
+def _rmsnorm_any_layout(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
+    """llmk.rmsnorm over the last dim of x in any layout with a contiguous last dim: a
+    transposed view (Gemma 3 normalizes q and k as [batch, heads, seq, dim] views of
+    [batch, seq, heads, dim] projections) is normalized as the rows it is in memory, and the
+    result keeps x's layout."""
+    if x.is_contiguous() or x.dim() < 3:
+        return ops.rmsnorm(x, weight, eps, offset)
+    order = sorted(range(x.dim() - 1), key=lambda i: -x.stride(i)) + [x.dim() - 1]
+    inverse = sorted(range(x.dim()), key=order.__getitem__)
+    return ops.rmsnorm(x.permute(order), weight, eps, offset).permute(inverse)
+
+
+def _patch_norms(model: torch.nn.Module, offset: float) -> int:
+    count = 0
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm") and getattr(module, "weight", None) is not None:
+            eps = _norm_eps(module)
+
+            def forward(self, x, _eps=eps):
+                return _rmsnorm_any_layout(x, self.weight, _eps, offset)
+
+            _replace_forward(module, forward)
+            count += 1
+    return count
+
+
+def _patch_layers(model: torch.nn.Module, fused_norm: str, offset: float) -> int:
+    """Decoder layers: ``h = residual + attn; norm(h)`` as one ``add_rmsnorm``. The Llama-like
+    layer is input_layernorm, attention, [add + post_attention_layernorm], MLP, add; Gemma's
+    puts post_attention_layernorm on the attention output and fuses the add into
+    pre_feedforward_layernorm, with post_feedforward_layernorm on the MLP output."""
+    count = 0
+    for layer in model.modules():
+        norm = getattr(layer, fused_norm, None)
+        if norm is None or not hasattr(layer, "self_attn") or not hasattr(layer, "mlp"):
+            continue
+        eps = _norm_eps(norm)
+        gemma = fused_norm == "pre_feedforward_layernorm"
+
+        def forward(self, hidden_states, *args, _eps=eps, _gemma=gemma, **kwargs):
+            if args:  # the models call their layers with keywords; anything else runs the original
+                return type(self).forward(self, hidden_states, *args, **kwargs)
+            attn, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+            if _gemma:
+                attn = self.post_attention_layernorm(attn)
+            weight = getattr(self, fused_norm).weight
+            normed, residual = ops.add_rmsnorm(attn, hidden_states, weight, _eps, offset)
+            out = self.mlp(normed)
+            if _gemma:
+                out = self.post_feedforward_layernorm(out)
+            return residual + out
+
+        _replace_forward(layer, forward)
+        count += 1
+    return count
+
+
+# -- rotary application -------------------------------------------------------------------
+
+_ROPE_PATCHED: Dict[str, list] = {}  # modeling module name -> [original function, patched models]
+
+
+def _patch_rope(module_name: str) -> str:
+    modeling = sys.modules[module_name]
+    entry = _ROPE_PATCHED.get(module_name)
+    if entry is None:
+        original = modeling.apply_rotary_pos_emb
+        entry = _ROPE_PATCHED[module_name] = [original, 0]
+        modeling.apply_rotary_pos_emb = _llmk_rotary(original)
+    entry[1] += 1
+    return module_name
+
+
+def _unpatch_rope(module_name: str) -> None:
+    entry = _ROPE_PATCHED[module_name]
+    entry[1] -= 1
+    if entry[1] == 0:
+        sys.modules[module_name].apply_rotary_pos_emb = entry[0]
+        del _ROPE_PATCHED[module_name]
+
+
+def _llmk_rotary(original):
+    """apply_rotary_pos_emb(q, k, cos, sin) on llmk.rope: q, k [batch, heads, seq, head_dim];
+    cos, sin [batch or 1, seq, head_dim] as the model computed them (NeoX halves: cos[..., :d/2]
+    repeats in cos[..., d/2:]), which become a per-token cos/sin cache."""
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        if unsqueeze_dim != 1 or cos.dim() != 3 or cos.shape[-1] != q.shape[-1]:
+            return original(q, k, cos, sin, unsqueeze_dim)
+        batch, seq, dim = cos.shape
+        cache = torch.cat([cos[..., : dim // 2], sin[..., : dim // 2]], dim=-1).reshape(batch * seq, dim)
+        positions = torch.arange(batch * seq, device=q.device).view(batch, seq) if batch > 1 else \
+            torch.arange(seq, device=q.device)
+        q_out, k_out = ops.rope(q.transpose(1, 2), k.transpose(1, 2), positions, cache.float())
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+
+    return apply_rotary_pos_emb
+
+
+# -- gated MLP ----------------------------------------------------------------------------
+
+
+def _mlp_forward(self, x):
+    return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def _patch_mlps(model: torch.nn.Module) -> int:
+    count = 0
+    for module in model.modules():
+        if all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            _replace_forward(module, _mlp_forward)
+            count += 1
+    return count
+
+
+# -- attention ----------------------------------------------------------------------------
+
+_HEAD_DIMS = (32, 64, 96, 128, 256)
+_SDPA = []  # transformers' sdpa_attention_forward, once attention is first patched
+
+
+def _attention_unsupported(config, training: bool) -> str:
+    if training:
+        return "the model is in training mode: SDPA stays (llmk's attention backward is a later issue)"
+    if getattr(config, "attn_logit_softcapping", None):
+        return f"attention logit soft-capping ({config.attn_logit_softcapping}) has no llmk kernel"
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim not in _HEAD_DIMS:
+        return f"head_dim {head_dim} has no llmk kernel (32, 64, 96, 128, 256)"
+    return ""
+
+
+def _llmk_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                    **kwargs):
+    """transformers' attention function signature: query [batch, heads, seq_q, dim], key/value
+    [batch, heads_kv, seq_k, dim]; returns ([batch, seq_q, heads, dim], None)."""
+    computable = (attention_mask is None and dropout == 0.0 and not module.training
+                  and query.dtype in (torch.float16, torch.bfloat16)
+                  and kwargs.get("sliding_window") is None and kwargs.get("softcap") is None
+                  and not kwargs.get("output_attentions", False))
+    if not computable:
+        return _SDPA[0](module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    out = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
+                        scale=scaling)
+    return out, None
+
+
+def _use_llmk_attention(model: torch.nn.Module) -> None:
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    _SDPA[:] = [sdpa_attention_forward]
+    AttentionInterface.register(_ATTENTION_NAME, _llmk_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(_ATTENTION_NAME, sdpa_mask)
+    model.set_attn_implementation(_ATTENTION_NAME)

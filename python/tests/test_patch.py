@@ -1,0 +1,190 @@
+"""llmk.patch / llmk.unpatch on tiny Hugging Face models of every supported family (random
+weights from the real architectures' configs): patched logits against the unpatched model,
+a few training steps against its loss curve, patch/unpatch round trips, torch.compile, and
+configs llmk cannot compute left unpatched with their reason."""
+
+import copy
+import sys
+
+import pytest
+import torch
+
+import llmk
+from conftest import DEVICES
+
+transformers = pytest.importorskip("transformers")
+patching = sys.modules["llmk.patching"]
+
+TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, vocab_size=256, max_position_embeddings=256)
+
+
+def _config(family, **overrides):
+    t = transformers
+    kinds = {
+        "llama": (t.LlamaConfig, t.LlamaForCausalLM, dict(rope_theta=500000.0, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64})),
+        "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM, {}),
+        "qwen3": (t.Qwen3Config, t.Qwen3ForCausalLM, {}),
+        "mistral": (t.MistralConfig, t.MistralForCausalLM, dict(sliding_window=None)),
+        "gemma2": (t.Gemma2Config, t.Gemma2ForCausalLM, dict(attn_logit_softcapping=None, query_pre_attn_scalar=32)),
+        "gemma3": (t.Gemma3TextConfig, t.Gemma3ForCausalLM, dict(query_pre_attn_scalar=32, sliding_window=16)),
+    }
+    config_cls, model_cls, extra = kinds[family]
+    return model_cls, config_cls(**{**TINY, **extra, **overrides})
+
+
+def _model(family, device, dtype, **overrides):
+    torch.manual_seed(0)
+    model_cls, config = _config(family, **overrides)
+    model = model_cls(config).to(device=device, dtype=dtype).eval()
+    with torch.no_grad():  # Gemma's norm weights start at zero: make (1 + w) differ from 1
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+class _Counter:
+    """Counts the calls of llmk ops made through the patching module."""
+
+    def __init__(self, monkeypatch, names=("attention", "rope", "rmsnorm", "add_rmsnorm", "swiglu")):
+        self.calls = dict.fromkeys(names, 0)
+        for name in names:
+            original = getattr(patching.ops, name)
+
+            def counted(*args, _name=name, _original=original, **kwargs):
+                self.calls[_name] += 1
+                return _original(*args, **kwargs)
+
+            monkeypatch.setattr(patching.ops, name, counted)
+
+
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"]
+# bf16 logits of two models that round differently (llmk rounds once where the model rounds
+# two or three times) differ by a few bf16 steps of the largest logit.
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 4e-2}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_patched_logits_match_the_model(family, dtype, device, monkeypatch):
+    model = _model(family, device, dtype)
+    ids = torch.randint(0, 256, (2, 37), device=device)
+    with torch.no_grad():
+        want = model(ids).logits.float()
+    report = llmk.patch(model)
+    counter = _Counter(monkeypatch)
+    with torch.no_grad():
+        got = model(ids).logits.float()
+    err = ((got - want).abs().max() / want.abs().max()).item()
+    assert err <= TOLERANCE[dtype], f"{family} {dtype}: max rel err {err:.3g}\n{report}"
+    layers = model.config.num_hidden_layers
+    assert counter.calls["add_rmsnorm"] == layers and counter.calls["rope"] == layers
+    assert counter.calls["rmsnorm"] >= layers + 1  # input norms and the final norm (and q/k norms)
+    if family.startswith("gemma"):
+        assert counter.calls["swiglu"] == 0 and "mlp" in report.left
+    else:
+        assert counter.calls["swiglu"] == layers
+    # llmk attention computes fp16/bf16 calls; the sliding-window layers of Gemma 3 go to SDPA.
+    windows = sum(t == "sliding_attention" for t in (getattr(model.config, "layer_types", None) or []))
+    assert counter.calls["attention"] == (layers - windows if dtype == torch.bfloat16 else 0)
+    llmk.unpatch(model)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_training_follows_the_unpatched_loss_curve(family, device):
+    model = _model(family, device, torch.float32).train()
+    twin = copy.deepcopy(model)
+    report = llmk.patch(model)
+    assert "training mode" in report.left["attention"]
+    ids = torch.randint(0, 256, (2, 33), device=device)
+    losses = []
+    for m in (model, twin):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        curve = []
+        for _ in range(4):
+            loss = m(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            curve.append(loss.item())
+        losses.append(curve)
+    assert losses[0][-1] < losses[0][0]
+    for got, want in zip(*losses):
+        assert abs(got - want) <= 1e-4 * abs(want), losses
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_patch_unpatch_round_trip(family):
+    model = _model(family, "cpu", torch.bfloat16)
+    modeling = sys.modules[type(model).__module__]
+    rotary = modeling.apply_rotary_pos_emb
+    ids = torch.randint(0, 256, (1, 21))
+    with torch.no_grad():
+        want = model(ids).logits
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    llmk.patch(model)
+    assert modeling.apply_rotary_pos_emb is not rotary and model.config._attn_implementation == "llmk"
+    with pytest.raises(ValueError, match="already patched"):
+        llmk.patch(model)
+    llmk.unpatch(model)
+    assert modeling.apply_rotary_pos_emb is rotary and model.config._attn_implementation == "sdpa"
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="not patched"):
+        llmk.unpatch(model)
+
+
+def test_rotary_function_stays_patched_while_another_model_of_the_family_is():
+    a, b, c = (_model("llama", "cpu", torch.float32) for _ in range(3))
+    modeling = sys.modules[type(a).__module__]
+    rotary = modeling.apply_rotary_pos_emb
+    for m in (a, b, c):
+        llmk.patch(m)
+    llmk.unpatch(a)
+    assert modeling.apply_rotary_pos_emb is not rotary
+    del b  # a patched model that is garbage collected releases the function too
+    llmk.unpatch(c)
+    assert modeling.apply_rotary_pos_emb is rotary
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_compile_fullgraph(family):
+    model = _model(family, "cpu", torch.bfloat16)
+    ids = torch.randint(0, 256, (1, 24))
+    llmk.patch(model)
+    with torch.no_grad():
+        want = model(ids).logits
+        torch._dynamo.reset()
+        got = torch.compile(model, fullgraph=True, backend="aot_eager")(ids).logits
+    # aot_eager decomposes the model's own bf16 ops (its linears, embedding, residual adds)
+    # with other roundings: compare as the bf16 logits test does.
+    err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+    assert err <= TOLERANCE[torch.bfloat16], err
+    llmk.unpatch(model)
+
+
+def test_what_llmk_cannot_compute_is_left_with_its_reason():
+    softcapped = _model("gemma2", "cpu", torch.bfloat16, attn_logit_softcapping=50.0)
+    report = llmk.patch(softcapped)
+    assert "soft-capping (50.0)" in report.left["attention"]
+    assert softcapped.config._attn_implementation == "sdpa"
+    assert "'gelu_pytorch_tanh' gate" in report.left["mlp"]
+    llmk.unpatch(softcapped)
+    odd = _model("llama", "cpu", torch.bfloat16, head_dim=40)
+    assert "head_dim 40" in llmk.patch(odd).left["attention"]
+    llmk.unpatch(odd)
+    only_norms = _model("llama", "cpu", torch.float32)
+    report = llmk.patch(only_norms, rope=False, mlp=False, attention=False)
+    assert set(report.left) >= {"rope", "mlp", "attention"} and report.replaced["rmsnorm modules"] == 5
+    llmk.unpatch(only_norms)
+    with pytest.raises(ValueError, match="linear=True needs llmk's GEMM"):
+        llmk.patch(only_norms, linear=True)
+    with pytest.raises(ValueError, match="model type 'gpt2' is not supported"):
+        llmk.patch(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2)))
