@@ -32,8 +32,11 @@ void gelu_and_mul(const TensorView& out, const TensorView& x,
                   cudaStream_t stream = nullptr);
 
 // out, gate, up: [..., d]. out may be gate or up itself (in place); no other overlap.
+// swiglu: silu(gate) * up (Llama); geglu: gelu(gate, approximate) * up (Gemma, tanh).
 void swiglu(const TensorView& out, const TensorView& gate, const TensorView& up,
             cudaStream_t stream = nullptr);
+void geglu(const TensorView& out, const TensorView& gate, const TensorView& up,
+           GeluApproximation approximate = GeluApproximation::none, cudaStream_t stream = nullptr);
 
 // dx: [..., 2 * d] receives (dgate, dup) in the layout of x; dy: [..., d]. dx may be x
 // itself (the gradient overwrites the saved input); dy must overlap neither.
@@ -46,6 +49,10 @@ void gelu_and_mul_backward(const TensorView& dx, const TensorView& dy, const Ten
 // dgate, dup, dy, gate, up: [..., d]. dgate may be gate and dup may be up (in place).
 void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dy,
                      const TensorView& gate, const TensorView& up, cudaStream_t stream = nullptr);
+void geglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dy,
+                    const TensorView& gate, const TensorView& up,
+                    GeluApproximation approximate = GeluApproximation::none,
+                    cudaStream_t stream = nullptr);
 
 // Bias + GELU of the GPT-2 / BERT / Falcon MLP: out = gelu(x + bias), x: [..., d], bias:
 // [d] of x's dtype; fp32 math, one rounding. out may be x itself (in place).

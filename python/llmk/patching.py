@@ -11,8 +11,8 @@ What is replaced, each part only where llmk computes exactly what the model comp
   model's own cos/sin (so every rope scaling the model has is honoured); this is a function of
   the family's modeling module, so it applies to every model of that family in the process
   until the last patched one is unpatched (numerically the same rotation).
-- The gated MLP with a SiLU gate runs ``llmk.swiglu`` (Gemma's GELU gate over two projections
-  has no llmk kernel yet: left, with the reason).
+- The gated MLP runs ``llmk.swiglu`` (SiLU gate) or ``llmk.geglu`` (Gemma's GELU gate, erf or
+  tanh) over its two projections.
 - Attention goes through transformers' AttentionInterface as ``"llmk"``: ``llmk.attention``
   for calls it computes (fp16/bf16, no attention mask beyond causal, no dropout, no sliding
   window, no soft-capping, eval mode); every other call goes to SDPA, unchanged. A model in
@@ -44,7 +44,9 @@ FAMILIES = {
 }
 NOT_YET = {"linear": "llmk's GEMM (issue 12)", "cross_entropy": "llmk's cross-entropy (issue 16)",
            "decode": "llmk's decode attention over a KV cache (issue 15)"}
-_SILU = ("silu", "swish")
+# The model's activation name -> (llmk gate op, its extra arguments)
+_GATES = {"silu": ("swiglu", ()), "swish": ("swiglu", ()), "gelu": ("geglu", ("none",)),
+          "gelu_pytorch_tanh": ("geglu", ("tanh",)), "gelu_new": ("geglu", ("tanh",))}
 _ATTENTION_NAME = "llmk"
 
 
@@ -96,11 +98,10 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
     act = getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
     if not mlp:
         report.left["mlp"] = "mlp=False"
-    elif act in _SILU:
-        report.replaced["gated MLP (swiglu)"] = _patch_mlps(model)
+    elif act in _GATES:
+        report.replaced[f"gated MLP ({_GATES[act][0]})"] = _patch_mlps(model, *_GATES[act])
     else:
-        report.left["mlp"] = (f"the {act!r} gate over separate gate/up projections has no llmk kernel "
-                              "(gelu_and_mul takes the fused [..., 2d] projection)")
+        report.left["mlp"] = f"the {act!r} gate has no llmk kernel (silu, gelu, gelu_pytorch_tanh)"
     if attention:
         reason = _attention_unsupported(config, model.training)
         if reason:
@@ -250,15 +251,14 @@ def _llmk_rotary(original):
 # -- gated MLP ----------------------------------------------------------------------------
 
 
-def _mlp_forward(self, x):
-    return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+def _patch_mlps(model: torch.nn.Module, gate_op: str, gate_args: tuple) -> int:
+    def forward(self, x):
+        return self.down_proj(getattr(ops, gate_op)(self.gate_proj(x), self.up_proj(x), *gate_args))
 
-
-def _patch_mlps(model: torch.nn.Module) -> int:
     count = 0
     for module in model.modules():
         if all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            _replace_forward(module, _mlp_forward)
+            _replace_forward(module, forward)
             count += 1
     return count
 

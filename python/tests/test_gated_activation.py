@@ -1,4 +1,4 @@
-"""torch.ops.llmk.silu_and_mul, gelu_and_mul, swiglu and their backwards: values against the
+"""torch.ops.llmk.silu_and_mul, gelu_and_mul, swiglu, geglu and their backwards: values against the
 float64 definition on CPU and CUDA (odd and strided rows, inputs far in the tails), autograd
 against float64 autograd, opcheck, torch.compile(fullgraph=True), bad inputs."""
 
@@ -90,6 +90,49 @@ def test_swiglu_autograd_matches_float64(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 5, 768), (17, 4864)])
+def test_geglu_matches_definition(device, dtype, approximate, shape):
+    gate = torch.randn(shape, device=device, dtype=dtype) * 2
+    up = torch.randn(shape, device=device, dtype=dtype)
+    y = llmk.geglu(gate, up, approximate)
+    assert y.dtype == dtype and y.shape == shape
+    want = gelu_ref(gate.double(), approximate) * up.double()
+    # As test_matches_definition: float16's subnormal step below the relative tolerance.
+    atol = RTOL[dtype] * 1e-3 * want.abs().max().item() + (2.0**-24 if dtype == torch.float16 else 0.0)
+    assert_close(y, want, RTOL[dtype], atol=atol)
+    assert torch.equal(llmk.geglu(gate, up), llmk.geglu(gate, up, "none"))  # the default
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_geglu_strided_rows_and_fused_form(device, dtype):
+    wide = torch.randn(9, 3 * 1024, device=device, dtype=dtype)
+    gate, up = wide[:, :1024], wide[:, 2048:]  # rows 3072 apart
+    assert_close(llmk.geglu(gate, up, "tanh"), gelu_ref(gate.double(), "tanh") * up.double(), RTOL[dtype])
+    odd = torch.randn(5, 2 * 1001, device=device, dtype=dtype)[:, 1:2001]  # unaligned: scalar path
+    g, u = odd.chunk(2, dim=-1)
+    assert torch.equal(llmk.geglu(g, u), llmk.gelu_and_mul(odd))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_geglu_autograd_matches_float64(device, dtype, approximate):
+    gate = (torch.randn(7, 300, device=device, dtype=dtype) * 2).requires_grad_()
+    up = torch.randn(7, 300, device=device, dtype=dtype).requires_grad_()
+    dy = torch.randn(7, 300, device=device, dtype=dtype).t().contiguous().t()  # non-row-major grad
+    llmk.geglu(gate, up, approximate).backward(dy)
+    g64, u64 = (t.detach().double().requires_grad_() for t in (gate, up))
+    (gelu_ref(g64, approximate) * u64).backward(dy.double())
+    for got, want, name in ((gate.grad, g64.grad, "dgate"), (up.grad, u64.grad, "dup")):
+        assert_close(got, want, RTOL[dtype], name, atol=RTOL[dtype] * want.abs().max().item())
+    dgate, dup = llmk.geglu_backward(dy, gate.detach(), up.detach(), approximate)
+    assert torch.equal(dgate, gate.grad) and torch.equal(dup, up.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_fullgraph(device):
     backend = "inductor" if device == "cuda" else "aot_eager"
 
@@ -119,4 +162,12 @@ def test_bad_inputs(device):
         llmk.swiglu(torch.randn(4, 32, device=device), torch.randn(4, 33, device=device))
     with pytest.raises(RuntimeError, match="swiglu: up has dtype float16"):
         llmk.swiglu(torch.randn(4, 32, device=device), torch.randn(4, 32, device=device, dtype=torch.half))
+    with pytest.raises(RuntimeError, match="geglu: up must have gate's leading dims"):
+        llmk.geglu(torch.randn(4, 32, device=device), torch.randn(4, 33, device=device))
+    with pytest.raises(RuntimeError, match="geglu: approximate must be 'none' or 'tanh', got 'erf'"):
+        llmk.geglu(torch.randn(4, 32, device=device), torch.randn(4, 32, device=device), "erf")
+    with pytest.raises(RuntimeError, match="geglu_backward: up has dtype float16"):
+        llmk.geglu_backward(*(torch.randn(4, 32, device=device) for _ in range(2)),
+                            torch.randn(4, 32, device=device, dtype=torch.half))
     assert llmk.silu_and_mul(torch.randn(0, 64, device=device)).shape == (0, 32)
+    assert llmk.geglu(*(torch.randn(0, 32, device=device) for _ in range(2)), "tanh").shape == (0, 32)

@@ -56,6 +56,8 @@ SAMPLES = {
     "gelu_and_mul_backward": lambda: (_rows(5, 32), _rows(5, 64), "none"),
     "swiglu": lambda: (_rows(5, 32, grad=True), _rows(5, 32, grad=True)),
     "swiglu_backward": lambda: (_rows(5, 32), _rows(5, 32), _rows(5, 32)),
+    "geglu": lambda: (_rows(5, 32, grad=True), _rows(5, 32, grad=True), "tanh"),
+    "geglu_backward": lambda: (_rows(5, 32), _rows(5, 32), _rows(5, 32), "none"),
     "bias_gelu": lambda: (_rows(5, 64, grad=True), _rows(64, grad=True), "none"),
     "bias_gelu_backward": lambda: (_rows(5, 64), _rows(5, 64), _rows(64), "tanh"),
     "softmax": lambda: (_rows(5, 100, grad=True), 0.5),

@@ -49,7 +49,7 @@ def _model(family, device, dtype, **overrides):
 class _Counter:
     """Counts the calls of llmk ops made through the patching module."""
 
-    def __init__(self, monkeypatch, names=("attention", "rope", "rmsnorm", "add_rmsnorm", "swiglu")):
+    def __init__(self, monkeypatch, names=("attention", "rope", "rmsnorm", "add_rmsnorm", "swiglu", "geglu")):
         self.calls = dict.fromkeys(names, 0)
         for name in names:
             original = getattr(patching.ops, name)
@@ -84,10 +84,8 @@ def test_patched_logits_match_the_model(family, dtype, device, monkeypatch):
     layers = model.config.num_hidden_layers
     assert counter.calls["add_rmsnorm"] == layers and counter.calls["rope"] == layers
     assert counter.calls["rmsnorm"] >= layers + 1  # input norms and the final norm (and q/k norms)
-    if family.startswith("gemma"):
-        assert counter.calls["swiglu"] == 0 and "mlp" in report.left
-    else:
-        assert counter.calls["swiglu"] == layers
+    gate = "geglu" if family.startswith("gemma") else "swiglu"  # Gemma's MLP gates with GELU-tanh
+    assert counter.calls[gate] == layers and "mlp" not in report.left
     # llmk attention computes fp16/bf16 calls; the sliding-window layers of Gemma 3 go to SDPA.
     windows = sum(t == "sliding_attention" for t in (getattr(model.config, "layer_types", None) or []))
     assert counter.calls["attention"] == (layers - windows if dtype == torch.bfloat16 else 0)
@@ -175,7 +173,7 @@ def test_what_llmk_cannot_compute_is_left_with_its_reason():
     report = llmk.patch(softcapped)
     assert "soft-capping (50.0)" in report.left["attention"]
     assert softcapped.config._attn_implementation == "sdpa"
-    assert "'gelu_pytorch_tanh' gate" in report.left["mlp"]
+    assert report.replaced["gated MLP (geglu)"] == 2
     llmk.unpatch(softcapped)
     odd = _model("llama", "cpu", torch.bfloat16, head_dim=40)
     assert "head_dim 40" in llmk.patch(odd).left["attention"]

@@ -105,6 +105,44 @@ void fused_backward(const char* op, Activation act, const TensorView& dx, const 
   run_backward(op, "x", x, p, act, detail::rows_vectorizable({gate, dgate, dyr}, x.dtype()), stream);
 }
 
+// The two-tensor form (swiglu, geglu): gate, up and out are [..., d] tensors of their own.
+void two_tensor_forward(const char* op, Activation act, const TensorView& out, const TensorView& gate,
+                        const TensorView& up, cudaStream_t stream) {
+  detail::check_float_dtype(op, "gate", gate);
+  const Rows gr = detail::as_rows(op, "gate", gate);
+  const Rows ur = check_leading_dims(op, "up", up, "gate", gate, gr.d);
+  const Rows outr = check_leading_dims(op, "out", out, "gate", gate, gr.d);
+  detail::check_no_overlap(op, "out", out, "gate", gate, true);
+  detail::check_no_overlap(op, "out", out, "up", up, true);
+  const detail::GatedParams p{outr.data, gr.data, ur.data, gr.rows, gr.d,
+                              outr.row_stride, gr.row_stride, ur.row_stride};
+  run_forward(op, "gate", gate, p, act, detail::rows_vectorizable({outr, gr, ur}, gate.dtype()), stream);
+}
+
+void two_tensor_backward(const char* op, Activation act, const TensorView& dgate, const TensorView& dup,
+                         const TensorView& dy, const TensorView& gate, const TensorView& up,
+                         cudaStream_t stream) {
+  detail::check_float_dtype(op, "gate", gate);
+  const Rows gr = detail::as_rows(op, "gate", gate);
+  const Rows ur = check_leading_dims(op, "up", up, "gate", gate, gr.d);
+  const Rows dyr = check_leading_dims(op, "dy", dy, "gate", gate, gr.d);
+  const Rows dgr = check_leading_dims(op, "dgate", dgate, "gate", gate, gr.d);
+  const Rows dur = check_leading_dims(op, "dup", dup, "gate", gate, gr.d);
+  // Each gradient may replace its own input; every other pair is disjoint.
+  detail::check_no_overlap(op, "dgate", dgate, "gate", gate, true);
+  detail::check_no_overlap(op, "dup", dup, "up", up, true);
+  detail::check_no_overlap(op, "dgate", dgate, "dup", dup, false);
+  for (const auto& [name, t] : {std::pair{"dy", &dy}, {"up", &up}})
+    detail::check_no_overlap(op, "dgate", dgate, name, *t, false);
+  for (const auto& [name, t] : {std::pair{"dy", &dy}, {"gate", &gate}})
+    detail::check_no_overlap(op, "dup", dup, name, *t, false);
+  const detail::GatedBackwardParams p{dgr.data, dur.data, dyr.data, gr.data, ur.data, gr.rows,
+                                      gr.d, dgr.row_stride, dur.row_stride, dyr.row_stride,
+                                      gr.row_stride, ur.row_stride};
+  run_backward(op, "gate", gate, p, act,
+               detail::rows_vectorizable({gr, ur, dyr, dgr, dur}, gate.dtype()), stream);
+}
+
 }  // namespace
 
 void silu_and_mul(const TensorView& out, const TensorView& x, cudaStream_t stream) {
@@ -129,41 +167,24 @@ void gelu_and_mul_backward(const TensorView& dx, const TensorView& dy, const Ten
 
 void swiglu(const TensorView& out, const TensorView& gate, const TensorView& up,
             cudaStream_t stream) {
-  const char* op = "swiglu";
-  detail::check_float_dtype(op, "gate", gate);
-  const Rows gr = detail::as_rows(op, "gate", gate);
-  const Rows ur = check_leading_dims(op, "up", up, "gate", gate, gr.d);
-  const Rows outr = check_leading_dims(op, "out", out, "gate", gate, gr.d);
-  detail::check_no_overlap(op, "out", out, "gate", gate, true);
-  detail::check_no_overlap(op, "out", out, "up", up, true);
-  const detail::GatedParams p{outr.data, gr.data, ur.data, gr.rows, gr.d,
-                              outr.row_stride, gr.row_stride, ur.row_stride};
-  run_forward(op, "gate", gate, p, Activation::silu,
-              detail::rows_vectorizable({outr, gr, ur}, gate.dtype()), stream);
+  two_tensor_forward("swiglu", Activation::silu, out, gate, up, stream);
+}
+
+void geglu(const TensorView& out, const TensorView& gate, const TensorView& up,
+           GeluApproximation approximate, cudaStream_t stream) {
+  two_tensor_forward("geglu", gelu_act("geglu", approximate), out, gate, up, stream);
 }
 
 void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dy,
                      const TensorView& gate, const TensorView& up, cudaStream_t stream) {
-  const char* op = "swiglu_backward";
-  detail::check_float_dtype(op, "gate", gate);
-  const Rows gr = detail::as_rows(op, "gate", gate);
-  const Rows ur = check_leading_dims(op, "up", up, "gate", gate, gr.d);
-  const Rows dyr = check_leading_dims(op, "dy", dy, "gate", gate, gr.d);
-  const Rows dgr = check_leading_dims(op, "dgate", dgate, "gate", gate, gr.d);
-  const Rows dur = check_leading_dims(op, "dup", dup, "gate", gate, gr.d);
-  // Each gradient may replace its own input; every other pair is disjoint.
-  detail::check_no_overlap(op, "dgate", dgate, "gate", gate, true);
-  detail::check_no_overlap(op, "dup", dup, "up", up, true);
-  detail::check_no_overlap(op, "dgate", dgate, "dup", dup, false);
-  for (const auto& [name, t] : {std::pair{"dy", &dy}, {"up", &up}})
-    detail::check_no_overlap(op, "dgate", dgate, name, *t, false);
-  for (const auto& [name, t] : {std::pair{"dy", &dy}, {"gate", &gate}})
-    detail::check_no_overlap(op, "dup", dup, name, *t, false);
-  const detail::GatedBackwardParams p{dgr.data, dur.data, dyr.data, gr.data, ur.data, gr.rows,
-                                      gr.d, dgr.row_stride, dur.row_stride, dyr.row_stride,
-                                      gr.row_stride, ur.row_stride};
-  run_backward(op, "gate", gate, p, Activation::silu,
-               detail::rows_vectorizable({gr, ur, dyr, dgr, dur}, gate.dtype()), stream);
+  two_tensor_backward("swiglu_backward", Activation::silu, dgate, dup, dy, gate, up, stream);
+}
+
+void geglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dy,
+                    const TensorView& gate, const TensorView& up, GeluApproximation approximate,
+                    cudaStream_t stream) {
+  const char* op = "geglu_backward";
+  two_tensor_backward(op, gelu_act(op, approximate), dgate, dup, dy, gate, up, stream);
 }
 
 namespace {

@@ -1,4 +1,4 @@
-// Launcher of the gated activation backward (silu_and_mul, gelu_and_mul, swiglu).
+// Launcher of the gated activation backward (silu_and_mul, gelu_and_mul, swiglu, geglu).
 #include "activation/gated_launch.cuh"
 #include "activation/gated_launchers.h"
 

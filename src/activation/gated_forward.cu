@@ -1,4 +1,4 @@
-// Launcher of the gated activation forward (silu_and_mul, gelu_and_mul, swiglu); its own
+// Launcher of the gated activation forward (silu_and_mul, gelu_and_mul, swiglu, geglu); its own
 // translation unit so that the forward and backward instantiations compile in parallel.
 #include "activation/gated_launch.cuh"
 #include "activation/gated_launchers.h"

@@ -1,7 +1,7 @@
-// Gated activations (silu_and_mul, gelu_and_mul, swiglu and their backwards): the CPU
-// reference against hand-computed values and finite differences, the CUDA kernels against
-// the CPU reference (both input forms, every activation and dtype, odd and strided rows,
-// in-place gradients), and bad inputs.
+// Gated activations (silu_and_mul, gelu_and_mul, swiglu, geglu and their backwards): the
+// CPU reference against hand-computed values, finite differences and a double reference,
+// the CUDA kernels against the CPU reference (both input forms, every activation and dtype,
+// odd and strided rows, in-place gradients), and bad inputs.
 #include "test_util.h"
 
 namespace llmk::test {
@@ -28,12 +28,41 @@ void fused_backward(Act a, const TensorView& dx, const TensorView& dy, const Ten
   else gelu_and_mul_backward(dx, dy, x, approx(a));
 }
 
+// The two-tensor form: swiglu for silu, geglu for the GELUs.
+void two_tensor(Act a, const TensorView& out, const TensorView& gate, const TensorView& up) {
+  if (a == Act::silu) swiglu(out, gate, up);
+  else geglu(out, gate, up, approx(a));
+}
+
+void two_tensor_backward(Act a, const TensorView& dgate, const TensorView& dup, const TensorView& dy,
+                         const TensorView& gate, const TensorView& up) {
+  if (a == Act::silu) swiglu_backward(dgate, dup, dy, gate, up);
+  else geglu_backward(dgate, dup, dy, gate, up, approx(a));
+}
+
 double act_value(Act a, double g) {
   switch (a) {
     case Act::silu: return g / (1 + std::exp(-g));
-    case Act::gelu: return 0.5 * g * (1 + std::erf(g / std::sqrt(2.0)));
-    case Act::gelu_tanh:
-      return 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)));
+    // 1 + erf(z) and 1 + tanh(z) cancel for z << 0: erfc and sigmoid(2z) instead.
+    case Act::gelu: return 0.5 * g * std::erfc(-g / std::sqrt(2.0));
+    case Act::gelu_tanh: return g / (1 + std::exp(-2 * std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)));
+  }
+  return 0;
+}
+
+// d act / d g, in the same cancellation-free forms as act_value.
+double act_slope(Act a, double g) {
+  switch (a) {
+    case Act::silu: {
+      const double s = 1 / (1 + std::exp(-g));
+      return s + g * s * (1 - s);
+    }
+    case Act::gelu: return 0.5 * std::erfc(-g / std::sqrt(2.0)) + g * std::exp(-0.5 * g * g) / std::sqrt(2 * M_PI);
+    case Act::gelu_tanh: {
+      // d/dg g s(2u) = s + 2 g s (1 - s) u', u = k (g + 0.044715 g^3).
+      const double k = std::sqrt(2 / M_PI), s = 1 / (1 + std::exp(-2 * k * (g + 0.044715 * g * g * g)));
+      return s + 2 * g * s * (1 - s) * k * (1 + 3 * 0.044715 * g * g);
+    }
   }
   return 0;
 }
@@ -106,6 +135,89 @@ float max_abs(const HostTensor& t) {
   return m;
 }
 
+// geglu and geglu_backward on the host against the double definition: erf and tanh forms,
+// every dtype, odd sizes, strided rows (each tensor its own stride), NaN-poisoned outputs
+// and the in-place gradients. The CPU path rounds once from double, so one step of the
+// dtype (dtype_rtol) bounds every element.
+TEST(GatedActivationCpu, GegluMatchesDoubleReference) {
+  struct Shape {
+    int64_t rows, d, gate_stride, up_stride, out_stride;
+  };
+  const Shape shapes[] = {{1, 1, 1, 1, 1}, {3, 7, 7, 7, 7}, {5, 33, 41, 33, 40}, {2, 1000, 3000, 1003, 1000}};
+  for (Act a : {Act::gelu, Act::gelu_tanh})
+    for (DType dt : all_dtypes())
+      for (const Shape& k : shapes) {
+        SCOPED_TRACE(testing::Message() << act_name(a) << " " << dtype_name(dt) << " rows " << k.rows << " d "
+                                        << k.d << " strides " << k.gate_stride << "/" << k.up_stride << "/"
+                                        << k.out_stride);
+        HostTensor gate(dt, k.rows, k.d, k.gate_stride), up(dt, k.rows, k.d, k.up_stride),
+            dy(dt, k.rows, k.d, k.out_stride);
+        gate.randomize(0.0f, 2.0f);
+        up.randomize();
+        dy.randomize();
+        HostTensor want(DType::f32, k.rows, k.d), want_dg(DType::f32, k.rows, k.d), want_du(DType::f32, k.rows, k.d);
+        for (int64_t r = 0; r < k.rows; ++r)
+          for (int64_t c = 0; c < k.d; ++c) {
+            const double g = gate.get(r, c), u = up.get(r, c), dyc = dy.get(r, c);
+            want.set(r, c, static_cast<float>(act_value(a, g) * u));
+            want_dg.set(r, c, static_cast<float>(dyc * u * act_slope(a, g)));
+            want_du.set(r, c, static_cast<float>(dyc * act_value(a, g)));
+          }
+        const float rtol = dtype_rtol(dt);
+        // expect_close's default atol plus float16's subnormal step (values below 2^-14 round
+        // to multiples of 2^-24, coarser than rtol).
+        auto atol = [&](const HostTensor& w) {
+          return 1e-3f * rtol * max_abs(w) + (dt == DType::f16 ? 0x1p-24f : 0.0f);
+        };
+        HostTensor out(dt, k.rows, k.d, k.out_stride), dg(dt, k.rows, k.d, k.out_stride), du(dt, k.rows, k.d);
+        out.poison();
+        dg.poison();
+        du.poison();
+        geglu(out.view(), gate.view(), up.view(), approx(a));
+        geglu_backward(dg.view(), du.view(), dy.view(), gate.view(), up.view(), approx(a));
+        expect_close(out, want, rtol, "out", atol(want));
+        expect_close(dg, want_dg, rtol, "dgate", atol(want_dg));
+        expect_close(du, want_du, rtol, "dup", atol(want_du));
+        // In place: out = up, then the gradients over their own inputs.
+        HostTensor up2 = up, gate3 = gate, up3 = up;
+        geglu(up2.view(), gate.view(), up2.view(), approx(a));
+        expect_close(up2, want, rtol, "out in place", atol(want));
+        geglu_backward(gate3.view(), up3.view(), dy.view(), gate3.view(), up3.view(), approx(a));
+        expect_close(gate3, want_dg, rtol, "dgate in place", atol(want_dg));
+        expect_close(up3, want_du, rtol, "dup in place", atol(want_du));
+      }
+}
+
+// geglu is gelu_and_mul with the halves passed separately: the same bits, forward and backward.
+TEST(GatedActivationCpu, GegluEqualsFusedGelu) {
+  for (Act a : {Act::gelu, Act::gelu_tanh}) {
+    SCOPED_TRACE(act_name(a));
+    HostTensor x(DType::bf16, 4, 18), gate(DType::bf16, 4, 9), up(DType::bf16, 4, 9), dy(DType::bf16, 4, 9);
+    x.randomize(0.0f, 2.0f);
+    dy.randomize();
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < 9; ++c) {
+        gate.set(r, c, x.get(r, c));
+        up.set(r, c, x.get(r, c + 9));
+      }
+    HostTensor fused_out(DType::bf16, 4, 9), two_out(DType::bf16, 4, 9), dx(DType::bf16, 4, 18),
+        dg(DType::bf16, 4, 9), du(DType::bf16, 4, 9);
+    fused(a, fused_out.view(), x.view());
+    geglu(two_out.view(), gate.view(), up.view(), approx(a));
+    expect_equal_elements(two_out, fused_out, "geglu vs gelu_and_mul");
+    fused_backward(a, dx.view(), dy.view(), x.view());
+    geglu_backward(dg.view(), du.view(), dy.view(), gate.view(), up.view(), approx(a));
+    HostTensor dx_gate(DType::bf16, 4, 9), dx_up(DType::bf16, 4, 9);
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < 9; ++c) {
+        dx_gate.set(r, c, dx.get(r, c));
+        dx_up.set(r, c, dx.get(r, c + 9));
+      }
+    expect_equal_elements(dg, dx_gate, "geglu_backward dgate vs gelu_and_mul_backward");
+    expect_equal_elements(du, dx_up, "geglu_backward dup vs gelu_and_mul_backward");
+  }
+}
+
 struct Case {
   DType dt;
   int64_t rows, d, x_stride;  // x is [rows, 2d] with rows x_stride apart
@@ -150,17 +262,18 @@ TEST(GatedActivationGpu, FusedFormMatchesCpuReference) {
   run_fused_case(Act::silu, {DType::bf16, 70001, 8, 16});
 }
 
-void run_two_tensor_case(DType dt, int64_t rows, int64_t d, int64_t stride, bool in_place) {
-  SCOPED_TRACE(testing::Message() << "swiglu " << dtype_name(dt) << " rows " << rows << " d " << d
-                                  << " stride " << stride << " in_place " << in_place);
+void run_two_tensor_case(Act a, DType dt, int64_t rows, int64_t d, int64_t stride, bool in_place) {
+  SCOPED_TRACE(testing::Message() << (a == Act::silu ? "swiglu " : "geglu ") << act_name(a) << " "
+                                  << dtype_name(dt) << " rows " << rows << " d " << d << " stride " << stride
+                                  << " in_place " << in_place);
   const float rtol = dtype_rtol(dt);
   HostTensor gate(dt, rows, d, stride), up(dt, rows, d, stride), dy(dt, rows, d, stride);
   gate.randomize(0.0f, 2.0f);
   up.randomize();
   dy.randomize();
   HostTensor ref(dt, rows, d, stride), ref_dg(dt, rows, d, stride), ref_du(dt, rows, d, stride);
-  swiglu(ref.view(), gate.view(), up.view());
-  swiglu_backward(ref_dg.view(), ref_du.view(), dy.view(), gate.view(), up.view());
+  two_tensor(a, ref.view(), gate.view(), up.view());
+  two_tensor_backward(a, ref_dg.view(), ref_du.view(), dy.view(), gate.view(), up.view());
 
   HostTensor out(dt, rows, d, stride), dg(dt, rows, d, stride), du(dt, rows, d, stride);
   out.poison();
@@ -168,28 +281,41 @@ void run_two_tensor_case(DType dt, int64_t rows, int64_t d, int64_t stride, bool
   du.poison();
   DeviceTensor ggate(gate), gup(up), gdy(dy), gout(out), gdg(dg), gdu(du);
   if (in_place) {
-    swiglu_backward(ggate.view(), gup.view(), gdy.view(), ggate.view(), gup.view());
+    two_tensor_backward(a, ggate.view(), gup.view(), gdy.view(), ggate.view(), gup.view());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     expect_close(ggate.download(), ref_dg, rtol, "dgate in place", rtol * max_abs(ref_dg));
     expect_close(gup.download(), ref_du, rtol, "dup in place", rtol * max_abs(ref_du));
     return;
   }
-  swiglu(gout.view(), ggate.view(), gup.view());
-  swiglu_backward(gdg.view(), gdu.view(), gdy.view(), ggate.view(), gup.view());
+  two_tensor(a, gout.view(), ggate.view(), gup.view());
+  two_tensor_backward(a, gdg.view(), gdu.view(), gdy.view(), ggate.view(), gup.view());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   expect_close(gout.download(), ref, rtol, "out");
   expect_close(gdg.download(), ref_dg, rtol, "dgate", rtol * max_abs(ref_dg));
   expect_close(gdu.download(), ref_du, rtol, "dup", rtol * max_abs(ref_du));
 }
 
-TEST(GatedActivationGpu, TwoTensorFormMatchesCpuReference) {
-  LLMK_REQUIRE_GPU();
+void run_two_tensor_cases(Act a) {
   for (DType dt : all_dtypes()) {
     for (int64_t d : {1, 9, 64, 11008})
-      for (int64_t rows : {1, 5}) run_two_tensor_case(dt, rows, d, d, false);
-    run_two_tensor_case(dt, 7, 256, 3 * 256, false);  // slices of a wider tensor
-    run_two_tensor_case(dt, 7, 100, 100, true);
+      for (int64_t rows : {1, 5}) run_two_tensor_case(a, dt, rows, d, d, false);
+    run_two_tensor_case(a, dt, 7, 256, 3 * 256, false);  // slices of a wider tensor
+    run_two_tensor_case(a, dt, 7, 100, 100, true);
   }
+}
+
+TEST(GatedActivationGpu, TwoTensorFormMatchesCpuReference) {
+  LLMK_REQUIRE_GPU();
+  run_two_tensor_cases(Act::silu);
+}
+
+// geglu: the two-tensor form with the erf and tanh GELUs (Gemma's MLP).
+TEST(GatedActivationGpu, GegluMatchesCpuReference) {
+  LLMK_REQUIRE_GPU();
+  run_two_tensor_cases(Act::gelu);
+  run_two_tensor_cases(Act::gelu_tanh);
+  // Unaligned rows (odd stride): the scalar path.
+  run_two_tensor_case(Act::gelu_tanh, DType::bf16, 19, 512, 2 * 512 + 1, false);
 }
 
 TEST(GatedActivationGpu, LargeInputsStayFinite) {
@@ -262,6 +388,53 @@ TEST_F(GatedActivationBadInput, OverlapAndDevices) {
   TensorView o0(out.bytes.data(), DType::bf16, Device{}, {0, 32});
   silu_and_mul(o0, x0);  // empty: a no-op
   expect_untouched();
+}
+
+TEST_F(GatedActivationBadInput, Geglu) {
+  HostTensor gate(DType::bf16, 4, 32), up(DType::bf16, 4, 32), dy(DType::bf16, 4, 32), dup(DType::bf16, 4, 32);
+  gate.randomize();
+  up.randomize();
+  dy.randomize();
+  dup.poison();
+  const HostTensor dup_before = dup;
+  HostTensor up31(DType::bf16, 4, 31), f16(DType::f16, 4, 32), dy33(DType::bf16, 4, 33);
+  expect_error([&] { geglu(out.view(), gate.view(), up31.view()); },
+               "geglu: up must have gate's leading dims and a last dim of 32, got up [4, 31] and gate [4, 32]");
+  expect_error([&] { geglu(out.view(), gate.view(), f16.view(), GeluApproximation::tanh); },
+               "geglu: up has dtype float16, expected bfloat16");
+  expect_error([&] { geglu(f16.view(), gate.view(), up.view()); }, "geglu: out has dtype float16, expected bfloat16");
+  const int64_t shape[2] = {4, 32}, strides[2] = {32, 1};
+  TensorView gate_i32(gate.bytes.data(), DType::i32, Device{}, 2, shape, strides);
+  expect_error([&] { geglu(out.view(), gate_i32, up.view()); },
+               "geglu: gate has unsupported dtype int32 (expected float32, float16 or bfloat16)");
+  expect_error([&] { geglu(out.view(), gate.view(), up.view(), static_cast<GeluApproximation>(7)); },
+               "geglu: unknown GELU approximation 7");
+  TensorView up_gpu(up.bytes.data(), DType::bf16, Device{DeviceType::cuda, 0}, {4, 32});
+  expect_error([&] { geglu(out.view(), gate.view(), up_gpu); }, "geglu: up is on cuda:0 but gate is on cpu:0");
+  // out starting one element into gate: a partial overlap.
+  const int64_t shape31[2] = {4, 31};
+  TensorView out_in_gate(gate.bytes.data() + 2, DType::bf16, Device{}, 2, shape31, strides);
+  TensorView gate31(gate.bytes.data(), DType::bf16, Device{}, 2, shape31, strides);
+  TensorView up31_view(up.bytes.data(), DType::bf16, Device{}, 2, shape31, strides);
+  expect_error([&] { geglu(out_in_gate, gate31, up31_view); },
+               "geglu: out and gate overlap in memory; they must be the same tensor or disjoint");
+
+  expect_error([&] { geglu_backward(out.view(), dup.view(), dy33.view(), gate.view(), up.view()); },
+               "geglu_backward: dy must have gate's leading dims and a last dim of 32, got dy [4, 33] and "
+               "gate [4, 32]");
+  expect_error([&] { geglu_backward(out.view(), out.view(), dy.view(), gate.view(), up.view()); },
+               "geglu_backward: dgate and dup are the same tensor, which this op does not allow");
+  expect_error([&] { geglu_backward(out.view(), dy.view(), dy.view(), gate.view(), up.view()); },
+               "geglu_backward: dup and dy are the same tensor, which this op does not allow");
+  expect_error([&] { geglu_backward(out.view(), dup.view(), dy.view(), gate.view(), up.view(),
+                                    static_cast<GeluApproximation>(7)); },
+               "geglu_backward: unknown GELU approximation 7");
+  TensorView g0(gate.bytes.data(), DType::bf16, Device{}, {0, 32});
+  TensorView o0(out.bytes.data(), DType::bf16, Device{}, {0, 32});
+  geglu(o0, g0, g0);  // empty: a no-op
+  geglu_backward(o0, o0, g0, g0, g0);
+  expect_untouched();
+  EXPECT_EQ(dup.bytes, dup_before.bytes) << "a rejected call wrote to dup";
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 """Activation ops of the transformer MLP: silu_and_mul / gelu_and_mul over a fused
-``[..., 2d]`` gate-and-up tensor, swiglu(gate, up), bias_gelu, and their backwards. The GELU
-approximation is spelled as ``torch.nn.functional.gelu`` spells it: ``"none"`` or ``"tanh"``.
+``[..., 2d]`` gate-and-up tensor, swiglu(gate, up) / geglu(gate, up, approximate) over two
+tensors, bias_gelu, and their backwards. The GELU approximation is spelled as
+``torch.nn.functional.gelu`` spells it: ``"none"`` or ``"tanh"``.
 C++ kernels: python/src/ops_activation.cc over include/llmk/activation.h."""
 
 from ._table import define, like
@@ -43,6 +44,12 @@ gelu_and_mul_backward = define(
     doc="dx ``[..., 2d]`` of :func:`gelu_and_mul`: (dgate, dup) in the layout of x.")
 
 
+def _save_with_approximate(ctx, inputs, output):
+    """geglu, bias_gelu: saves the two tensor inputs; the last input is the GELU approximation."""
+    *tensors, ctx.approximate = inputs
+    ctx.save_for_backward(*tensors)
+
+
 def _swiglu_setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
 
@@ -60,19 +67,26 @@ swiglu_backward = define(
     lambda dy, gate, up: (like(gate), like(up)), doc="Gradients ``(dgate, dup)`` of :func:`swiglu`.")
 
 
-def _bias_gelu_setup(ctx, inputs, output):
-    x, bias, ctx.approximate = inputs
-    ctx.save_for_backward(x, bias)
+def _geglu_grad(ctx, dy):
+    return (*geglu_backward(dy, *ctx.saved_tensors, ctx.approximate), None)
+
+
+define("geglu(Tensor gate, Tensor up, str approximate='none') -> Tensor",
+       lambda gate, up, approximate: like(gate), setup=_save_with_approximate, backward=_geglu_grad,
+       doc="``gelu(gate, approximate) * up`` over two ``[..., d]`` tensors (Gemma's MLP, "
+           "``approximate='tanh'``), fp32 math, one rounding.")
+
+geglu_backward = define(
+    "geglu_backward(Tensor dy, Tensor gate, Tensor up, str approximate='none') -> (Tensor, Tensor)",
+    lambda dy, gate, up, approximate: (like(gate), like(up)), doc="Gradients ``(dgate, dup)`` of :func:`geglu`.")
 
 
 def _bias_gelu_grad(ctx, dy):
-    x, bias = ctx.saved_tensors
-    dx, dbias = bias_gelu_backward(dy, x, bias, ctx.approximate)
-    return dx, dbias, None
+    return (*bias_gelu_backward(dy, *ctx.saved_tensors, ctx.approximate), None)
 
 
 define("bias_gelu(Tensor x, Tensor bias, str approximate='none') -> Tensor", lambda x, bias, approximate: like(x),
-       setup=_bias_gelu_setup, backward=_bias_gelu_grad,
+       setup=_save_with_approximate, backward=_bias_gelu_grad,
        doc="``F.gelu(x + bias, approximate=approximate)`` in one pass (the GPT-2 / BERT MLP's bias and "
            "activation after the first projection), fp32 math, one rounding.")
 
