@@ -292,6 +292,11 @@ def _llmk_attention(module, query, key, value, attention_mask, dropout=0.0, scal
         return _SDPA[0](module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    q_len, k_len = query.shape[2], key.shape[2]
+    if causal and q_len > 1 and k_len > q_len:
+        # transformers passes no mask in one such case, a prefill into an empty static cache,
+        # and means the mask aligned top-left (SDPA's): the first q_len keys, the rest empty.
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
     out = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
                         scale=scaling)
     return out, None

@@ -93,6 +93,31 @@ def test_patched_logits_match_the_model(family, dtype, device, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_prefill_and_decode_with_a_static_cache(family, device):
+    """A prefill into an empty StaticCache reaches attention with no mask and keys the length
+    of the whole cache (transformers means the first seq_q of them); decode steps then carry
+    the cache's mask (SDPA computes them)."""
+    model = _model(family, device, torch.bfloat16)
+    ids = torch.randint(0, 256, (1, 19), device=device)
+
+    def run():
+        cache = transformers.StaticCache(config=model.config, max_cache_len=48)
+        with torch.no_grad():
+            first = model(ids, past_key_values=cache, use_cache=True).logits[:, -1].float()
+            step = model(ids[:, -1:], past_key_values=cache, use_cache=True,
+                         cache_position=torch.tensor([19], device=device)).logits[:, -1].float()
+        return first, step
+
+    want = run()
+    llmk.patch(model)
+    got = run()
+    llmk.unpatch(model)
+    for g, w in zip(got, want):
+        assert ((g - w).abs().max() / w.abs().max()).item() <= TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_training_follows_the_unpatched_loss_curve(family, device):
     model = _model(family, device, torch.float32).train()
