@@ -1,4 +1,5 @@
 """python -m llmk.bench --op rmsnorm [--op ...] [--all] [--csv F] [--plot F] [--table F]
+python -m llmk.bench --e2e [--e2e-families ...] [--e2e-layers N] [--e2e-phases ...] [--e2e-impls ...]
 python -m llmk.bench --from-csv A.csv [B.csv ...] [--table F] [--plot F]
 
 On a GPU: every case of the op's sweep, llmk beside its peers, in one run; a CSV of all
@@ -7,8 +8,10 @@ small shapes (each module's CPU_SWEEPS), beside the same peers where they run on
 (torch.compile and the GPU-only SDPA backends are skipped, with a note), written the same
 way; the table's header says that it is the CPU backend and that no GPU was found.
 `--op overhead` (also in --all) is what an eager PyTorch user pays per call: see
-overhead_cases.py. A case that fails (an op not built, a peer that does not run) is
-reported and skipped; the run then exits with status 1 after writing what it measured.
+overhead_cases.py. `--e2e` (in --all on a GPU) times whole Hugging Face models, eager
+against torch.compile, Liger-Kernel and llmk.patch: see e2e_cases.py. A case that fails
+(an op not built, a peer that does not run) is reported and skipped; the run then exits
+with status 1 after writing what it measured.
 """
 
 import argparse
@@ -22,8 +25,8 @@ import sys
 import torch
 
 import llmk
-from . import (activation_cases, attention_cases, norm_cases, optim_cases, overhead_cases, rope_cases,
-               softmax_cases, timing)
+from . import (activation_cases, attention_cases, e2e_cases, norm_cases, optim_cases, overhead_cases,
+               rope_cases, softmax_cases, timing)
 
 CASE_MODULES = (norm_cases, activation_cases, softmax_cases, rope_cases, optim_cases, attention_cases)
 OPS = {op: case for m in CASE_MODULES for op, case in m.OPS.items()}
@@ -162,7 +165,7 @@ def markdown_table(rows, info) -> str:
     out = []
     by_case = {}
     for r in rows:
-        if not overhead_cases.is_overhead_row(r):
+        if not overhead_cases.is_overhead_row(r) and not e2e_cases.is_e2e_row(r):
             by_case.setdefault((r["op"], r["tokens"], r["hidden"]), {})[r["impl"]] = r
     ops = list(dict.fromkeys(op for op, _, _ in by_case))
     for op in ops:
@@ -181,6 +184,7 @@ def markdown_table(rows, info) -> str:
             out.append(f"| {tokens} | {hidden} | {o['time_us']:.2f} | {_fmt(o['gbs'])} | {o['pct_copy']:.1f}% | "
                        f"{o['time_us'] / info['empty_us']:.2f} | {speedups} | {o['max_rel_err']} |")
     out += overhead_cases.markdown(rows)
+    out += e2e_cases.markdown(rows)
     return "\n".join(out) + "\n"
 
 
@@ -204,8 +208,14 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    e2e = [r for r in rows if e2e_cases.is_e2e_row(r)]
     overhead = [r for r in rows if overhead_cases.is_overhead_row(r)]
-    rows = [r for r in rows if not overhead_cases.is_overhead_row(r)]
+    rows = [r for r in rows if not overhead_cases.is_overhead_row(r) and not e2e_cases.is_e2e_row(r)]
+    if e2e:  # its own figure: beside the others' as <name>_e2e.png
+        root, ext = os.path.splitext(path)
+        e2e_cases.plot(e2e, path if not (rows or overhead) else f"{root}_e2e{ext or '.png'}")
+        if not (rows or overhead):
+            return
     ops = list(dict.fromkeys(r["op"] for r in rows))
     hiddens = {op: sorted({int(r["hidden"]) for r in rows if r["op"] == op}) for op in ops}
     columns = max([len(h) for h in hiddens.values()] + [2 if overhead else 1])
@@ -293,6 +303,15 @@ def report(table, rows, args):
         plot(rows, args.plot)
 
 
+def write_csv(path, rows, info):
+    if path and rows:
+        with open(path, "w", newline="") as f:
+            f.write(f"# llmk benchmark; commit {_commit()}; {datetime.date.today()}; {info['device']}\n")
+            writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+            writer.writeheader()
+            writer.writerows(rows)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m llmk.bench")
     parser.add_argument("--op", action="append", choices=sorted([*OPS, OVERHEAD]),
@@ -305,8 +324,9 @@ def main(argv=None):
     parser.add_argument("--plot", help="write a PNG plot here")
     parser.add_argument("--from-csv", nargs="+", metavar="CSV",
                         help="no timing: rebuild the table and plot from CSVs of earlier runs")
+    e2e_cases.add_arguments(parser)
     args = parser.parse_args(argv)
-    ops = [*OPS, OVERHEAD] if args.all or not args.op else args.op
+    ops = [*OPS, OVERHEAD] if args.all or not (args.op or args.e2e) else args.op or []
 
     if args.from_csv:
         return rebuild(args)
@@ -326,12 +346,12 @@ def main(argv=None):
     rows = run(sweep_ops, args.tokens, args.hidden, torch.bfloat16, device, info, failures)
     if OVERHEAD in ops:
         rows += overhead_cases.run(torch.bfloat16, device, failures)
-    if args.csv and rows:
-        with open(args.csv, "w", newline="") as f:
-            f.write(f"# llmk benchmark; commit {_commit()}; {datetime.date.today()}; {info['device']}\n")
-            writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
-            writer.writeheader()
-            writer.writerows(rows)
+    if args.e2e or (args.all and device == "cuda"):
+        # The CSV is rewritten after every implementation, so that a run cut off keeps what it measured.
+        rows += e2e_cases.run(args, device, failures, lambda e2e_rows: write_csv(args.csv, rows + e2e_rows, info))
+    elif args.all:
+        print("e2e: not in --all without a GPU (--e2e runs its tiny CPU version)", flush=True)
+    write_csv(args.csv, rows, info)
     report(_header(info, _commit(), datetime.date.today()) + "\n" + markdown_table(rows, info), rows, args)
     if failures:
         print(f"{len(failures)} case(s) did not run:\n  " + "\n  ".join(failures))

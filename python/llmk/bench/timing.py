@@ -30,10 +30,10 @@ def time_op(fn: Callable, sets: List, device: str) -> tuple:
     return time_cuda(fn, sets) if device == "cuda" else time_cpu(fn, sets)
 
 
-def time_cuda(fn: Callable, sets: List, min_calls: int = 20, replays: int = 7) -> tuple:
+def time_cuda(fn: Callable, sets: List, min_calls: int = 20, replays: int = 7, errors: List = None) -> tuple:
     """Median microseconds per call of fn(*set), cycling through `sets`. Captures the calls
     in a CUDA graph when it can ("graph"); falls back to back-to-back launches between
-    events ("events") for code that cannot be captured."""
+    events ("events") for code that cannot be captured, appending why to `errors` if given."""
     calls = max(min_calls, len(sets))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -49,8 +49,10 @@ def time_cuda(fn: Callable, sets: List, min_calls: int = 20, replays: int = 7) -
                 fn(*sets[i % len(sets)])
         run, method = graph.replay, "graph"
         run()
-    except Exception:  # noqa: BLE001 - not capturable: time plain launches
+    except Exception as e:  # noqa: BLE001 - not capturable: time plain launches
         torch.cuda.synchronize()
+        if errors is not None:
+            errors.append(f"{type(e).__name__}: {e}")
 
         def run():
             for i in range(calls):
@@ -87,7 +89,7 @@ def time_cpu(fn: Callable, sets: List, min_seconds: float = 0.02, replays: int =
     return statistics.median(times), "cpu"
 
 
-def _median_seconds(fn: Callable, device: str, repeats: int = 20) -> float:
+def median_seconds(fn: Callable, device: str, repeats: int = 20) -> float:
     """Median seconds of single calls of fn after one warm-up: CUDA events on the GPU, perf_counter on the CPU."""
     fn()
     times = []
@@ -116,7 +118,7 @@ def copy_bandwidth_gbs(device: str = "cuda") -> float:
     dst = torch.empty_like(src)
     best = 0.0
     for copy in (lambda: dst.copy_(src), lambda: torch.mul(src, 1, out=dst)):
-        best = max(best, 2 * src.numel() * src.element_size() / _median_seconds(copy, device) / 1e9)
+        best = max(best, 2 * src.numel() * src.element_size() / median_seconds(copy, device) / 1e9)
     return best
 
 
