@@ -16,7 +16,10 @@ What is replaced, each part only where llmk computes exactly what the model comp
 - Attention goes through transformers' AttentionInterface as ``"llmk"``: ``llmk.attention``
   for calls it computes (fp16/bf16, no attention mask beyond causal, no dropout, no sliding
   window, no soft-capping, eval mode); every other call goes to SDPA, unchanged. A model in
-  training mode keeps SDPA (llmk's attention backward is a later issue).
+  training mode keeps SDPA (llmk's attention backward is a later issue). By default
+  (``attention=None``) a model on a Hopper GPU keeps SDPA too: there SDPA runs cuDNN's
+  attention, which llmk's sm_80 kernel trails (0.56-0.73x; the Hopper kernel is issue 13);
+  ``attention=True`` patches it anyway.
 
 The report returned says what was replaced and what was left and why. Nothing is copied:
 the patched model shares its parameters and state dict with the original, and works under
@@ -27,7 +30,7 @@ import sys
 import types
 import weakref
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
@@ -65,7 +68,7 @@ class PatchReport:
 
 
 def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, mlp: bool = True,
-          attention: bool = True, linear: bool = False, cross_entropy: bool = False,
+          attention: Optional[bool] = None, linear: bool = False, cross_entropy: bool = False,
           decode: bool = False) -> PatchReport:
     """Runs `model` (a transformers causal LM of a supported family, on any device) on llmk
     kernels; returns the :class:`PatchReport`. ``linear``, ``cross_entropy`` and ``decode`` wait
@@ -102,7 +105,10 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
         report.replaced[f"gated MLP ({_GATES[act][0]})"] = _patch_mlps(model, *_GATES[act])
     else:
         report.left["mlp"] = f"the {act!r} gate has no llmk kernel (silu, gelu, gelu_pytorch_tanh)"
-    if attention:
+    if attention is None and _on_hopper(model):
+        report.left["attention"] = ("on Hopper, SDPA's cuDNN attention is faster than llmk's sm_80 kernel "
+                                    "(0.56-0.73x; the Hopper kernel is issue 13): attention=True patches it anyway")
+    elif attention is not False:
         reason = _attention_unsupported(config, model.training)
         if reason:
             report.left["attention"] = reason
@@ -267,6 +273,11 @@ def _patch_mlps(model: torch.nn.Module, gate_op: str, gate_args: tuple) -> int:
 
 _HEAD_DIMS = (32, 64, 96, 128, 256)
 _SDPA = []  # transformers' sdpa_attention_forward, once attention is first patched
+
+
+def _on_hopper(model: torch.nn.Module) -> bool:
+    device = next(model.parameters()).device
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def _attention_unsupported(config, training: bool) -> str:

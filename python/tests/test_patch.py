@@ -75,7 +75,7 @@ def test_patched_logits_match_the_model(family, dtype, device, monkeypatch):
     ids = torch.randint(0, 256, (2, 37), device=device)
     with torch.no_grad():
         want = model(ids).logits.float()
-    report = llmk.patch(model)
+    report = llmk.patch(model, attention=True)
     counter = _Counter(monkeypatch)
     with torch.no_grad():
         got = model(ids).logits.float()
@@ -110,7 +110,7 @@ def test_prefill_and_decode_with_a_static_cache(family, device):
         return first, step
 
     want = run()
-    llmk.patch(model)
+    llmk.patch(model, attention=True)
     got = run()
     llmk.unpatch(model)
     for g, w in zip(got, want):
@@ -122,7 +122,7 @@ def test_prefill_and_decode_with_a_static_cache(family, device):
 def test_training_follows_the_unpatched_loss_curve(family, device):
     model = _model(family, device, torch.float32).train()
     twin = copy.deepcopy(model)
-    report = llmk.patch(model)
+    report = llmk.patch(model, attention=True)
     assert "training mode" in report.left["attention"]
     ids = torch.randint(0, 256, (2, 33), device=device)
     losses = []
@@ -190,6 +190,16 @@ def test_compile_fullgraph(family):
     # with other roundings: compare as the bf16 logits test does.
     err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
     assert err <= TOLERANCE[torch.bfloat16], err
+    llmk.unpatch(model)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_by_default_only_where_llmk_is_faster(device):
+    model = _model("llama", device, torch.bfloat16)
+    report = llmk.patch(model)
+    hopper = device == "cuda" and torch.cuda.get_device_capability()[0] == 9
+    assert ("cuDNN" in report.left.get("attention", "")) == hopper
+    assert model.config._attn_implementation == ("sdpa" if hopper else "llmk")
     llmk.unpatch(model)
 
 
