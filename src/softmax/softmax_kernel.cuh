@@ -26,6 +26,7 @@
 // the loop path's second read when the row is not in L2. ~5 FLOPs and two ex2 per element
 // (fp32 softmax: one ex2 and one expf, ~10 instructions, over 8 bytes): bandwidth bound.
 // 8192 x 32000 bf16: 1.05 GB -> 350 us at 3.0 TB/s.
+// (RowScale, MaxSum, fold, load_row and the block merges also serve cross_entropy, src/loss/.)
 #pragma once
 
 #include <cmath>
@@ -48,6 +49,9 @@ struct RowScale {
   float scale, sign, scale_log2e;
   __device__ __forceinline__ explicit RowScale(const SoftmaxParams& p)
       : scale(p.scale), sign(p.sign), scale_log2e(p.scale_log2e) {}
+  // s = 1 (cross_entropy's logits): z = x - max x, exact near the max.
+  __device__ __forceinline__ static RowScale unit() { return RowScale(1.0f, 1.0f, 1.4426950408889634f); }
+  __device__ __forceinline__ RowScale(float s, float sgn, float s_log2e) : scale(s), sign(sgn), scale_log2e(s_log2e) {}
   __device__ __forceinline__ float key(float x) const { return sign * x; }
   __device__ __forceinline__ float extreme(float m) const { return sign * m; }
   __device__ __forceinline__ float z(float x, float xe) const { return (x - xe) * scale; }
@@ -88,6 +92,46 @@ __device__ __forceinline__ MaxSum block_max_sum(MaxSum v, const RowScale<T>& sc)
   return {m, block_sum(rescaled(v.sum, v.max, m, sc))};
 }
 
+// As block_max_sum, and `extra` (each thread's partial of another row sum) becomes the
+// block's total in the same reduction.
+template <class T>
+__device__ __forceinline__ MaxSum block_max_sum(MaxSum v, const RowScale<T>& sc, float& extra) {
+  const float m = block_max(v.max);
+  float sums[2] = {m == -INFINITY ? 0.0f : rescaled(v.sum, v.max, m, sc), extra};
+  block_sums(sums);
+  extra = sums[1];
+  return {m, sums[0]};
+}
+
+// Column of the first element of vector i of this thread in a register-resident row.
+template <int N>
+__device__ __forceinline__ int row_vec_col(int i) {
+  return (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
+}
+
+// Loads this thread's VPT vectors of a row of n columns into registers (vectors past the
+// row's end are left unset) and returns the thread's pair over them.
+template <class T, int N, int VPT>
+__device__ __forceinline__ MaxSum load_row(const T* x, int n, Vec<T, N> (&s)[VPT], const RowScale<T>& sc) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    if (row_vec_col<N>(i) < n) {
+      s[i] = load_vec<T, N>(x + row_vec_col<N>(i));
+#pragma unroll
+      for (int j = 0; j < N; ++j) m = fmaxf(m, sc.key(to_float(s[i].v[j])));
+    }
+  float sum = 0.0f;
+  const float xe = sc.extreme(m);
+  if (m != -INFINITY)
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (row_vec_col<N>(i) < n)
+#pragma unroll
+        for (int j = 0; j < N; ++j) sum += sc.exp_term(to_float(s[i].v[j]), xe);
+  return {m, sum};
+}
+
 // The output of one element from its input x and the row's pair. A fully masked row (sum
 // 0) gives 0 (softmax) or -inf (log_softmax).
 template <class T, bool kLog>
@@ -125,31 +169,12 @@ __global__ void __launch_bounds__(512) softmax_vec_kernel(SoftmaxParams p) {
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     Vec<T, N> s[VPT];
-    float m = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-      if (col < n) {
-        s[i] = load_vec<T, N>(x + col);
-#pragma unroll
-        for (int j = 0; j < N; ++j) m = fmaxf(m, sc.key(to_float(s[i].v[j])));
-      }
-    }
-    float sum = 0.0f;
-    const float xe = sc.extreme(m);
-    if (m != -INFINITY)
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-        if (col < n)
-#pragma unroll
-          for (int j = 0; j < N; ++j) sum += sc.exp_term(to_float(s[i].v[j]), xe);
-      }
-    const SoftmaxOut<T, kLog> y_of(block_max_sum({m, sum}, sc), sc);
+    const MaxSum own = load_row(x, n, s, sc);
+    const SoftmaxOut<T, kLog> y_of(block_max_sum(own, sc), sc);
     T* out = static_cast<T*>(p.out) + row * p.out_stride;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
+      const int col = row_vec_col<N>(i);
       if (col < n) {
         opaque(s[i]);
         Vec<T, N> y;

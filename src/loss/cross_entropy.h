@@ -1,0 +1,37 @@
+// Kernel parameter block of cross_entropy, shared by the launcher, the kernels and the CPU
+// reference, and the launcher and reference they are called through (by loss_api.cc,
+// after the arguments are validated).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "llmk/dtype.h"
+
+namespace llmk::detail {
+
+// logits (and dlogits): [rows, n] with their own row strides; target, loss, lse: [rows].
+struct CrossEntropyParams {
+  float* loss;
+  float* lse;
+  void* dlogits;  // nullptr: no gradient
+  const void* logits;
+  const void* target;  // int64 or int32
+  int64_t rows;
+  int64_t n;
+  int64_t logits_stride;
+  int64_t dlogits_stride;
+  int64_t ignore_index;
+  bool target_i64;
+  // In double for the CPU reference; the kernels round each to float once.
+  double label_smoothing;
+  double z_loss;
+  double grad_scale;
+};
+
+// `vector_ok`: logits (and dlogits) rows are 16-byte aligned, n a multiple of the vector.
+void cross_entropy_cuda(const CrossEntropyParams& p, DType dtype, bool vector_ok, cudaStream_t stream);
+void cross_entropy_cpu(const CrossEntropyParams& p, DType dtype);
+
+}  // namespace llmk::detail
