@@ -1,0 +1,40 @@
+// torch.ops.llmk loss ops: cross_entropy (per-row loss and lse) and cross_entropy_backward
+// (the gradient of grad_scale * sum of the row losses). Schemas, fakes and autograd:
+// python/llmk/ops/loss.py.
+#include "torch_bridge.h"
+
+namespace llmk::torch_ops {
+namespace {
+
+std::tuple<Tensor, Tensor> cross_entropy(Tensor logits, Tensor target, int64_t ignore_index, double label_smoothing,
+                                         double z_loss) {
+  const OpCall op("cross_entropy", logits);
+  Tensor loss = empty(logits, rows_shape(logits), ScalarType::Float);
+  Tensor lse = empty(logits, rows_shape(logits), ScalarType::Float);
+  llmk::cross_entropy(op.view(loss, "loss"), op.view(lse, "lse"), op.view(logits, "logits"), op.view(target, "target"),
+                      ignore_index, label_smoothing, z_loss, 1.0, std::nullopt, op.stream());
+  return {loss, lse};
+}
+
+Tensor cross_entropy_backward(Tensor logits, Tensor target, int64_t ignore_index, double label_smoothing,
+                              double z_loss, double grad_scale) {
+  const OpCall op("cross_entropy_backward", logits);
+  Tensor loss = empty(logits, rows_shape(logits), ScalarType::Float);
+  Tensor lse = empty(logits, rows_shape(logits), ScalarType::Float);
+  Tensor dlogits = output_like(logits);
+  llmk::cross_entropy(op.view(loss, "loss"), op.view(lse, "lse"), op.view(logits, "logits"), op.view(target, "target"),
+                      ignore_index, label_smoothing, z_loss, grad_scale, op.view(dlogits, "dlogits"), op.stream());
+  return dlogits;
+}
+
+void register_loss(torch::stable::detail::StableLibrary& m) {
+  m.impl("cross_entropy", TORCH_BOX(&cross_entropy));
+  m.impl("cross_entropy_backward", TORCH_BOX(&cross_entropy_backward));
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(llmk, CPU, m) { register_loss(m); }
+STABLE_TORCH_LIBRARY_IMPL(llmk, CUDA, m) { register_loss(m); }
+
+}  // namespace llmk::torch_ops
