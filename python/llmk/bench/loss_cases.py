@@ -39,8 +39,10 @@ def cross_entropy_case(tokens, vocab, dtype, device):
             impls["liger"] = _grad_of(liger)
 
     def make():
-        x = (torch.randn(tokens, vocab, device=device) * 3).to(dtype).requires_grad_()
-        return x, torch.randint(0, vocab, (tokens,), device=device)
+        # Drawn on the CPU: a peer whose backward cannot be graph-captured (timed with events
+        # instead) can leave the CUDA generator mid-capture for the next draw.
+        x = (torch.randn(tokens, vocab) * 3).to(device=device, dtype=dtype).requires_grad_()
+        return x, torch.randint(0, vocab, (tokens,)).to(device)
 
     def reference(x, target):
         x64 = x.detach().double().requires_grad_()
