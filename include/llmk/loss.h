@@ -43,4 +43,13 @@ void cross_entropy(const TensorView& loss, const TensorView& lse, const TensorVi
                    double grad_scale, const std::optional<TensorView>& dlogits = std::nullopt,
                    cudaStream_t stream = nullptr);
 
+// The backward from the forward's lse, in one pass over the logits (read once, gradient
+// written once): dlogits[r] = dloss[r] * d loss_r / d logits[r] with the formula above
+// (grad_scale = dloss[r]), zero on ignored rows. dloss, lse: [tokens] float32 (lse as
+// cross_entropy wrote it); dlogits: logits' shape and dtype, may be logits itself.
+// Out-of-range targets: as cross_entropy (CPU: an error; GPU: a NaN gradient row).
+void cross_entropy_backward(const TensorView& dlogits, const TensorView& dloss, const TensorView& logits,
+                            const TensorView& target, const TensorView& lse, int64_t ignore_index,
+                            double label_smoothing, double z_loss, cudaStream_t stream = nullptr);
+
 }  // namespace llmk

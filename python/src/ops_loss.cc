@@ -1,6 +1,6 @@
 // torch.ops.llmk loss ops: cross_entropy (per-row loss and lse) and cross_entropy_backward
-// (the gradient of grad_scale * sum of the row losses). Schemas, fakes and autograd:
-// python/llmk/ops/loss.py.
+// (the logits' gradient from the upstream per-row gradient and the forward's lse, one pass).
+// Schemas, fakes and autograd: python/llmk/ops/loss.py.
 #include "torch_bridge.h"
 
 namespace llmk::torch_ops {
@@ -16,14 +16,13 @@ std::tuple<Tensor, Tensor> cross_entropy(Tensor logits, Tensor target, int64_t i
   return {loss, lse};
 }
 
-Tensor cross_entropy_backward(Tensor logits, Tensor target, int64_t ignore_index, double label_smoothing,
-                              double z_loss, double grad_scale) {
+Tensor cross_entropy_backward(Tensor dloss, Tensor logits, Tensor target, Tensor lse, int64_t ignore_index,
+                              double label_smoothing, double z_loss) {
   const OpCall op("cross_entropy_backward", logits);
-  Tensor loss = empty(logits, rows_shape(logits), ScalarType::Float);
-  Tensor lse = empty(logits, rows_shape(logits), ScalarType::Float);
   Tensor dlogits = output_like(logits);
-  llmk::cross_entropy(op.view(loss, "loss"), op.view(lse, "lse"), op.view(logits, "logits"), op.view(target, "target"),
-                      ignore_index, label_smoothing, z_loss, grad_scale, op.view(dlogits, "dlogits"), op.stream());
+  llmk::cross_entropy_backward(op.view(dlogits, "dlogits"), op.view(dense_rows(dloss), "dloss"),
+                               op.view(logits, "logits"), op.view(target, "target"), op.view(lse, "lse"),
+                               ignore_index, label_smoothing, z_loss, op.stream());
   return dlogits;
 }
 

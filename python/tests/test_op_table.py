@@ -70,7 +70,8 @@ SAMPLES = {
     "rope_backward": lambda: _rope_args(),
     "adamw_step_": _adamw_args,
     "cross_entropy": lambda: (_rows(6, 37, grad=True), torch.tensor([0, 5, -100, 36, 2, 9]), -100, 0.1, 1e-4),
-    "cross_entropy_backward": lambda: (_rows(6, 37), torch.tensor([0, 5, -100, 36, 2, 9]), -100, 0.0, 0.0, 0.5),
+    "cross_entropy_backward": lambda: (_rows(6), _rows(6, 37), torch.tensor([0, 5, -100, 36, 2, 9]),
+                                       torch.logsumexp(_rows(6, 37), -1), -100, 0.1, 1e-4),
     "attention": lambda: (*_qkv(), True, 0.125, True),
     "attention_varlen": _varlen,
 }

@@ -34,4 +34,25 @@ struct CrossEntropyParams {
 void cross_entropy_cuda(const CrossEntropyParams& p, DType dtype, bool vector_ok, cudaStream_t stream);
 void cross_entropy_cpu(const CrossEntropyParams& p, DType dtype);
 
+// cross_entropy_backward: dlogits and logits [rows, n]; dloss, lse, target [rows].
+struct CrossEntropyBackwardParams {
+  void* dlogits;
+  const void* logits;
+  const float* dloss;
+  const float* lse;
+  const void* target;  // int64 or int32
+  int64_t rows;
+  int64_t n;
+  int64_t logits_stride;
+  int64_t dlogits_stride;
+  int64_t ignore_index;
+  bool target_i64;
+  double label_smoothing;
+  double z_loss;
+};
+
+void cross_entropy_backward_cuda(const CrossEntropyBackwardParams& p, DType dtype, bool vector_ok,
+                                 cudaStream_t stream);
+void cross_entropy_backward_cpu(const CrossEntropyBackwardParams& p, DType dtype);
+
 }  // namespace llmk::detail

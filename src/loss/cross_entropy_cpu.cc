@@ -55,7 +55,30 @@ void rows(const CrossEntropyParams& p) {
   }
 }
 
+template <class T>
+void backward_rows(const CrossEntropyBackwardParams& p) {
+  const double eps = p.label_smoothing, n = static_cast<double>(p.n);
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const T* x = static_cast<const T*>(p.logits) + r * p.logits_stride;
+    T* dx = static_cast<T*>(p.dlogits) + r * p.dlogits_stride;  // may be x: read before written
+    const int64_t t = p.target_i64 ? static_cast<const int64_t*>(p.target)[r]
+                                   : static_cast<const int32_t*>(p.target)[r];
+    const bool ignored = t == p.ignore_index;
+    const double g = p.dloss[r], lse = p.lse[r];
+    const double c_prob = ignored || std::isinf(lse) ? 0.0 : g * (1.0 + 2.0 * p.z_loss * lse);
+    for (int64_t c = 0; c < p.n; ++c) {
+      const double prob = c_prob == 0.0 ? 0.0 : std::exp(static_cast<double>(to_float(x[c])) - lse);
+      const double d = ignored ? 0.0 : prob * c_prob - g * eps / n - (c == t ? g * (1.0 - eps) : 0.0);
+      dx[c] = from_float<T>(static_cast<float>(d));
+    }
+  }
+}
+
 }  // namespace
+
+void cross_entropy_backward_cpu(const CrossEntropyBackwardParams& p, DType dtype) {
+  dispatch_dtype(dtype, "cross_entropy_backward", [&](auto tag) { backward_rows<host_type_t<decltype(tag)>>(p); });
+}
 
 void cross_entropy_cpu(const CrossEntropyParams& p, DType dtype) {
   dispatch_dtype(dtype, "cross_entropy", [&](auto tag) { rows<host_type_t<decltype(tag)>>(p); });

@@ -313,6 +313,91 @@ TEST(CrossEntropyGpu, KernelPathsStridesInPlace) {
   }
 }
 
+// cross_entropy_backward from the forward's lse and a per-row dloss: on `gpu` or the CPU,
+// with the gradient written to a poisoned tensor or into (a copy of) the logits. Returns dlogits.
+HostTensor run_backward(const Case& k, Inputs in, HostTensor lse, HostTensor dloss, bool gpu) {
+  HostTensor dl(k.dt, k.rows, k.vocab, k.stride);
+  dl.poison();
+  if (!gpu) {
+    HostTensor& out = k.in_place ? in.logits : dl;
+    cross_entropy_backward(out.view(), dloss.view(true), in.logits.view(), in.target.storage.view(true), lse.view(true),
+                           kIgnore, k.eps, k.z_loss);
+    return out;
+  }
+  DeviceTensor x(in.logits), t(in.target.storage), l(lse), d(dloss), out(dl);
+  DeviceTensor& o = k.in_place ? x : out;
+  cross_entropy_backward(o.view(), d.view(true), x.view(), t.view(true), l.view(true), kIgnore, k.eps, k.z_loss);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return o.download();
+}
+
+HostTensor random_dloss(const Case& k) {
+  HostTensor dloss(DType::f32, 1, k.rows);
+  dloss.randomize(0.0f, 1.0f);
+  return dloss;
+}
+
+// The backward equals the forward's fused gradient (grad_scale 1) scaled by each row's dloss.
+void check_backward_against_forward(Case k) {
+  SCOPED_TRACE(describe(k));
+  k.grad_scale = 1.0;
+  Inputs in = make_inputs(k);
+  Inputs fwd_in = in;
+  Outputs fwd(k);
+  run_cpu(k, fwd_in, fwd);
+  const HostTensor dloss = random_dloss(k);
+  const HostTensor got = run_backward(k, in, fwd.lse, dloss, false);
+  const double rtol = dtype_rtol(k.dt);
+  for (int64_t r = 0; r < k.rows; ++r)
+    for (int64_t c = 0; c < k.vocab; ++c) {
+      const double want = fwd.dlogits.get(r, c) * dloss.get(0, r);
+      expect_value(got.get(r, c), want, 2 * rtol * std::fabs(want) + 1e-7 + subnormal_step(k.dt), "dlogits", r, c);
+    }
+}
+
+TEST(CrossEntropyBackwardCpu, IsTheForwardGradientScaledByDloss) {
+  for (DType dt : all_dtypes()) {
+    check_backward_against_forward({dt, 9, 37, 37, 0.1, 1e-4});
+    check_backward_against_forward({dt, 8, 64, 70, 0.0, 0.0, 1.0, true, true, true, 3});  // strided, in place, ignored
+    check_backward_against_forward({dt, 6, 50, 50, 0.0, 1e-4, 1.0, true, false, false, 0, true, 2});  // -inf, masked rows
+  }
+}
+
+// The GPU kernel against the CPU reference on both load paths, in place, with -inf entries,
+// ignored rows and logits of 1e3; every element of the poisoned output written.
+TEST(CrossEntropyBackwardGpu, MatchesCpuReference) {
+  LLMK_REQUIRE_GPU();
+  for (DType dt : all_dtypes())
+    for (const Case& k : std::vector<Case>{{dt, 5, 1, 1, 0.1, 1e-4},
+                                           {dt, 37, 7, 7, 0.1, 1e-4, 1.0, true, false, false, 4},
+                                           {dt, 9, 4096, 4096, 0.1, 1e-4},
+                                           {dt, 3, 32000, 32008, 0.0, 1e-4, 1.0, true, true},
+                                           {dt, 2, 128256, 128256, 0.1, 1e-4, 1.0, true, false, true, 2},
+                                           {dt, 9, 1003, 1003, 0.1, 0.0},
+                                           {dt, 11, 2048, 2048, 0.0, 1e-4, 1.0, true, false, false, 0, true, 2},
+                                           {dt, 5, 4096, 4096, 0.0, 0.0, 1.0, true, false, false, 0, false, 0, 1e3f}}) {
+      SCOPED_TRACE(describe(k));
+      Inputs in = make_inputs(k);
+      Inputs fwd_in = in;
+      Outputs fwd(k);
+      Case loss_only = k;
+      loss_only.grad = false;
+      run_cpu(loss_only, fwd_in, fwd);
+      const HostTensor dloss = random_dloss(k);
+      const HostTensor want = run_backward(k, in, fwd.lse, dloss, false);
+      const HostTensor got = run_backward(k, in, fwd.lse, dloss, true);
+      int64_t bad = 0;
+      for (int64_t r = 0; r < k.rows; ++r)
+        for (int64_t c = 0; c < k.vocab; ++c) {
+          const double g = got.get(r, c), w = want.get(r, c);
+          const double tol = dtype_rtol(k.dt) * std::fabs(w) + 3e-5 * std::fabs(dloss.get(0, r)) + subnormal_step(k.dt);
+          if (!(std::fabs(g - w) <= tol) && bad++ < 5)
+            ADD_FAILURE() << "dlogits row " << r << " col " << c << ": got " << g << ", want " << w;
+        }
+      EXPECT_EQ(bad, 0) << "dlogits elements out of tolerance";
+    }
+}
+
 // GPU rows whose target is outside [0, vocab): NaN loss and gradient in that row only,
 // its lse valid, the other rows unaffected.
 TEST(CrossEntropyGpu, OutOfRangeTargetGivesNaNRow) {

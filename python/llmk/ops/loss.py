@@ -1,6 +1,6 @@
-"""Cross-entropy over vocabulary logits: per-row loss and log-sum-exp in one pass, the
-gradient recomputed by cross_entropy_backward, and the public cross_entropy with
-PyTorch's reductions. C++ kernels: python/src/ops_loss.cc over include/llmk/loss.h (its
+"""Cross-entropy over vocabulary logits: per-row loss and log-sum-exp in one pass over the
+logits, the gradient in one more (cross_entropy_backward, from the forward's lse), and the
+public cross_entropy with PyTorch's reductions. C++ kernels: python/src/ops_loss.cc over include/llmk/loss.h (its
 header comment has the formulas: ignore_index, label smoothing, z-loss)."""
 
 import torch
@@ -17,14 +17,13 @@ def _rows_f32(logits, *unused):
 
 def _setup(ctx, inputs, output):
     logits, target, *ctx.args = inputs
-    ctx.save_for_backward(logits, target)
+    ctx.save_for_backward(logits, target, output[1])
     ctx.mark_non_differentiable(output[1])
 
 
 def _grad(ctx, dloss, dlse):
-    logits, target = ctx.saved_tensors
-    dlogits = cross_entropy_backward(logits, target, *ctx.args, 1.0)
-    return (dlogits.mul_(dloss.unsqueeze(-1).to(dlogits.dtype)), None) + (None,) * len(ctx.args)
+    logits, target, lse = ctx.saved_tensors
+    return (cross_entropy_backward(dloss, logits, target, lse, *ctx.args), None) + (None,) * len(ctx.args)
 
 
 _cross_entropy = define(
@@ -33,10 +32,10 @@ _cross_entropy = define(
     setup=_setup, backward=_grad, public=False)
 
 cross_entropy_backward = define(
-    f"cross_entropy_backward(Tensor logits, Tensor target, {_ARGS}, float grad_scale=1.0) -> Tensor",
-    lambda logits, *args: logits.new_empty(logits.shape),
-    doc="The gradient of ``grad_scale * sum(rows' cross_entropy losses)`` with respect to the logits "
-        "(zero on ignored rows), recomputed from the logits in one pass.")
+    f"cross_entropy_backward(Tensor dloss, Tensor logits, Tensor target, Tensor lse, {_ARGS}) -> Tensor",
+    lambda dloss, logits, *args: logits.new_empty(logits.shape),
+    doc="The gradient of the logits from the rows' upstream gradient ``dloss`` (float32 [tokens]) and the "
+        "forward's ``lse``: one pass over the logits, zero on ignored rows.")
 
 _REDUCTIONS = ("none", "sum", "mean")
 
