@@ -13,6 +13,8 @@ What is replaced, each part only where llmk computes exactly what the model comp
   until the last patched one is unpatched (numerically the same rotation).
 - The gated MLP runs ``llmk.swiglu`` (SiLU gate) or ``llmk.geglu`` (Gemma's GELU gate, erf or
   tanh) over its two projections.
+- The causal LM loss (transformers' ForCausalLMLoss) runs ``llmk.cross_entropy`` on the
+  logits as they are, without their fp32 copy.
 - Attention goes through transformers' AttentionInterface as ``"llmk"``: ``llmk.attention``
   for calls it computes (fp16/bf16, no attention mask beyond causal, no dropout, no sliding
   window, no soft-capping, eval mode); every other call goes to SDPA, unchanged. A model in
@@ -45,8 +47,7 @@ FAMILIES = {
     "gemma2": ("gemma2", 1.0, "pre_feedforward_layernorm"),
     "gemma3_text": ("gemma3", 1.0, "pre_feedforward_layernorm"),
 }
-NOT_YET = {"linear": "llmk's GEMM (issue 12)", "cross_entropy": "llmk's cross-entropy (issue 16)",
-           "decode": "llmk's decode attention over a KV cache (issue 15)"}
+NOT_YET = {"linear": "llmk's GEMM (issue 12)", "decode": "llmk's decode attention over a KV cache (issue 15)"}
 # The model's activation name -> (llmk gate op, its extra arguments)
 _GATES = {"silu": ("swiglu", ()), "swish": ("swiglu", ()), "gelu": ("geglu", ("none",)),
           "gelu_pytorch_tanh": ("geglu", ("tanh",)), "gelu_new": ("geglu", ("tanh",))}
@@ -68,24 +69,24 @@ class PatchReport:
 
 
 def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, mlp: bool = True,
-          attention: Optional[bool] = None, linear: bool = False, cross_entropy: bool = False,
+          attention: Optional[bool] = None, linear: bool = False, cross_entropy: bool = True,
           decode: bool = False) -> PatchReport:
     """Runs `model` (a transformers causal LM of a supported family, on any device) on llmk
-    kernels; returns the :class:`PatchReport`. ``linear``, ``cross_entropy`` and ``decode`` wait
-    on their kernels and are rejected when asked for."""
+    kernels; returns the :class:`PatchReport`. ``linear`` and ``decode`` wait on their kernels
+    and are rejected when asked for."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", type(model).__name__)
     if model_type not in FAMILIES:
         raise ValueError(f"llmk.patch: model type {model_type!r} is not supported; supported: "
                          f"{', '.join(sorted(FAMILIES))}")
-    for name, wanted in (("linear", linear), ("cross_entropy", cross_entropy), ("decode", decode)):
+    for name, wanted in (("linear", linear), ("decode", decode)):
         if wanted:
             raise ValueError(f"llmk.patch: {name}=True needs {NOT_YET[name]}, which has not landed yet")
     if getattr(model, "_llmk_patch", None) is not None:
         raise ValueError("llmk.patch: the model is already patched (llmk.unpatch(model) first)")
     family, offset, fused_norm = FAMILIES[model_type]
     report = PatchReport(model_type)
-    state = {"rope": None, "attn_implementation": None}
+    state = {"rope": None, "attn_implementation": None, "loss_function": None}
     if rmsnorm:
         report.replaced["rmsnorm modules"] = _patch_norms(model, offset)
         report.replaced["residual add + rmsnorm (decoder layers)"] = _patch_layers(model, fused_norm, offset)
@@ -122,6 +123,14 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
                 "cache), dropout, training, fp32" + (f", the {windows} sliding-window layers" if windows else ""))
     else:
         report.left["attention"] = "attention=False"
+    if not cross_entropy:
+        report.left["cross_entropy"] = "cross_entropy=False"
+    else:
+        reason = _patch_loss(model, state)
+        if reason:
+            report.left["cross_entropy"] = reason
+        else:
+            report.replaced["causal LM loss (cross_entropy, no fp32 copy of the logits)"] = 1
     for name in NOT_YET:
         report.left[name] = f"waits on {NOT_YET[name]}"
     model._llmk_patch = state
@@ -140,6 +149,12 @@ def unpatch(model: torch.nn.Module) -> None:
         state["rope"]()
     if state["attn_implementation"] is not None:
         model.set_attn_implementation(state["attn_implementation"])
+    if state["loss_function"] is not None:
+        previous = state["loss_function"][0]
+        if previous is None:
+            del model._loss_function
+        else:
+            model._loss_function = previous
     model._llmk_patch = None
 
 
@@ -267,6 +282,34 @@ def _patch_mlps(model: torch.nn.Module, gate_op: str, gate_args: tuple) -> int:
             _replace_forward(module, forward)
             count += 1
     return count
+
+
+# -- the causal LM loss ---------------------------------------------------------------------
+
+
+def _causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None,
+                    **kwargs):
+    """transformers' ForCausalLMLoss on llmk.cross_entropy: the same shift and reductions,
+    without the fp32 copy of the logits (llmk's math is fp32 on the logits' own dtype)."""
+    if shift_labels is None:
+        shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    target = shift_labels.reshape(-1).to(logits.device)
+    if num_items_in_batch is None:
+        return ops.cross_entropy(logits.reshape(-1, vocab_size), target, ignore_index, reduction="mean")
+    loss = ops.cross_entropy(logits.reshape(-1, vocab_size), target, ignore_index, reduction="sum")
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+def _patch_loss(model: torch.nn.Module, state: dict) -> str:
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    if model.loss_function is not ForCausalLMLoss:
+        return f"the model's loss is {getattr(model.loss_function, '__name__', model.loss_function)}, not ForCausalLMLoss"
+    state["loss_function"] = (model.__dict__.get("_loss_function"),)
+    model.loss_function = _causal_lm_loss
+    return ""
 
 
 # -- attention ----------------------------------------------------------------------------

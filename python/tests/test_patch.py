@@ -119,11 +119,12 @@ def test_prefill_and_decode_with_a_static_cache(family, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_training_follows_the_unpatched_loss_curve(family, device):
+def test_training_follows_the_unpatched_loss_curve(family, device, monkeypatch):
     model = _model(family, device, torch.float32).train()
     twin = copy.deepcopy(model)
     report = llmk.patch(model, attention=True)
     assert "training mode" in report.left["attention"]
+    counter = _Counter(monkeypatch, names=("cross_entropy",))
     ids = torch.randint(0, 256, (2, 33), device=device)
     losses = []
     for m in (model, twin):
@@ -136,6 +137,7 @@ def test_training_follows_the_unpatched_loss_curve(family, device):
             opt.zero_grad()
             curve.append(loss.item())
         losses.append(curve)
+    assert counter.calls["cross_entropy"] == 4  # the loss ran on llmk.cross_entropy
     assert losses[0][-1] < losses[0][0]
     for got, want in zip(*losses):
         assert abs(got - want) <= 1e-4 * abs(want), losses
@@ -156,7 +158,7 @@ def test_patch_unpatch_round_trip(family):
         llmk.patch(model)
     llmk.unpatch(model)
     assert modeling.apply_rotary_pos_emb is rotary and model.config._attn_implementation == "sdpa"
-    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert not any("forward" in m.__dict__ for m in model.modules()) and "_loss_function" not in model.__dict__
     with torch.no_grad():
         assert torch.equal(model(ids).logits, want)
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
@@ -214,8 +216,8 @@ def test_what_llmk_cannot_compute_is_left_with_its_reason():
     assert "head_dim 40" in llmk.patch(odd).left["attention"]
     llmk.unpatch(odd)
     only_norms = _model("llama", "cpu", torch.float32)
-    report = llmk.patch(only_norms, rope=False, mlp=False, attention=False)
-    assert set(report.left) >= {"rope", "mlp", "attention"} and report.replaced["rmsnorm modules"] == 5
+    report = llmk.patch(only_norms, rope=False, mlp=False, attention=False, cross_entropy=False)
+    assert set(report.left) >= {"rope", "mlp", "attention", "cross_entropy"} and report.replaced["rmsnorm modules"] == 5
     llmk.unpatch(only_norms)
     with pytest.raises(ValueError, match="linear=True needs llmk's GEMM"):
         llmk.patch(only_norms, linear=True)
