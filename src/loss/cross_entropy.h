@@ -11,11 +11,10 @@
 
 namespace llmk::detail {
 
-// logits (and dlogits): [rows, n] with their own row strides; target, loss, lse: [rows].
-struct CrossEntropyParams {
-  float* loss;
-  float* lse;
-  void* dlogits;  // nullptr: no gradient
+// What both ops read and write per row: logits and dlogits [rows, n] with their own row
+// strides, target [rows], and the loss's arguments.
+struct CrossEntropyRows {
+  void* dlogits;  // nullptr (cross_entropy only): no gradient
   const void* logits;
   const void* target;  // int64 or int32
   int64_t rows;
@@ -27,6 +26,12 @@ struct CrossEntropyParams {
   // In double for the CPU reference; the kernels round each to float once.
   double label_smoothing;
   double z_loss;
+};
+
+// cross_entropy: loss, lse [rows] written; the gradient scaled by grad_scale.
+struct CrossEntropyParams : CrossEntropyRows {
+  float* loss;
+  float* lse;
   double grad_scale;
 };
 
@@ -34,21 +39,10 @@ struct CrossEntropyParams {
 void cross_entropy_cuda(const CrossEntropyParams& p, DType dtype, bool vector_ok, cudaStream_t stream);
 void cross_entropy_cpu(const CrossEntropyParams& p, DType dtype);
 
-// cross_entropy_backward: dlogits and logits [rows, n]; dloss, lse, target [rows].
-struct CrossEntropyBackwardParams {
-  void* dlogits;
-  const void* logits;
+// cross_entropy_backward: the upstream gradient and the forward's lse, [rows] each.
+struct CrossEntropyBackwardParams : CrossEntropyRows {
   const float* dloss;
   const float* lse;
-  const void* target;  // int64 or int32
-  int64_t rows;
-  int64_t n;
-  int64_t logits_stride;
-  int64_t dlogits_stride;
-  int64_t ignore_index;
-  bool target_i64;
-  double label_smoothing;
-  double z_loss;
 };
 
 void cross_entropy_backward_cuda(const CrossEntropyBackwardParams& p, DType dtype, bool vector_ok,

@@ -48,6 +48,13 @@ Rows check_logits_and_target(const char* op, const TensorView& logits, const Ten
   return lr;
 }
 
+// The part of both ops' kernel parameters that describes the rows.
+detail::CrossEntropyRows rows_params(const Rows& lr, const Rows& dr, const TensorView& target, int64_t ignore_index,
+                                     double label_smoothing, double z_loss) {
+  return {dr.data,      lr.data,      target.data(), lr.rows,         lr.d, lr.row_stride,
+          dr.row_stride, ignore_index, target.dtype() == DType::i64, label_smoothing, z_loss};
+}
+
 // The CPU path checks every target before anything is written.
 void check_targets_in_range(const TensorView& target, int64_t tokens, int64_t vocab, int64_t ignore_index,
                             const char* op = kOp) {
@@ -85,19 +92,8 @@ void cross_entropy(const TensorView& loss, const TensorView& lse, const TensorVi
     detail::check_no_overlap(kOp, "dlogits", *dlogits, "target", target, false);
   }
   if (tokens == 0) return;
-  const detail::CrossEntropyParams p{static_cast<float*>(loss.data()),
-                                     static_cast<float*>(lse.data()),
-                                     dr.data,
-                                     lr.data,
-                                     target.data(),
-                                     tokens,
-                                     vocab,
-                                     lr.row_stride,
-                                     dr.row_stride,
-                                     ignore_index,
-                                     target.dtype() == DType::i64,
-                                     label_smoothing,
-                                     z_loss,
+  const detail::CrossEntropyParams p{rows_params(lr, dr, target, ignore_index, label_smoothing, z_loss),
+                                     static_cast<float*>(loss.data()), static_cast<float*>(lse.data()),
                                      grad_scale};
   if (!logits.is_cuda()) {
     check_targets_in_range(target, tokens, vocab, ignore_index);
@@ -121,19 +117,9 @@ void cross_entropy_backward(const TensorView& dlogits, const TensorView& dloss, 
   detail::check_no_overlap(kBackward, "dlogits", dlogits, "logits", logits, /*allow_identical=*/true);
   detail::check_no_overlap(kBackward, "dlogits", dlogits, "target", target, false);
   if (tokens == 0) return;
-  const detail::CrossEntropyBackwardParams p{dr.data,
-                                             lr.data,
+  const detail::CrossEntropyBackwardParams p{rows_params(lr, dr, target, ignore_index, label_smoothing, z_loss),
                                              static_cast<const float*>(dloss.data()),
-                                             static_cast<const float*>(lse.data()),
-                                             target.data(),
-                                             tokens,
-                                             vocab,
-                                             lr.row_stride,
-                                             dr.row_stride,
-                                             ignore_index,
-                                             target.dtype() == DType::i64,
-                                             label_smoothing,
-                                             z_loss};
+                                             static_cast<const float*>(lse.data())};
   if (!logits.is_cuda()) {
     check_targets_in_range(target, tokens, vocab, ignore_index, kBackward);
     return detail::cross_entropy_backward_cpu(p, logits.dtype());

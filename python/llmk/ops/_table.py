@@ -66,6 +66,11 @@ def like(x: torch.Tensor, *unused) -> torch.Tensor:
     return x.new_empty(x.shape)
 
 
+def rows_f32(x: torch.Tensor, *unused) -> torch.Tensor:
+    """The fake of a float32 per-row statistic of x (rstd, loss, lse): x's shape without its last dim."""
+    return x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 _grad_enabled = torch._C.is_grad_enabled
 _any_requires_grad = torch._C._any_requires_grad

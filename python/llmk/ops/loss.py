@@ -3,16 +3,12 @@ logits, the gradient in one more (cross_entropy_backward, from the forward's lse
 public cross_entropy with PyTorch's reductions. C++ kernels: python/src/ops_loss.cc over include/llmk/loss.h (its
 header comment has the formulas: ignore_index, label smoothing, z-loss)."""
 
-import torch
 from torch import Tensor
 
-from ._table import define, public
+from ._table import define, public, rows_f32
 
 _ARGS = "int ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0"
 
-
-def _rows_f32(logits, *unused):
-    return logits.new_empty(logits.shape[:-1], dtype=torch.float32)
 
 
 def _setup(ctx, inputs, output):
@@ -28,7 +24,7 @@ def _grad(ctx, dloss, dlse):
 
 _cross_entropy = define(
     f"cross_entropy(Tensor logits, Tensor target, {_ARGS}) -> (Tensor, Tensor)",
-    lambda logits, target, *args: (_rows_f32(logits), _rows_f32(logits)),
+    lambda logits, target, *args: (rows_f32(logits), rows_f32(logits)),
     setup=_setup, backward=_grad, public=False)
 
 cross_entropy_backward = define(

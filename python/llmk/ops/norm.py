@@ -2,13 +2,8 @@
 rmsnorm_swiglu (gated RMSNorm) and its backward, layernorm and layernorm_backward.
 C++ kernels: python/src/ops_norm.cc over include/llmk/norm.h."""
 
-import torch
+from ._table import define, like, public, rows_f32
 
-from ._table import define, like, public
-
-
-def _rows_f32(x):
-    return x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
 def _rmsnorm_setup(ctx, inputs, output):
@@ -34,7 +29,7 @@ def _rmsnorm_with_rstd_setup(ctx, inputs, output):
 
 _rmsnorm_with_rstd = define(
     "rmsnorm_with_rstd(Tensor x, Tensor weight, float eps=1e-06, float offset=0.0) -> (Tensor, Tensor)",
-    lambda x, weight, eps, offset: (like(x), _rows_f32(x)),
+    lambda x, weight, eps, offset: (like(x), rows_f32(x)),
     setup=_rmsnorm_with_rstd_setup, backward=_rmsnorm_grad, public=False)
 
 
