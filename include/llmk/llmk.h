@@ -6,6 +6,7 @@
 #include "llmk/device_info.h"
 #include "llmk/dtype.h"
 #include "llmk/error.h"
+#include "llmk/gemm.h"
 #include "llmk/loss.h"
 #include "llmk/norm.h"
 #include "llmk/optim.h"

@@ -3,7 +3,7 @@
 import torch
 from torch import Tensor
 
-from .ops import add_rmsnorm, layernorm, rmsnorm
+from .ops import add_rmsnorm, layernorm, linear, rmsnorm
 
 
 class RMSNorm(torch.nn.Module):
@@ -64,3 +64,20 @@ class LayerNorm(torch.nn.LayerNorm):
 
     def forward(self, x: Tensor) -> Tensor:
         return layernorm(x, self.weight, self.bias, self.eps)
+
+
+class Linear(torch.nn.Linear):
+    """``torch.nn.Linear`` computed by llmk's GEMM (``llmk.linear``): the same parameters, init and
+    state dict, so it loads any Linear checkpoint. float16/bfloat16 weights and inputs (the
+    GEMM kernels' dtypes; float32 raises), with autograd."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
+    @classmethod
+    def from_linear(cls, module: torch.nn.Linear) -> "Linear":
+        """An llmk Linear sharing the weight and bias (the same Parameters) of ``module``."""
+        new = cls(module.in_features, module.out_features, bias=module.bias is not None, device="meta")
+        new.weight = module.weight
+        new.bias = module.bias
+        return new

@@ -72,6 +72,11 @@ SAMPLES = {
     "cross_entropy": lambda: (_rows(6, 37, grad=True), torch.tensor([0, 5, -100, 36, 2, 9]), -100, 0.1, 1e-4),
     "cross_entropy_backward": lambda: (_rows(6), _rows(6, 37), torch.tensor([0, 5, -100, 36, 2, 9]),
                                        torch.logsumexp(_rows(6, 37), -1), -100, 0.1, 1e-4),
+    "linear": lambda: (_rows(5, 64, dtype=torch.bfloat16, grad=True), _rows(48, 64, dtype=torch.bfloat16, grad=True),
+                       _rows(48, dtype=torch.bfloat16, grad=True), _rows(5, 24, dtype=torch.bfloat16, grad=True),
+                       "silu_mul"),
+    "rmsnorm_linear": lambda: (_rows(2, 3, 64, dtype=torch.bfloat16, grad=True), _rows(64, grad=True),
+                               _rows(32, 64, dtype=torch.bfloat16, grad=True), 1e-6),
     "attention": lambda: (*_qkv(), True, 0.125, True),
     "attention_varlen": _varlen,
 }

@@ -1,4 +1,5 @@
 """python -m llmk.bench --op rmsnorm [--op ...] [--all] [--csv F] [--plot F] [--table F]
+python -m llmk.bench --op gemm [--gemm-shapes ...] [--gemm-m ...] [--gemm-parts ...]
 python -m llmk.bench --e2e [--e2e-families ...] [--e2e-layers N] [--e2e-phases ...] [--e2e-impls ...]
 python -m llmk.bench --from-csv A.csv [B.csv ...] [--table F] [--plot F]
 
@@ -8,10 +9,12 @@ small shapes (each module's CPU_SWEEPS), beside the same peers where they run on
 (torch.compile and the GPU-only SDPA backends are skipped, with a note), written the same
 way; the table's header says that it is the CPU backend and that no GPU was found.
 `--op overhead` (also in --all) is what an eager PyTorch user pays per call: see
-overhead_cases.py. `--e2e` (in --all on a GPU) times whole Hugging Face models, eager
-against torch.compile, Liger-Kernel and llmk.patch: see e2e_cases.py. A case that fails
-(an op not built, a peer that does not run) is reported and skipped; the run then exits
-with status 1 after writing what it measured.
+overhead_cases.py. `--op gemm` (also in --all) is the GEMM family, llmk.linear against cuBLAS
+over real models' weight shapes, the fused epilogues and rmsnorm_linear, with its own
+trimming flags: see gemm_cases.py. `--e2e` (in --all on a GPU) times whole Hugging Face
+models, eager against torch.compile, Liger-Kernel and llmk.patch: see e2e_cases.py. A case
+that fails (an op not built, a peer that does not run) is reported and skipped; the run then
+exits with status 1 after writing what it measured.
 """
 
 import argparse
@@ -25,8 +28,8 @@ import sys
 import torch
 
 import llmk
-from . import (activation_cases, attention_cases, e2e_cases, loss_cases, norm_cases, optim_cases, overhead_cases,
-               rope_cases, softmax_cases, timing)
+from . import (activation_cases, attention_cases, e2e_cases, gemm_cases, loss_cases, norm_cases, optim_cases,
+               overhead_cases, rope_cases, softmax_cases, timing)
 
 CASE_MODULES = (norm_cases, activation_cases, softmax_cases, rope_cases, optim_cases, loss_cases, attention_cases)
 OPS = {op: case for m in CASE_MODULES for op, case in m.OPS.items()}
@@ -34,6 +37,7 @@ OPS = {op: case for m in CASE_MODULES for op, case in m.OPS.items()}
 SWEEPS = {"cuda": {op: sweep for m in CASE_MODULES for op, sweep in m.SWEEPS.items()},
           "cpu": {op: sweep for m in CASE_MODULES for op, sweep in m.CPU_SWEEPS.items()}}
 OVERHEAD = "overhead"
+GEMM = "gemm"  # its own sweep over (M, N, K) and fused forms: gemm_cases.run
 # Peers that the CPU run leaves out, and why.
 GPU_ONLY_PEERS = {"compile": "torch.compile (Inductor's CPU backend compiles C++ per shape: minutes for a sweep)"}
 CPU_NOTE = "CPU backend: no CUDA GPU found"
@@ -80,10 +84,10 @@ def _cpu_name() -> str:
 def machine(device, ops) -> dict:
     """The device's name and the ceilings the rows are measured against (only what `ops` need)."""
     info = dict(device=torch.cuda.get_device_name() if device == "cuda" else _cpu_name())
-    if any(op in OPS for op in ops):
+    if any(op in OPS or op == GEMM for op in ops):
         info.update(copy_gbs=timing.copy_bandwidth_gbs(device), empty_us=timing.empty_launch_us(device))
     # The tensor-core ceiling, measured only when a compute-bound op (one that counts FLOPs) runs.
-    if any(op in attention_cases.OPS for op in ops):
+    if any(op in attention_cases.OPS or op == GEMM for op in ops):
         info["gemm"] = timing.gemm_tflops(device)
     return info
 
@@ -165,7 +169,7 @@ def markdown_table(rows, info) -> str:
     out = []
     by_case = {}
     for r in rows:
-        if not overhead_cases.is_overhead_row(r) and not e2e_cases.is_e2e_row(r):
+        if not overhead_cases.is_overhead_row(r) and not e2e_cases.is_e2e_row(r) and not gemm_cases.is_gemm_row(r):
             by_case.setdefault((r["op"], r["tokens"], r["hidden"]), {})[r["impl"]] = r
     ops = list(dict.fromkeys(op for op, _, _ in by_case))
     for op in ops:
@@ -183,6 +187,7 @@ def markdown_table(rows, info) -> str:
             speedups = " | ".join(f"{impls[p]['time_us'] / o['time_us']:.2f}x" if p in impls else "-" for p in peers)
             out.append(f"| {tokens} | {hidden} | {o['time_us']:.2f} | {_fmt(o['gbs'])} | {o['pct_copy']:.1f}% | "
                        f"{o['time_us'] / info['empty_us']:.2f} | {speedups} | {o['max_rel_err']} |")
+    out += gemm_cases.markdown(rows)
     out += overhead_cases.markdown(rows)
     out += e2e_cases.markdown(rows)
     return "\n".join(out) + "\n"
@@ -209,13 +214,17 @@ def plot(rows, path):
     import matplotlib.pyplot as plt
 
     e2e = [r for r in rows if e2e_cases.is_e2e_row(r)]
+    gemm = [r for r in rows if gemm_cases.is_gemm_row(r)]
     overhead = [r for r in rows if overhead_cases.is_overhead_row(r)]
-    rows = [r for r in rows if not overhead_cases.is_overhead_row(r) and not e2e_cases.is_e2e_row(r)]
+    rows = [r for r in rows if not overhead_cases.is_overhead_row(r) and not e2e_cases.is_e2e_row(r)
+            and not gemm_cases.is_gemm_row(r)]
+    root, ext = os.path.splitext(path)
+    if gemm:  # its own figure: beside the others' as <name>_gemm.png
+        gemm_cases.plot(gemm, path if not (rows or overhead or e2e) else f"{root}_gemm{ext or '.png'}")
     if e2e:  # its own figure: beside the others' as <name>_e2e.png
-        root, ext = os.path.splitext(path)
         e2e_cases.plot(e2e, path if not (rows or overhead) else f"{root}_e2e{ext or '.png'}")
-        if not (rows or overhead):
-            return
+    if not (rows or overhead):
+        return
     ops = list(dict.fromkeys(r["op"] for r in rows))
     hiddens = {op: sorted({int(r["hidden"]) for r in rows if r["op"] == op}) for op in ops}
     columns = max([len(h) for h in hiddens.values()] + [2 if overhead else 1])
@@ -314,7 +323,7 @@ def write_csv(path, rows, info):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m llmk.bench")
-    parser.add_argument("--op", action="append", choices=sorted([*OPS, OVERHEAD]),
+    parser.add_argument("--op", action="append", choices=sorted([*OPS, GEMM, OVERHEAD]),
                         help="op to benchmark (repeatable); 'overhead': host time per call and eager fwd+bwd")
     parser.add_argument("--all", action="store_true", help="every op, and the overhead case")
     parser.add_argument("--tokens", type=int, nargs="*", help="token counts (default: each op's sweep; not overhead)")
@@ -324,9 +333,10 @@ def main(argv=None):
     parser.add_argument("--plot", help="write a PNG plot here")
     parser.add_argument("--from-csv", nargs="+", metavar="CSV",
                         help="no timing: rebuild the table and plot from CSVs of earlier runs")
+    gemm_cases.add_arguments(parser)
     e2e_cases.add_arguments(parser)
     args = parser.parse_args(argv)
-    ops = [*OPS, OVERHEAD] if args.all or not (args.op or args.e2e) else args.op or []
+    ops = [*OPS, GEMM, OVERHEAD] if args.all or not (args.op or args.e2e) else args.op or []
 
     if args.from_csv:
         return rebuild(args)
@@ -342,8 +352,10 @@ def main(argv=None):
     info = machine(device, ops)
     print(_header(info, _commit(), datetime.date.today()), flush=True)
     failures = []
-    sweep_ops = [op for op in ops if op != OVERHEAD]
+    sweep_ops = [op for op in ops if op not in (OVERHEAD, GEMM)]
     rows = run(sweep_ops, args.tokens, args.hidden, torch.bfloat16, device, info, failures)
+    if GEMM in ops:
+        rows += gemm_cases.run(args, torch.bfloat16, device, info, failures)
     if OVERHEAD in ops:
         rows += overhead_cases.run(torch.bfloat16, device, failures)
     if args.e2e or (args.all and device == "cuda"):

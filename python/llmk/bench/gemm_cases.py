@@ -1,0 +1,439 @@
+"""Benchmark cases of the gemm family (`--op gemm`, in --all), bf16, kernel times by the harness's
+protocol (timing.time_cuda: CUDA graphs of 20 calls, median of 7 replays; input sets rotated
+so that at least 256 MiB stream per cycle: a weight that fits the L2 is not re-read from it
+at small M).
+
+- ``gemm``: ``llmk.linear(x, w)`` (impl ``llmk``) against ``F.linear`` (impl ``cublas``) over
+  the projections of Llama-3-8B (qkv 6144x4096, o 4096x4096, gate/up 28672x4096, down
+  4096x14336) and Qwen2.5-7B (qkv 4608x3584, gate/up 37888x3584, down 3584x18944), (N, K) =
+  weight.shape, at M = 1, 16, 64, 256, 2048, 8192, 16384 rows; and the squares M = N = K =
+  4096, 8192.
+- Fused epilogues at M = 2048, 8192, impl ``llmk`` (one kernel) against ``unfused`` (F.linear,
+  then the op after it: a torch add for bias and residual, ``llmk.swiglu`` on the two halves of
+  the gate/up output, ``llmk.bias_gelu``) and ``cublas`` where cuBLAS fuses the same epilogue
+  (``F.linear`` with bias, ``torch.addmm`` of the residual, ``torch._addmm_activation``'s
+  cuBLASLt bias+GELU(tanh) epilogue): ``gemm_bias`` (Qwen2.5-7B qkv, which has a bias),
+  ``gemm_residual`` (Llama-3-8B o and down), ``gemm_silu_mul`` (Llama-3-8B gate/up: N = 28672
+  weight rows, 14336 outputs), ``gemm_gelu`` (a 4x GELU MLP's up projection 16384x4096,
+  tanh GELU with bias).
+- ``rmsnorm_linear`` at M = 1, 16, 64 over Llama-3-8B qkv and gate/up: ``llmk`` (one kernel)
+  against ``unfused`` (``llmk.rmsnorm`` then ``F.linear``) and ``llmk 2 kernels``
+  (``llmk.rmsnorm`` then ``llmk.linear``).
+
+Columns: the harness's (tokens = M, hidden = N), plus ``k`` and ``shape``; ``tflops`` and
+``pct_gemm`` (of the same run's cuBLAS 8192^3 bf16 rate); for M <= 64 ``gbs`` is the weight
+bytes over the time and ``pct_copy`` that over the measured copy bandwidth (empty above 64
+rows, where the weight is not the bound). ``max_rel_err``: max|out - ref| / max|ref| on up to
+64 rows x 1024 columns against a float64 reference.
+
+Trimming (a short GPU run): ``--gemm-shapes`` (names, or the groups llama, qwen, square),
+``--gemm-m`` (the M list of the plain sweep), ``--gemm-parts`` (plain fused rmsnorm_linear),
+or the environment variables LLMK_BENCH_GEMM_SHAPES / _M / _PARTS (comma-separated);
+``--tokens`` / ``--hidden`` of the harness filter M and N too. The run prints its estimated
+duration first (``estimate_s``); the default set, 67 cases and 148 rows, took 37 s on the H100
+(25 s of it timing the cases), well inside a 10-minute GPU run.
+Without a GPU: the CPU backend at small shapes (impl ``torch`` for F.linear's CPU GEMM)."""
+
+import argparse
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+import llmk
+from . import timing
+
+SHAPES = {  # name -> (N, K) = weight.shape
+    "llama3_8b_qkv": (6144, 4096), "llama3_8b_o": (4096, 4096), "llama3_8b_gate_up": (28672, 4096),
+    "llama3_8b_down": (4096, 14336), "qwen2.5_7b_qkv": (4608, 3584), "qwen2.5_7b_gate_up": (37888, 3584),
+    "qwen2.5_7b_down": (3584, 18944),
+}
+SQUARES = {"square_4096": 4096, "square_8192": 8192}  # M = N = K
+GROUPS = {"llama": [s for s in SHAPES if s.startswith("llama")], "qwen": [s for s in SHAPES if s.startswith("qwen")],
+          "square": list(SQUARES)}
+M_LIST = [1, 16, 64, 256, 2048, 8192, 16384]
+FUSED_M = [2048, 8192]
+RMSNORM_LINEAR_M = [1, 16, 64]
+# op -> the shapes it runs on (name -> (N, K)); the GELU MLP is not one of the two models'.
+FUSED = {"gemm_bias": {"qwen2.5_7b_qkv": SHAPES["qwen2.5_7b_qkv"]},
+         "gemm_residual": {"llama3_8b_o": SHAPES["llama3_8b_o"], "llama3_8b_down": SHAPES["llama3_8b_down"]},
+         "gemm_silu_mul": {"llama3_8b_gate_up": SHAPES["llama3_8b_gate_up"]},
+         "gemm_gelu": {"gelu_mlp_4096_up": (16384, 4096)}}
+RMSNORM_LINEAR = {"llama3_8b_qkv": SHAPES["llama3_8b_qkv"], "llama3_8b_gate_up": SHAPES["llama3_8b_gate_up"]}
+PARTS = ("plain", "fused", "rmsnorm_linear")
+# Without a GPU: the reference backend at small shapes.
+CPU = dict(shapes={"cpu_512x256": (512, 256), "cpu_256x512": (256, 512)}, squares={"square_256": 256},
+           m=[1, 16, 64], fused_m=[64], rmsnorm_linear_m=[1, 16],
+           fused={"gemm_bias": {"cpu_512x256": (512, 256)}, "gemm_residual": {"cpu_256x512": (256, 512)},
+                  "gemm_silu_mul": {"cpu_512x256": (512, 256)}, "gemm_gelu": {"cpu_512x256": (512, 256)}},
+           rmsnorm_linear={"cpu_512x256": (512, 256)})
+OPS = ("gemm", *FUSED, "rmsnorm_linear")
+CHECK_ROWS, CHECK_COLS = 64, 1024
+EPS = 1e-6
+COLORS = {"llmk": "tab:blue", "cublas": "tab:green", "torch": "tab:green", "unfused": "tab:orange",
+          "llmk 2 kernels": "tab:purple"}
+# The runtime model of estimate_s (an H100 SXM): achievable bf16 rate and HBM bandwidth, the
+# calls per impl (warm-up, capture, one replay to settle, 7 timed replays of 20) and the fixed
+# cost of a case (drawing inputs, the float64 check, capture).
+# First measured (the H100, the first llmk kernels at about 350 TFLOP/s): the default set's
+# 67 cases took 25 s to time, 37 s in all with the ceilings and Python's start; this predicts 29 s.
+H100_TFLOPS, H100_GBS, CALLS_PER_IMPL, CASE_OVERHEAD_S = 600.0, 2800.0, 20 * 9 + 16, 0.1
+
+
+def is_gemm_row(row) -> bool:
+    return row["op"] in OPS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("gemm (see llmk/bench/gemm_cases.py)")
+    g.add_argument("--gemm-shapes", nargs="+", metavar="SHAPE",
+                   help=f"weight shapes of the plain sweep: names ({' '.join([*SHAPES, *SQUARES])}) or groups "
+                        f"({' '.join(GROUPS)}); default all (env LLMK_BENCH_GEMM_SHAPES)")
+    g.add_argument("--gemm-m", type=int, nargs="+", metavar="M",
+                   help=f"rows of the plain sweep (default {' '.join(map(str, M_LIST))}; env LLMK_BENCH_GEMM_M)")
+    g.add_argument("--gemm-parts", nargs="+", choices=PARTS, metavar="PART",
+                   help=f"{' '.join(PARTS)} (default all; env LLMK_BENCH_GEMM_PARTS)")
+
+
+def _env_list(name):
+    value = os.environ.get(name, "").strip()
+    return [v.strip() for v in value.split(",") if v.strip()] or None
+
+
+def _selection(args, device):
+    """(plain cases [(shape, m, n, k)], fused cases [(op, shape, m, n, k)], rmsnorm_linear cases)."""
+    cpu = device == "cpu"
+    shapes = CPU["shapes"] if cpu else SHAPES
+    squares = CPU["squares"] if cpu else SQUARES
+    names = getattr(args, "gemm_shapes", None) or _env_list("LLMK_BENCH_GEMM_SHAPES")
+    if names and not cpu:
+        wanted = [s for n in names for s in GROUPS.get(n, [n])]
+        unknown = [n for n in wanted if n not in shapes and n not in squares]
+        if unknown:
+            raise ValueError(f"gemm: unknown shapes {unknown}; known: {[*shapes, *squares, *GROUPS]}")
+        shapes = {n: shapes[n] for n in wanted if n in shapes}
+        squares = {n: squares[n] for n in wanted if n in squares}
+    m_list = getattr(args, "gemm_m", None) or [int(m) for m in _env_list("LLMK_BENCH_GEMM_M") or []]
+    m_list = getattr(args, "tokens", None) or m_list or (CPU["m"] if cpu else M_LIST)
+    parts = getattr(args, "gemm_parts", None) or _env_list("LLMK_BENCH_GEMM_PARTS") or PARTS
+    hidden = getattr(args, "hidden", None)
+
+    def keep(n):
+        return not hidden or n in hidden
+
+    plain = []
+    if "plain" in parts:
+        plain = [(name, m, n, k) for name, (n, k) in shapes.items() for m in m_list if keep(n)]
+        plain += [(name, s, s, s) for name, s in squares.items() if keep(s)]
+    tokens = getattr(args, "tokens", None)
+    fused = []
+    if "fused" in parts:
+        fused_m = [m for m in tokens if m >= 256] if tokens else CPU["fused_m"] if cpu else FUSED_M
+        fused = [(op, name, m, n, k) for op, cases in (CPU["fused"] if cpu else FUSED).items()
+                 for name, (n, k) in cases.items() for m in fused_m if keep(n)]
+    rl = []
+    if "rmsnorm_linear" in parts:
+        rl_m = [m for m in tokens if m <= 64] if tokens else CPU["rmsnorm_linear_m"] if cpu else RMSNORM_LINEAR_M
+        rl = [("rmsnorm_linear", name, m, n, k) for name, (n, k) in (CPU["rmsnorm_linear"] if cpu else
+                                                                     RMSNORM_LINEAR).items() for m in rl_m if keep(n)]
+    return plain, fused, rl
+
+
+def estimate_s(plain, fused, rl) -> float:
+    """Predicted seconds of GPU time on an H100 (the runtime model above)."""
+    total = 0.0
+    for impls, cases in ((2, [("gemm", *c) for c in plain]), (3, fused + rl)):
+        for op, _, m, n, k in cases:
+            call = max(2 * m * n * k / (H100_TFLOPS * 1e12), 2 * (m * k + n * k + m * n) / (H100_GBS * 1e9)) + 5e-6
+            total += impls * (CALLS_PER_IMPL * call) + CASE_OVERHEAD_S
+    return total
+
+
+# --------------------------------------------------------------------------------------
+# cases: each (make, impls {name: fn(*inputs)}, reference(inputs, rows, cols) -> float64
+# [rows, cols] of the output, weight bytes, flops)
+
+
+def _inputs(m, n, k, dtype, device, bias=False, residual=0, norm=False):
+    def make():
+        x = torch.randn(m, k, device=device, dtype=dtype)
+        w = (torch.randn(n, k, device=device, dtype=dtype) * k**-0.5)
+        out = [x, w]
+        if norm:
+            out.insert(1, (1 + 0.1 * torch.randn(k, device=device)).to(dtype))
+        if bias:
+            out.append(torch.randn(n, device=device, dtype=dtype) * 0.5)
+        if residual:
+            out.append(torch.randn(m, residual, device=device, dtype=dtype))
+        return tuple(out)
+
+    return make
+
+
+def _peer_name(device):
+    return "cublas" if device == "cuda" else "torch"
+
+
+def plain_case(m, n, k, dtype, device):
+    impls = {"llmk": lambda x, w: llmk.linear(x, w), _peer_name(device): lambda x, w: F.linear(x, w)}
+
+    def reference(inputs, rows, cols):
+        x, w = inputs
+        return x[rows].double() @ w[cols].double().t()
+
+    return _inputs(m, n, k, dtype, device), impls, reference
+
+
+def fused_case(op, m, n, k, dtype, device):
+    peer = _peer_name(device)
+    if op == "gemm_bias":
+        impls = {"llmk": lambda x, w, b: llmk.linear(x, w, b), "unfused": lambda x, w, b: F.linear(x, w) + b,
+                 peer: lambda x, w, b: F.linear(x, w, b)}
+
+        def reference(inputs, rows, cols):
+            x, w, b = inputs
+            return x[rows].double() @ w[cols].double().t() + b[cols].double()
+
+        return _inputs(m, n, k, dtype, device, bias=True), impls, reference
+    if op == "gemm_residual":
+        impls = {"llmk": lambda x, w, r: llmk.linear(x, w, None, r), "unfused": lambda x, w, r: F.linear(x, w) + r,
+                 peer: lambda x, w, r: torch.addmm(r, x, w.t())}
+
+        def reference(inputs, rows, cols):
+            x, w, r = inputs
+            return x[rows].double() @ w[cols].double().t() + r[rows][:, cols].double()
+
+        return _inputs(m, n, k, dtype, device, residual=n), impls, reference
+    if op == "gemm_silu_mul":
+        impls = {"llmk": lambda x, w: llmk.linear(x, w, None, None, "silu_mul"),
+                 "unfused": lambda x, w: llmk.swiglu(*F.linear(x, w).chunk(2, dim=-1))}
+
+        def reference(inputs, rows, cols):
+            x, w = inputs
+            xd = x[rows].double()
+            gate, up = xd @ w[cols].double().t(), xd @ w[[c + n // 2 for c in cols]].double().t()
+            return F.silu(gate) * up
+
+        return _inputs(m, n, k, dtype, device), impls, reference
+    if op == "gemm_gelu":
+        impls = {"llmk": lambda x, w, b: llmk.linear(x, w, b, None, "gelu_tanh"),
+                 "unfused": lambda x, w, b: llmk.bias_gelu(F.linear(x, w), b, "tanh"),
+                 peer: lambda x, w, b: torch._addmm_activation(b, x, w.t(), use_gelu=True)}
+
+        def reference(inputs, rows, cols):
+            x, w, b = inputs
+            return F.gelu(x[rows].double() @ w[cols].double().t() + b[cols].double(), approximate="tanh")
+
+        return _inputs(m, n, k, dtype, device, bias=True), impls, reference
+    raise ValueError(op)
+
+
+def rmsnorm_linear_case(m, n, k, dtype, device):
+    impls = {"llmk": lambda x, g, w: llmk.rmsnorm_linear(x, g, w, EPS),
+             "unfused": lambda x, g, w: F.linear(llmk.rmsnorm(x, g, EPS), w),
+             "llmk 2 kernels": lambda x, g, w: llmk.linear(llmk.rmsnorm(x, g, EPS), w)}
+
+    def reference(inputs, rows, cols):
+        x, g, w = inputs
+        xd = x[rows].double()
+        y = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + EPS) * g.double()
+        return y @ w[cols].double().t()
+
+    return _inputs(m, n, k, dtype, device, norm=True), impls, reference
+
+
+def _spread(count, limit):
+    """Up to `limit` indices spread evenly over range(count), the first and last included."""
+    if count <= limit:
+        return list(range(count))
+    return sorted({round(i * (count - 1) / (limit - 1)) for i in range(limit)})
+
+
+def _max_rel_err(out, inputs, reference):
+    rows, cols = _spread(out.shape[0], CHECK_ROWS), _spread(out.shape[1], CHECK_COLS)
+    ref = reference(inputs, rows, cols)
+    got = out[rows][:, cols].double()
+    return (got - ref).abs().max().item() / (ref.abs().max().item() or 1.0)
+
+
+def _sig(value: float) -> float:
+    return round(value, 1) if value >= 10 else float(f"{value:.3g}")
+
+
+def _measure(op, shape, m, n, k, dtype, device, info, make, impls, reference, failures):
+    """Rows of one case (every impl that ran); llmk's failure drops the case."""
+    elt = torch.tensor([], dtype=dtype).element_size()
+    n_out = n // 2 if op == "gemm_silu_mul" else n
+    bytes_per_call = elt * (m * k + n * k + m * n_out + (m * n_out if op == "gemm_residual" else 0))
+    try:
+        sets = timing.buffer_sets(make, bytes_per_call, device)
+    except Exception as e:  # noqa: BLE001 - out of memory, say: report, go on
+        failures.append(f"{op} {shape} M={m}: {type(e).__name__}: {e}")
+        print(f"{op:15s} {shape:20s} M={m:6d}  skipped: {failures[-1]}", flush=True)
+        return []
+    flops, weight_bytes = 2 * m * n * k, n * k * elt
+    rows, times = [], {}
+    for impl, fn in impls.items():
+        try:
+            us, method = timing.time_op(fn, sets, device)
+            err = _max_rel_err(fn(*sets[0]), sets[0], reference)
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"{op} {shape} M={m} {impl}: {type(e).__name__}: {str(e)[:300]}")
+            print(f"{op:15s} {shape:20s} M={m:6d}  {impl} failed: {failures[-1]}", flush=True)
+            if impl == "llmk":
+                break
+            continue
+        times[impl] = us
+        tflops = flops / us / 1e6
+        small = m <= 64
+        gbs = weight_bytes / us / 1e3
+        rows.append(dict(op=op, dtype=str(dtype).replace("torch.", ""), tokens=m, hidden=n, impl=impl,
+                         time_us=round(us, 3), gbs=_sig(gbs) if small else "",
+                         pct_copy=round(100 * gbs / info["copy_gbs"], 1) if small else "",
+                         max_rel_err=f"{err:.2e}", timing=method, copy_gbs=round(info["copy_gbs"]),
+                         empty_us=round(info["empty_us"], 3), tflops=_sig(tflops),
+                         pct_gemm=round(100 * tflops / info["gemm"], 1), gemm_tflops=_sig(info["gemm"]), k=k,
+                         shape=shape))
+    del sets
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    if "llmk" not in times:
+        return []
+    line = "  ".join(f"{i} {t:9.2f}us" for i, t in times.items())
+    print(f"{op:15s} {shape:20s} M={m:6d} N={n:6d} K={k:6d}  {line}", flush=True)
+    return rows
+
+
+def run(args, dtype, device, info, failures):
+    """Every gemm case on `device`, one row per impl; failures collects what did not run."""
+    plain, fused, rl = _selection(args, device)
+    cases = len(plain) + len(fused) + len(rl)
+    rows_expected = 2 * len(plain) + 3 * len(fused) + 3 * len(rl)
+    estimate = f", about {estimate_s(plain, fused, rl):.0f} s on an H100" if device == "cuda" else ""
+    print(f"gemm on {device}: {cases} cases, up to {rows_expected} rows{estimate}", flush=True)
+    t0, rows = time.perf_counter(), []
+    for shape, m, n, k in plain:
+        rows += _measure("gemm", shape, m, n, k, dtype, device, info, *plain_case(m, n, k, dtype, device), failures)
+    for op, shape, m, n, k in fused:
+        rows += _measure(op, shape, m, n, k, dtype, device, info, *fused_case(op, m, n, k, dtype, device), failures)
+    for op, shape, m, n, k in rl:
+        rows += _measure(op, shape, m, n, k, dtype, device, info, *rmsnorm_linear_case(m, n, k, dtype, device),
+                         failures)
+    print(f"gemm: {len(rows)} rows in {time.perf_counter() - t0:.0f} s", flush=True)
+    return rows
+
+
+# --------------------------------------------------------------------------------------
+# report
+
+
+def _cases(rows, op):
+    cases = {}
+    for r in rows:
+        if r["op"] == op:
+            cases.setdefault((r["shape"], int(r["tokens"]), int(r["hidden"]), int(r["k"])), {})[r["impl"]] = r
+    return cases
+
+
+def _f(value, digits=0):
+    return "-" if value in (None, "") else f"{float(value):.{digits}f}"
+
+
+def _rate(value):
+    """A rate in the table: whole numbers from 10 up, two significant digits below (CPU rows)."""
+    if value in (None, ""):
+        return "-"
+    value = float(value)
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
+
+
+def markdown(rows):
+    rows = [r for r in rows if is_gemm_row(r)]
+    out = []
+    plain = _cases(rows, "gemm")
+    if plain:
+        peer = next((p for c in plain.values() for p in c if p != "llmk"), "cublas")
+        out += ["\n### gemm (llmk.linear against F.linear)\n",
+                f"| shape | M | N | K | llmk us | TFLOP/s | % of GEMM peak | weight GB/s | % of copy | "
+                f"{peer} us | {peer} TFLOP/s | vs {peer} | llmk max rel err |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for (shape, m, n, k), impls in plain.items():
+            o, p = impls.get("llmk"), impls.get(peer)
+            if o is None:
+                continue
+            vs = f"{float(p['time_us']) / float(o['time_us']):.2f}x" if p else "-"
+            out.append(f"| {shape} | {m} | {n} | {k} | {float(o['time_us']):.1f} | {_rate(o['tflops'])} | "
+                       f"{_f(o['pct_gemm'], 1)}% | {_rate(o['gbs'])} | {_f(o['pct_copy'], 1)} | "
+                       f"{_f(p['time_us'], 1) if p else '-'} | {_rate(p['tflops']) if p else '-'} | {vs} | "
+                       f"{o['max_rel_err']} |")
+    fused = [r for r in rows if r["op"] != "gemm"]
+    if fused:
+        out += ["\n### Fused GEMM epilogues and rmsnorm_linear (llmk: one kernel)\n",
+                "| op | shape | M | N | K | llmk us | TFLOP/s | weight GB/s | vs unfused | vs cublas | "
+                "vs llmk 2 kernels | llmk max rel err |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for op in dict.fromkeys(r["op"] for r in fused):
+            for (shape, m, n, k), impls in _cases(rows, op).items():
+                o = impls.get("llmk")
+                if o is None:
+                    continue
+
+                def vs(name, impls=impls, o=o):
+                    p = impls.get(name) or (impls.get("torch") if name == "cublas" else None)
+                    return f"{float(p['time_us']) / float(o['time_us']):.2f}x" if p else "-"
+
+                out.append(f"| {op} | {shape} | {m} | {n} | {k} | {float(o['time_us']):.1f} | "
+                           f"{_rate(o['tflops'])} | {_rate(o['gbs'])} | {vs('unfused')} | {vs('cublas')} | "
+                           f"{vs('llmk 2 kernels')} | {o['max_rel_err']} |")
+    return out
+
+
+def plot(rows, path):
+    """TFLOP/s against M per weight shape (llmk and cuBLAS), and below, across the figure, the
+    fused forms: each peer's time over llmk's."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if is_gemm_row(r)]
+    plain = [r for r in rows if r["op"] == "gemm" and not str(r["shape"]).startswith("square")]
+    shapes = list(dict.fromkeys(r["shape"] for r in plain))
+    fused = [r for r in rows if r["op"] != "gemm"]
+    columns = min(4, max(len(shapes), 1))
+    lines = -(-len(shapes) // columns)
+    fig = plt.figure(figsize=(3.6 * columns, 2.9 * lines + 3.4 * bool(fused)))
+    grid = fig.add_gridspec(lines + bool(fused), columns, height_ratios=[1] * lines + [1.3] * bool(fused))
+    for i, shape in enumerate(shapes):
+        ax = fig.add_subplot(grid[i // columns, i % columns])
+        for impl in dict.fromkeys(r["impl"] for r in plain if r["shape"] == shape):
+            pts = sorted((int(r["tokens"]), float(r["tflops"])) for r in plain
+                         if r["shape"] == shape and r["impl"] == impl)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=impl, color=COLORS.get(impl))
+        n, k = next((r["hidden"], r["k"]) for r in plain if r["shape"] == shape)
+        ax.set_xscale("log")
+        ax.set_title(f"{shape} (N={n}, K={k})", fontsize=8)
+        ax.set_xlabel("M", fontsize=8)
+        ax.set_ylabel("TFLOP/s", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6)
+    if fused:
+        ax = fig.add_subplot(grid[lines, :])
+        cases = {}
+        for r in fused:
+            cases.setdefault(f"{r['op']}\n{r['shape']}\nM={r['tokens']}", {})[r["impl"]] = float(r["time_us"])
+        peers = [i for i in dict.fromkeys(r["impl"] for r in fused) if i != "llmk"]
+        width = 0.8 / max(len(peers), 1)
+        for j, peer in enumerate(peers):
+            ys = [c[peer] / c["llmk"] if peer in c and "llmk" in c else 0 for c in cases.values()]
+            ax.bar([i + j * width for i in range(len(cases))], ys, width=width, label=f"{peer} / llmk",
+                   color=COLORS.get(peer))
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))], list(cases), fontsize=5.5)
+        ax.set_ylabel("time over llmk's", fontsize=8)
+        ax.set_title("fused epilogues and rmsnorm_linear: each peer's time over llmk's (above 1: llmk is faster)",
+                     fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,59 @@
+// The stmatrix + TMA-store epilogue piece: a consumer warpgroup's 64 x kCols block of
+// final fp32 values (wgmma accumulator layout, wgmma.cuh) written as 16-bit elements into
+// shared memory in the 128-byte-swizzled layout of a TMA box of 64 rows x 64 columns
+// (kCols / 64 boxes of 8 KB, 1024-byte aligned), ready for tma_store_2d.
+//
+// stmatrix.x4 stores four 8 x 8 matrices from the same per-thread fragment that an
+// accumulator pair has (row lane/4, columns 2(lane%4)..+1), 16 bytes per row address;
+// with the swizzle the 8 row addresses of a matrix hit 8 different bank groups.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace llmk::detail::sm90 {
+
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack_pair<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack_pair<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Writes d[0 .. kCols/2) of this thread (warp w of the warpgroup holds rows 16w..16w+15)
+// into the boxes at shared address `boxes`.
+template <class T, int kCols>
+__device__ __forceinline__ void store_accumulators_swizzled(uint32_t boxes, const float* d) {
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+  const int matrix = lane / 8;  // this lane gives a row address of matrix `matrix`
+  const int row = 16 * warp + (matrix % 2) * 8 + lane % 8;
+#pragma unroll
+  for (int c = 0; c < kCols / 16; ++c) {
+    const int col = 16 * c + (matrix / 2) * 8;
+    const int chunk = (col % 64) / 8;
+    const uint32_t addr = boxes + (col / 64) * 8192 + row * 128 + ((chunk ^ (row % 8)) * 16);
+    stmatrix_x4(addr, pack_pair<T>(d[8 * c], d[8 * c + 1]), pack_pair<T>(d[8 * c + 2], d[8 * c + 3]),
+                pack_pair<T>(d[8 * c + 4], d[8 * c + 5]), pack_pair<T>(d[8 * c + 6], d[8 * c + 7]));
+  }
+}
+
+// bar.sync on a named barrier (ids 1..15; 0 is __syncthreads) among `threads` threads.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace llmk::detail::sm90

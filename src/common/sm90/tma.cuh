@@ -1,0 +1,51 @@
+// TMA copies (device side) over a map from tma.h, completing on an mbarrier (loads) or
+// on the bulk-async group of the issuing thread (stores). One thread issues each copy.
+#pragma once
+
+#include <cuda.h>
+
+#include <cuda/ptx>
+
+#include <cstdint>
+
+namespace llmk::detail::sm90 {
+
+// Global -> shared: the box at (row, col) of `map` into `dst` (1024-byte aligned); the
+// bytes arrive as transactions on `bar` (whose expected count the caller raised).
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t row,
+                                            int32_t col) {
+  const int32_t coords[2] = {col, row};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, bar);
+}
+
+// As tma_load_2d, the box written at the same shared offset in every block of the
+// cluster named in `cta_mask` (bit r: rank r), each block's `bar` at that offset
+// receiving the bytes it got.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t row,
+                                                      int32_t col, uint16_t cta_mask) {
+  const int32_t coords[2] = {col, row};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, bar,
+                                  cta_mask);
+}
+
+// Shared -> global: `src` (written by ordinary stores: fence_async_shared() first) into
+// the box at (row, col); out-of-bounds elements are skipped.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int32_t row, int32_t col) {
+  const int32_t coords[2] = {col, row};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords, src);
+}
+
+__device__ __forceinline__ void tma_store_commit() { cuda::ptx::cp_async_bulk_commit_group(); }
+
+// Waits until the committed stores of this thread have read their shared memory.
+__device__ __forceinline__ void tma_store_wait_read() { cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{}); }
+
+// Orders this thread's ordinary shared-memory writes before later async-proxy reads
+// (TMA store, wgmma).
+__device__ __forceinline__ void fence_async_shared() { cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); }
+
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
+}  // namespace llmk::detail::sm90

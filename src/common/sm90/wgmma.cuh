@@ -1,0 +1,59 @@
+// wgmma (sm_90a): warpgroup matrix multiply-accumulate with operands in shared memory.
+//
+// A warpgroup is 4 consecutive warps starting at a warp index divisible by 4. One
+// wgmma_m64nNk16 (wgmma_ops.cuh) computes a 64 x N fp32 tile D += A[64 x 16] . B[N x 16]^T
+// from two shared-memory descriptors. Accumulator fragment of thread (warp w of the
+// group, lane l): d[4j + {0,1}] at row 16w + l/4, columns 8j + 2(l%4) + {0,1}, and
+// d[4j + {2,3}] at row 16w + l/4 + 8, same columns (j < N/8).
+//
+// Operand tiles come from TMA with the 128-byte swizzle (tma.h), stored as rows of 128
+// bytes (64 16-bit elements):
+//   K-major (rows = M or N, 64 k per row): 8-row groups 1024 bytes apart (the stride
+//     byte offset); the k16 step s starts 32 s bytes into the rows.
+//   MN-major (rows = k, 64 M/N per row): 8-k-row groups 1024 bytes apart (stride byte
+//     offset), consecutive 64-wide M/N chunks `chunk_bytes` apart (leading byte offset);
+//     the k16 step s starts 2048 s bytes in.
+// Order: wgmma_fence() before the first wgmma of a batch (and whenever other code touched
+// the accumulators), wgmma_commit() after the batch, wgmma_wait<n>() until at most n
+// batches are in flight before reading the accumulators or releasing their operands.
+#pragma once
+
+#include <cstdint>
+
+#include "common/sm90/wgmma_ops.cuh"
+
+namespace llmk::detail::sm90 {
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride
+// byte offsets (each >> 4), layout type 1 in bits [62, 64).
+__device__ __forceinline__ uint64_t smem_descriptor(uint32_t smem_addr, uint32_t leading_bytes,
+                                                    uint32_t stride_bytes) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>((leading_bytes & 0x3FFFF) >> 4) << 16) |
+         (static_cast<uint64_t>((stride_bytes & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+
+// Descriptor of k16 step `s` of a swizzled tile at `smem_addr` (see above).
+template <bool kKMajor>
+__device__ __forceinline__ uint64_t tile_descriptor(uint32_t smem_addr, int s, uint32_t chunk_bytes) {
+  if constexpr (kKMajor) return smem_descriptor(smem_addr + 32u * s, 16, 1024);
+  else return smem_descriptor(smem_addr + 2048u * s, chunk_bytes, 1024);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Keeps the compiler from moving accumulator reads/writes across an async wgmma.
+template <int kN>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+}  // namespace llmk::detail::sm90

@@ -1,0 +1,173 @@
+// Launcher of the Hopper GEMM (kernel in gemm_sm90_kernel.cuh): builds the TMA maps,
+// sizes the persistent grid and picks the instantiation.
+//
+// Instantiations (the only list): {bf16, fp16} x {A K-major, B K-major} (forward),
+// {A K-major, B N-major} (input gradient), {A M-major, B N-major} (weight gradient); the
+// output has the inputs' dtype. Everything else takes the mma.sync kernel.
+#include <mutex>
+
+#include "common/cuda_check.h"
+#include "common/sm90/tma.h"
+#include "gemm/gemm.h"
+#include "gemm/gemm_sm90_kernel.cuh"
+#include "llmk/device_info.h"
+
+namespace llmk::detail {
+
+namespace {
+
+using sm90::GemmSm90Args;
+using sm90::GemmSm90Config;
+
+template <class T, bool kAKMajor, bool kBKMajor>
+const void* kernel_for() {
+  return reinterpret_cast<const void*>(sm90::gemm_sm90_kernel<T, kAKMajor, kBKMajor>);
+}
+
+// Calls f(kernel pointer) for the instantiation of (dtype, layouts); nullptr if none.
+template <class F>
+auto with_kernel(DType dtype, bool a_k_major, bool b_k_major, F&& f) {
+  auto pick = [&](auto tag) {
+    using T = device_type_t<decltype(tag)>;
+    if (a_k_major && b_k_major) return f(kernel_for<T, true, true>());
+    if (a_k_major && !b_k_major) return f(kernel_for<T, true, false>());
+    if (!a_k_major && !b_k_major) return f(kernel_for<T, false, false>());
+    return f(static_cast<const void*>(nullptr));
+  };
+  if (dtype == DType::bf16) return pick(DTypeTag<DType::bf16>{});
+  return pick(DTypeTag<DType::f16>{});
+}
+
+struct DeviceFacts {
+  bool hopper = false;
+  bool has_code = false;  // this build carries sm_90a code that loads on the device
+  int sms = 0;
+};
+
+DeviceFacts device_facts(int device) {
+  static std::mutex mutex;
+  static DeviceFacts cache[64];
+  static bool known[64] = {};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device < 0 || device >= 64) return {};
+  if (!known[device]) {
+    const DeviceInfo info = llmk::device_info(device);
+    DeviceFacts f;
+    f.hopper = info.available && info.cc_major == 9 && info.cc_minor == 0;
+    f.sms = info.sm_count;
+    if (f.hopper) {
+      cudaFuncAttributes attr{};
+      f.has_code = cudaFuncGetAttributes(&attr, kernel_for<__nv_bfloat16, true, true>()) == cudaSuccess &&
+                   attr.binaryVersion >= 90;
+      (void)cudaGetLastError();
+    }
+    cache[device] = f;
+    known[device] = true;
+  }
+  return cache[device];
+}
+
+// Clusters of the kernel's shape that run at once on the device (cached per kernel).
+int max_active_clusters(const void* kernel, cudaLaunchConfig_t config, int sms) {
+  static std::mutex mutex;
+  static const void* kernels[16] = {};
+  static int counts[16] = {};
+  std::lock_guard<std::mutex> lock(mutex);
+  for (int i = 0; i < 16 && kernels[i]; ++i)
+    if (kernels[i] == kernel) return counts[i];
+  config.gridDim = dim3(static_cast<unsigned>(sms / GemmSm90Config::kCluster * GemmSm90Config::kCluster));
+  int clusters = 0;
+  LLMK_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+  LLMK_CHECK(clusters > 0, "gemm: no cluster of the Hopper kernel fits on this device");
+  for (int i = 0; i < 16; ++i)
+    if (!kernels[i]) {
+      kernels[i] = kernel;
+      counts[i] = clusters;
+      break;
+    }
+  return clusters;
+}
+
+bool aligned16(const void* p, int64_t stride_elements) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (stride_elements * 2) % 16 == 0;
+}
+
+}  // namespace
+
+bool gemm_sm90_takes(const GemmParams& p, int device) {
+  if (p.m <= kGemmSmallM || p.k == 0 || p.out_dtype != p.in_dtype) return false;
+  // The contiguous dims of A and B whole 16-byte units (see the TMA store note below).
+  if ((p.a_k_major ? p.k : p.m) % 8 != 0 || (p.b_k_major ? p.k : p.n) % 8 != 0) return false;
+  if (p.a_k_major != true && p.b_k_major != false) return false;  // A M-major with B K-major: not built
+  if (p.activation == GemmActivation::silu_mul && !p.b_k_major) return false;
+  if (!aligned16(p.a, p.lda) || !aligned16(p.b, p.ldb)) return false;
+  if (p.m >= (int64_t{1} << 31) || p.n >= (int64_t{1} << 31) || p.k >= (int64_t{1} << 31)) return false;
+  const DeviceFacts f = device_facts(device);
+  return f.hopper && f.has_code;
+}
+
+void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
+  using C = GemmSm90Config;
+  constexpr const char* kOp = "gemm";
+  int device = 0;
+  LLMK_CUDA_CHECK(cudaGetDevice(&device));
+  const DeviceFacts facts = device_facts(device);
+
+  const bool silu = p.activation == GemmActivation::silu_mul;
+  GemmSm90Args args{};
+  args.p = p;
+  args.n_tile = silu ? C::kBlockN / 2 : C::kBlockN;
+  args.k_steps = (p.k + C::kBlockK - 1) / C::kBlockK;
+  // The raster walks cluster tiles: kCluster vertically adjacent 128 x n_tile tiles.
+  const int64_t tiles_m = (p.m + C::kBlockM - 1) / C::kBlockM;
+  args.raster = {(tiles_m + C::kCluster - 1) / C::kCluster, (p.n_out() + args.n_tile - 1) / args.n_tile,
+                 C::kRasterGroup};
+
+  // A: K-major [m, k] in boxes of 128 rows x 64 k; M-major: [k, m] in boxes of 64 k x 64 m.
+  const sm90::Tma2dShape a_shape =
+      p.a_k_major ? sm90::Tma2dShape{p.a, p.in_dtype, uint64_t(p.m), uint64_t(p.k), uint64_t(p.lda), C::kBlockM, 64}
+                  : sm90::Tma2dShape{p.a, p.in_dtype, uint64_t(p.k), uint64_t(p.m), uint64_t(p.lda), 64, 64};
+  // B (each block loads half a tile): K-major [n, k] in boxes of 128 rows x 64 k; N-major
+  // [k, n] in boxes of 64 k x 64 n.
+  const sm90::Tma2dShape b_shape =
+      p.b_k_major ? sm90::Tma2dShape{p.b, p.in_dtype, uint64_t(p.n), uint64_t(p.k), uint64_t(p.ldb), 128, 64}
+                  : sm90::Tma2dShape{p.b, p.in_dtype, uint64_t(p.k), uint64_t(p.n), uint64_t(p.ldb), 64, 64};
+  const CUtensorMap map_a = sm90::make_tma_2d(kOp, a_shape);
+  const CUtensorMap map_b = sm90::make_tma_2d(kOp, b_shape);
+  // out [m, n_out] in boxes of 64 x 64 when TMA can address its rows and they are whole
+  // 16-byte units (a TMA store writes the 16-byte unit that holds the last column whole,
+  // measured); else the kernel stores from registers (and map_out is not read).
+  args.tma_store = aligned16(p.out, p.ld_out) && p.n_out() % 8 == 0;
+  const CUtensorMap map_out =
+      args.tma_store ? sm90::make_tma_2d(kOp, {p.out, p.out_dtype, uint64_t(p.m), uint64_t(p.n_out()),
+                                               uint64_t(p.ld_out), 64, 64})
+                     : map_a;
+
+  with_kernel(p.in_dtype, p.a_k_major, p.b_k_major, [&](const void* kernel) {
+    LLMK_CHECK(kernel != nullptr, kOp, ": no Hopper kernel for this operand layout");
+    LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSharedBytes));
+    cudaLaunchConfig_t config{};
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = C::kCluster;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.blockDim = dim3(C::kThreads);
+    config.dynamicSmemBytes = C::kSharedBytes;
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    // As many clusters as fit at once (GPC boundaries can leave an SM out), at most one
+    // per cluster tile.
+    const int clusters = max_active_clusters(kernel, config, facts.sms);
+    const int64_t tiles = args.raster.tiles();
+    config.gridDim = dim3(static_cast<unsigned>(C::kCluster * (tiles < clusters ? tiles : clusters)));
+    void* params[] = {const_cast<CUtensorMap*>(&map_a), const_cast<CUtensorMap*>(&map_b),
+                      const_cast<CUtensorMap*>(&map_out), &args};
+    LLMK_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, params));
+    return 0;
+  });
+  LLMK_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace llmk::detail

@@ -1,0 +1,297 @@
+// The Hopper GEMM: out = epilogue(A . B^T), TMA + wgmma, warp-specialized and persistent.
+//
+// Block = 3 warpgroups, one per SM (3-stage ring 144 KB + output boxes 64 KB of shared
+// memory), in clusters of 2 blocks that take vertically adjacent tiles:
+//   warpgroup 0, the producer: one thread walks the block's tiles and, per 64-wide k
+//     step, waits for a stage that both blocks' consumers released, then loads A
+//     [128 x 64] by TMA and its half of B [256 x 64], multicast into both blocks
+//     (128-byte swizzle), the bytes completing on the stage's `full` barrier.
+//     It keeps 40 registers (setmaxnreg) and gives the rest to
+//   warpgroups 1 and 2, the consumers: each owns 64 rows of the 128 x 256 tile and
+//     issues four wgmma m64n256k16 per stage (128 fp32 accumulators per thread), keeps
+//     one stage's MMAs in flight while the next stage's are issued, releases a stage
+//     when the MMAs reading it are done, and at the end of a tile applies the epilogue
+//     (bias, activation, residual), writes its 64 x 256 (silu_mul: 64 x 128) piece to
+//     shared memory with stmatrix and stores it by TMA (store_tile.cuh), while the
+//     producer already fills the ring for the next tile.
+// Tiles run in the grouped raster order of tile_scheduler.h. K-major and MN-major
+// operands differ only in their TMA boxes and descriptors, so the layouts the backward
+// needs (B N-major for dX, A and B MN-major for dW) run the same loop.
+// silu_mul: the B tile is the 128 gate rows j..j+127 and the 128 up rows n/2 + j.., so a
+// thread holds each gate accumulator and its up partner (columns c and c + 128).
+//
+// Roofline (bf16, H100 SXM): 2MNK FLOPs at ~990 TFLOP/s dense peak (cuBLAS reaches
+// ~700-750 on this box); per 128 x 256 x 64 stage the tensor cores need 4.2 M FLOPs =
+// ~520 cycles at 8 K FLOPs/cycle/SM and the ring brings 48 KB, i.e. ~92 B/cycle/SM from
+// L2, within what L2 sustains when the raster keeps panels resident. Versions and their
+// numbers: docs/kernels/gemm.md.
+#pragma once
+
+#include <cuda.h>
+
+#include "common/sm90/mbarrier.cuh"
+#include "common/sm90/store_tile.cuh"
+#include "common/sm90/tile_scheduler.h"
+#include "common/sm90/tma.cuh"
+#include "common/sm90/warpgroup.cuh"
+#include "common/sm90/wgmma.cuh"
+#include "gemm/gemm_epilogue.cuh"
+
+namespace llmk::detail::sm90 {
+
+struct GemmSm90Config {
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 256;  // columns of A.B^T per tile (silu_mul: 128 gate + 128 up)
+  static constexpr int kBlockK = 64;   // one 128-byte swizzle row of 16-bit elements
+  static constexpr int kStages = 3;
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static constexpr uint32_t kStageBytesA = kBlockM * kBlockK * 2;
+  static constexpr uint32_t kStageBytesB = kBlockN * kBlockK * 2;
+  static constexpr uint32_t kStageBytes = kStageBytesA + kStageBytesB;
+  static constexpr int kRasterGroup = 8;  // in cluster tiles (2 x 128 rows)
+  // Two blocks of a cluster take vertically adjacent tiles (same B columns): each loads
+  // its A and half of B, multicast to both.
+  static constexpr int kCluster = 2;
+  // Each consumer's 64 x 256 output block as four 64 x 64 TMA-store boxes.
+  static constexpr uint32_t kOutBytes = 64 * kBlockN * 2;
+  // Ring + output buffers + barriers + slack to align the ring to 1024 bytes.
+  static constexpr int kSharedBytes = kStages * kStageBytes + kConsumers * kOutBytes + 2 * kStages * 8 + 1024;
+};
+
+struct GemmSm90Args {
+  GemmParams p;
+  bool tma_store;  // out rows TMA-addressable: store through map_out
+  GroupedRaster raster;
+  int64_t k_steps;
+  int64_t n_tile;  // output columns per tile: 256, or 128 for silu_mul
+};
+
+// The producer's loads of k step `kt` of tile (m0, n0) into stage memory `a`, `b`: A
+// alone, and this block's half of B (rank r: B rows 128r.. of the tile, silu_mul: the gate
+// rows for rank 0 and the up rows for rank 1) multicast to both blocks of the cluster.
+template <bool kAKMajor, bool kBKMajor>
+__device__ __forceinline__ void gemm_sm90_load_stage(const CUtensorMap* map_a, const CUtensorMap* map_b,
+                                                     uint8_t* a, uint8_t* b, uint64_t* full,
+                                                     const GemmSm90Args& args, int64_t m0, int64_t n0,
+                                                     int64_t kt, uint32_t rank) {
+  using C = GemmSm90Config;
+  constexpr uint16_t kAll = (1u << C::kCluster) - 1;
+  const int32_t k0 = static_cast<int32_t>(kt * C::kBlockK);
+  mbarrier_arrive_expect_tx(full, C::kStageBytes);
+  if constexpr (kAKMajor) {
+    tma_load_2d(a, map_a, full, static_cast<int32_t>(m0), k0);
+  } else {
+#pragma unroll
+    for (int c = 0; c < C::kBlockM / 64; ++c)
+      tma_load_2d(a + c * 64 * C::kBlockK * 2, map_a, full, k0, static_cast<int32_t>(m0 + 64 * c));
+  }
+  // B in two halves of 128 rows (K-major) or columns (N-major), half h loaded by rank
+  // h % kCluster; silu_mul: the gate rows, then the up rows.
+  const bool silu = args.p.activation == GemmActivation::silu_mul;
+#pragma unroll
+  for (int h = static_cast<int>(rank); h < 2; h += C::kCluster) {
+    const int64_t first = silu ? (h == 0 ? n0 : args.p.n / 2 + n0) : n0 + 128 * h;
+    uint8_t* half = b + h * 128 * C::kBlockK * 2;
+    auto load = [&](uint8_t* dst, int32_t row, int32_t col) {
+      if constexpr (C::kCluster == 1) tma_load_2d(dst, map_b, full, row, col);
+      else tma_load_2d_multicast(dst, map_b, full, row, col, kAll);
+    };
+    if constexpr (kBKMajor) {
+      load(half, static_cast<int32_t>(first), k0);
+    } else {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) load(half + c * 64 * C::kBlockK * 2, k0, static_cast<int32_t>(first + 64 * c));
+    }
+  }
+}
+
+// The epilogue math in place: d becomes act(d + bias) + residual, in the accumulator
+// layout (d[4j + 2h + e] at row row0 + 8h, column col0 + 8j + 2(lane%4) + e). silu_mul
+// leaves its 64 x 128 result in d[0, 64) (gate j with up j + 16, columns 8j..).
+template <class TOut, GemmActivation Act>
+__device__ __forceinline__ void gemm_sm90_finish(const GemmParams& p, float (&d)[128], int64_t row0, int64_t col0) {
+  const int64_t n_out = p.n_out();
+  constexpr int kPairs = Act == GemmActivation::silu_mul ? 16 : 32;
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int64_t col = col0 + 8 * j + 2 * (threadIdx.x % 4);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool in = col + e < n_out;
+      float bias = 0.f, bias_up = 0.f;
+      if (p.bias && in) {
+        bias = gemm_bias_at<TOut>(p, col + e);
+        if constexpr (Act == GemmActivation::silu_mul) bias_up = gemm_bias_at<TOut>(p, n_out + col + e);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = 4 * j + 2 * h + e;
+        float v;
+        if constexpr (Act == GemmActivation::silu_mul) v = gemm_silu_mul(d[i] + bias, d[i + 64] + bias_up);
+        else v = gemm_activate<Act>(d[i] + bias);
+        const int64_t row = row0 + 8 * h;
+        if (p.residual && in && row < p.m) v += gemm_residual_at<TOut>(p, row, col + e);
+        d[i] = v;
+      }
+    }
+  }
+}
+
+template <class TOut>
+__device__ __forceinline__ void gemm_sm90_finish_dispatch(const GemmParams& p, float (&d)[128], int64_t row0,
+                                                          int64_t col0) {
+  switch (p.activation) {
+    case GemmActivation::none: return gemm_sm90_finish<TOut, GemmActivation::none>(p, d, row0, col0);
+    case GemmActivation::silu_mul: return gemm_sm90_finish<TOut, GemmActivation::silu_mul>(p, d, row0, col0);
+    case GemmActivation::gelu: return gemm_sm90_finish<TOut, GemmActivation::gelu>(p, d, row0, col0);
+    case GemmActivation::gelu_tanh: return gemm_sm90_finish<TOut, GemmActivation::gelu_tanh>(p, d, row0, col0);
+  }
+}
+
+// Stores the finished values straight from registers (outputs whose rows TMA cannot
+// address: a row stride or pointer not 16-byte aligned).
+template <class TOut>
+__device__ __forceinline__ void gemm_sm90_store_direct(const GemmParams& p, const float (&d)[128], int64_t row0,
+                                                       int64_t col0, int pairs) {
+  const int64_t n_out = p.n_out();
+  const bool vector_ok = p.ld_out % 2 == 0 && reinterpret_cast<uintptr_t>(p.out) % (2 * sizeof(TOut)) == 0;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const int64_t col = col0 + 8 * j + 2 * (threadIdx.x % 4);
+    if (j >= pairs) break;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row0 + 8 * h;
+      if (row >= p.m || col >= n_out) continue;
+      TOut* out = static_cast<TOut*>(p.out) + row * p.ld_out + col;
+      const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+      if (vector_ok && col + 1 < n_out) {
+        TOut pair[2] = {from_float<TOut>(v0), from_float<TOut>(v1)};
+        *reinterpret_cast<uint32_t*>(out) = *reinterpret_cast<const uint32_t*>(pair);
+      } else {
+        out[0] = from_float<TOut>(v0);
+        if (col + 1 < n_out) out[1] = from_float<TOut>(v1);
+      }
+    }
+  }
+}
+
+// T: the input and output element type (__half or __nv_bfloat16).
+template <class T, bool kAKMajor, bool kBKMajor>
+__global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                     const __grid_constant__ CUtensorMap map_out, const GemmSm90Args args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = GemmSm90Config;
+  extern __shared__ uint8_t shared_raw[];
+  uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* out_boxes = ring + C::kStages * C::kStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(out_boxes + C::kConsumers * C::kOutBytes);
+  uint64_t* empty = full + C::kStages;
+  auto stage_a = [&](int s) { return ring + s * C::kStageBytes; };
+  auto stage_b = [&](int s) { return ring + s * C::kStageBytes + C::kStageBytesA; };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < C::kStages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], C::kConsumers * C::kCluster);
+    }
+    mbarrier_init_fence();
+  }
+  // The peer block multicasts into this block's ring: its barriers must exist first.
+  cluster_sync();
+  const uint32_t rank = cluster_rank();
+  const int64_t first_tile = blockIdx.x / C::kCluster, tile_step = gridDim.x / C::kCluster;
+
+  const int wg = warpgroup_index();
+  if (wg == 0) {
+    warpgroup_release_registers<C::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_map(&map_a);
+      tma_prefetch_map(&map_b);
+      RingState<C::kStages> ring_state;
+      for (int64_t t = first_tile; t < args.raster.tiles(); t += tile_step) {
+        const TileCoord tile = args.raster.at(t);
+        const int64_t m0 = (tile.row * C::kCluster + rank) * C::kBlockM, n0 = tile.col * args.n_tile;
+        for (int64_t kt = 0; kt < args.k_steps; ++kt) {
+          mbarrier_wait(&empty[ring_state.stage], ring_state.phase ^ 1u);
+          gemm_sm90_load_stage<kAKMajor, kBKMajor>(&map_a, &map_b, stage_a(ring_state.stage),
+                                                   stage_b(ring_state.stage), &full[ring_state.stage], args, m0,
+                                                   n0, kt, rank);
+          ring_state.advance();
+        }
+      }
+    }
+  } else {
+    warpgroup_claim_registers<C::kConsumerRegs>();
+    const int consumer = wg - 1;
+    const bool leader = threadIdx.x % kWarpgroupThreads == 0;
+    const int64_t n_out = args.p.n_out();
+    const int out_cols = args.p.activation == GemmActivation::silu_mul ? C::kBlockN / 2 : C::kBlockN;
+    uint8_t* my_out = out_boxes + consumer * C::kOutBytes;
+    float d[128];
+    RingState<C::kStages> ring_state;
+    // A stage is released to both blocks' producers (both multicast into it).
+    auto release = [&](int s) {
+      if (!leader) return;
+      for (uint32_t r = 0; r < C::kCluster; ++r) mbarrier_arrive_cluster(&empty[s], r);
+    };
+    for (int64_t t = first_tile; t < args.raster.tiles(); t += tile_step) {
+      const TileCoord tile = args.raster.at(t);
+      int previous = -1;
+      for (int64_t kt = 0; kt < args.k_steps; ++kt) {
+        const int s = ring_state.stage;
+        mbarrier_wait(&full[s], ring_state.phase);
+        const uint32_t a_addr = static_cast<uint32_t>(__cvta_generic_to_shared(stage_a(s))) +
+                                consumer * 64 * C::kBlockK * 2;
+        const uint32_t b_addr = static_cast<uint32_t>(__cvta_generic_to_shared(stage_b(s)));
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < C::kBlockK / 16; ++ks) {
+          wgmma_m64n256k16<kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(
+              WgmmaTag<T>{}, d, tile_descriptor<kAKMajor>(a_addr, ks, 64 * C::kBlockK * 2),
+              tile_descriptor<kBKMajor>(b_addr, ks, 64 * C::kBlockK * 2), kt > 0 || ks > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (previous >= 0) release(previous);
+        previous = s;
+        ring_state.advance();
+      }
+      wgmma_wait<0>();
+      wgmma_fence_operands(d);
+      if (previous >= 0) release(previous);
+
+      const int64_t row0 = (tile.row * C::kCluster + rank) * C::kBlockM + consumer * 64;
+      const int64_t col0 = tile.col * args.n_tile;
+      const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+      gemm_sm90_finish_dispatch<T>(args.p, d, row0 + 16 * warp + lane / 4, col0);
+      if (args.tma_store) {
+        // The previous tile's stores must have read the buffer before it is rewritten.
+        if (leader) tma_store_wait_read();
+        named_barrier_sync(1 + consumer, kWarpgroupThreads);
+        const uint32_t boxes = static_cast<uint32_t>(__cvta_generic_to_shared(my_out));
+        if (out_cols == C::kBlockN) store_accumulators_swizzled<T, C::kBlockN>(boxes, d);
+        else store_accumulators_swizzled<T, C::kBlockN / 2>(boxes, d);
+        fence_async_shared();
+        named_barrier_sync(1 + consumer, kWarpgroupThreads);
+        if (leader && row0 < args.p.m) {
+          for (int b = 0; b < out_cols / 64 && col0 + 64 * b < n_out; ++b)
+            tma_store_2d(&map_out, my_out + b * 8192, static_cast<int32_t>(row0), static_cast<int32_t>(col0 + 64 * b));
+          tma_store_commit();
+        }
+      } else {
+        gemm_sm90_store_direct<T>(args.p, d, row0 + 16 * warp + lane / 4, col0, out_cols / 8);
+      }
+    }
+    if (leader) tma_store_wait_read();
+  }
+  // The peer may still arrive on this block's barriers: both leave together.
+  cluster_sync();
+#endif
+}
+
+}  // namespace llmk::detail::sm90
