@@ -56,7 +56,8 @@ if [ $run_tests -eq 1 ]; then
            "layernorm_backward_test LayerNormBackwardGpu.ManyRows*" \
            "gated_activation_test GatedActivationGpu.TwoTensor*" "softmax_test SoftmaxGpu.Scales*" \
            "rope_test RopeGpu.*" "adamw_test AdamWGpu.*" "rmsnorm_swiglu_test RMSNormSwigluGpu.*" \
-           "bias_gelu_test BiasGeluGpu.*" "attention_test AttentionGpu.GqaMqa*" "attention_test AttentionVarlen.*"; do
+           "bias_gelu_test BiasGeluGpu.*" "attention_test AttentionGpu.GqaMqa*" "attention_test AttentionVarlen.*" \
+           "gemm_test GemmGpu.Epilogues*" "gemm_test GemmGpu.BatchedAndZeroK*" "rmsnorm_linear_test *Gpu*"; do
     set -- $t
     compute-sanitizer --tool memcheck --error-exitcode 3 $BUILD/tests/cpp/$1 --gtest_filter="$2" >> "$OUT/sanitizer.log" 2>&1
     rc=$?
@@ -67,7 +68,8 @@ if [ $run_tests -eq 1 ]; then
     cmake --build $BUILD/example > /dev/null
   note "installed-package example: $($BUILD/example/rmsnorm_example 2>&1)"
   for t in "rmsnorm_backward_test RMSNormBackwardGpu.ManyRows*" "softmax_test SoftmaxGpu.Scales*" \
-           "rmsnorm_swiglu_test RMSNormSwigluGpu.*" "attention_test AttentionVarlen.*"; do
+           "rmsnorm_swiglu_test RMSNormSwigluGpu.*" "attention_test AttentionVarlen.*" \
+           "gemm_test GemmGpu.Epilogues*"; do
     set -- $t
     compute-sanitizer --tool racecheck --error-exitcode 3 $BUILD/tests/cpp/$1 --gtest_filter="$2" \
       >> "$OUT/sanitizer.log" 2>&1

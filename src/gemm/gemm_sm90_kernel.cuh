@@ -1,6 +1,6 @@
 // The Hopper GEMM: out = epilogue(A . B^T), TMA + wgmma, warp-specialized and persistent.
 //
-// Block = 3 warpgroups, one per SM (3-stage ring 144 KB + output boxes 64 KB of shared
+// Block = 3 warpgroups, one per SM (4-stage ring 192 KB + output boxes 32 KB of shared
 // memory), in clusters of 2 blocks that take vertically adjacent tiles:
 //   warpgroup 0, the producer: one thread walks the block's tiles and, per 64-wide k
 //     step, waits for a stage that both blocks' consumers released, then loads A
@@ -43,7 +43,7 @@ struct GemmSm90Config {
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 256;  // columns of A.B^T per tile (silu_mul: 128 gate + 128 up)
   static constexpr int kBlockK = 64;   // one 128-byte swizzle row of 16-bit elements
-  static constexpr int kStages = 3;
+  static constexpr int kStages = 4;
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   static constexpr int kProducerRegs = 40;
@@ -55,8 +55,9 @@ struct GemmSm90Config {
   // Two blocks of a cluster take vertically adjacent tiles (same B columns): each loads
   // its A and half of B, multicast to both.
   static constexpr int kCluster = 2;
-  // Each consumer's 64 x 256 output block as four 64 x 64 TMA-store boxes.
-  static constexpr uint32_t kOutBytes = 64 * kBlockN * 2;
+  // Each consumer's output block goes out in 64 x 128 halves, two 64 x 64 TMA-store
+  // boxes each (a 64 x 256 buffer would leave room for 3 stages only).
+  static constexpr uint32_t kOutBytes = 64 * 128 * 2;
   // Ring + output buffers + barriers + slack to align the ring to 1024 bytes.
   static constexpr int kSharedBytes = kStages * kStageBytes + kConsumers * kOutBytes + 2 * kStages * 8 + 1024;
 };
@@ -270,18 +271,21 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
       const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
       gemm_sm90_finish_dispatch<T>(args.p, d, row0 + 16 * warp + lane / 4, col0);
       if (args.tma_store) {
-        // The previous tile's stores must have read the buffer before it is rewritten.
-        if (leader) tma_store_wait_read();
-        named_barrier_sync(1 + consumer, kWarpgroupThreads);
-        const uint32_t boxes = static_cast<uint32_t>(__cvta_generic_to_shared(my_out));
-        if (out_cols == C::kBlockN) store_accumulators_swizzled<T, C::kBlockN>(boxes, d);
-        else store_accumulators_swizzled<T, C::kBlockN / 2>(boxes, d);
-        fence_async_shared();
-        named_barrier_sync(1 + consumer, kWarpgroupThreads);
-        if (leader && row0 < args.p.m) {
-          for (int b = 0; b < out_cols / 64 && col0 + 64 * b < n_out; ++b)
-            tma_store_2d(&map_out, my_out + b * 8192, static_cast<int32_t>(row0), static_cast<int32_t>(col0 + 64 * b));
-          tma_store_commit();
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (h * 128 >= out_cols) break;
+          // The previous stores must have read the buffer before it is rewritten.
+          if (leader) tma_store_wait_read();
+          named_barrier_sync(1 + consumer, kWarpgroupThreads);
+          store_accumulators_swizzled<T, 128>(static_cast<uint32_t>(__cvta_generic_to_shared(my_out)), d + 64 * h);
+          fence_async_shared();
+          named_barrier_sync(1 + consumer, kWarpgroupThreads);
+          const int64_t col = col0 + 128 * h;
+          if (leader && row0 < args.p.m) {
+            for (int b = 0; b < 2 && col + 64 * b < n_out; ++b)
+              tma_store_2d(&map_out, my_out + b * 8192, static_cast<int32_t>(row0), static_cast<int32_t>(col + 64 * b));
+            tma_store_commit();
+          }
         }
       } else {
         gemm_sm90_store_direct<T>(args.p, d, row0 + 16 * warp + lane / 4, col0, out_cols / 8);
