@@ -6,7 +6,8 @@
 //   bytes = N*K*2 (weight) + M*K*2 (x) + M*N_out*sizeof(out), FLOPs = 2*M*N*K.
 //   At M = 64 that is 64 FLOP per weight element (32 FLOP/byte): 96 TFLOP/s at 3 TB/s,
 //   above the fp32 FFMA rate (~60 TFLOP/s) but ~15% of the mma.sync tensor rate, so the
-//   multiply runs on tensor cores and the kernel stays bound by the weight stream:
+//   multiply runs on tensor cores and the kernel stays bound by the weight stream
+//   (x is read from L2: M*K*2 per CTA, M/R of the weight bytes for R rows per CTA):
 //   (4096, 4096) 33.5 MB -> 11.2 us at 3.0 TB/s; (28672, 4096) 235 MB -> 78 us;
 //   (37888, 3584) 272 MB -> 91 us (the x and out bytes are < 2% at M = 64).
 //
@@ -21,26 +22,30 @@
 // ldmatrix for the weight; every weight byte is loaded once with ld.global.nc
 // .L1::no_allocate (streamed past L1) in coalesced 64-byte row segments.
 //   * A warp owns 32 weight rows (two m16 tiles, so each x fragment read from shared memory
-//     feeds 2 mma) and keeps kUnroll = 4 chunks of 32 k in flight in a rolling register ring:
-//     chunk q is consumed and its registers immediately refilled with chunk q + 4, so 8 KB
-//     per warp are always in flight (64 registers). Little's law: ~3 TB/s x ~1-1.5 us of
-//     loaded latency = 3-4.5 MB in flight over the GPU, ~25-35 KB per SM; 8-16 warps per SM
-//     give 64-128 KB.
+//     feeds 2 mma) and keeps U chunks of 32 k in flight in a register ring (U = 4, 8 KB per
+//     warp, for NT <= 4; U = 2, 4 KB, for NT = 8, whose 64 accumulators leave no room):
+//     the loads of the next U chunks are issued as soon as the current ones are consumed.
+//     Little's law: ~3 TB/s x ~1-1.3 us loaded latency = 3-4 MB in flight over the GPU, which
+//     the launcher's grid provides (>= 4 MB where it can: e.g. 120 CTAs x 9 warps x 4 KB).
 //   * x is small and re-read by every CTA, so each CTA stages x[M, k-tile] in shared memory
-//     (cp.async, kStages-deep ring, one barrier per k-tile) and its warps read the fragments
-//     with conflict-free LDS.128 (row pitch = 64 mod 128 bytes). x's L2 traffic is M/R of the
-//     weight bytes for R weight rows per CTA: the launcher keeps R large (32 * warps-along-
-//     rows, up to 512) and splits K instead of N when N is small.
+//     (cp.async, kSmallMStages-deep ring, one barrier per k tile), chunk-major ([chunk]
+//     [token][32 k]): a lane's fragment is at a compile-time offset and a quarter warp's
+//     LDS.128 covers 128 contiguous bytes (no bank conflicts). x's L2 traffic is M/R of the
+//     weight bytes for R weight rows per CTA: the launcher keeps R >= 192 at M > 16 and
+//     splits K instead of N when N is small.
 //   * Split-K, deterministic and without workspace: (a) within the CTA, wk groups of warps
-//     take different k ranges of each tile; (b) on sm_90 across the CTAs of a thread-block
+//     take different k ranges of each tile; (b) on sm_90, across the CTAs of a thread-block
 //     cluster (up to 8 along K, gridDim.x): each CTA writes its fp32 partial tile to its
 //     shared memory, the cluster barrier publishes it, and each CTA reduces a 1/C slice of
 //     the rows over all partials (distributed shared memory, fixed order) and runs the
-//     epilogue. sm_80 builds launch without clusters (C = 1).
-//   * The launcher (gemm_small_m.cu) picks warps along rows/K, the cluster size and the
-//     k-tile from a small cost model so that the grid is one wave of equal CTAs (R and C
-//     chosen so that rows/R * C is close to the resident CTA count) with enough bytes in
-//     flight; see pick_small_m_config there.
+//     epilogue. sm_80 code has no cluster path; the launcher then uses C = 1.
+//   * Launch shape (gemm_small_m.cu, pick_small_m_config): the smallest C, then the largest
+//     R, giving one wave that covers >= 85% of the SMs with >= 4 MB in flight.
+//   * Measured on the H100 (bf16, back-to-back launches, rotated weights; see the report of
+//     this kernel's first version): M = 1 and 16 reach 2.7-2.87 TB/s on the large shapes
+//     ((28672, 4096), (37888, 3584)), 2.4-2.6 TB/s at K >= 14336, ~1.8-2.2 TB/s on the 33-50 MB
+//     shapes, where ~6 us of launch, ramp and reduction are a third of the time; M = 64 is
+//     at 1.3-2.1 TB/s (4 KB in flight per warp and the mma/LDS work per byte).
 //   * Epilogue (gemm_epilogue.cuh): bias, activation (silu_mul pairs gate row j with up row
 //     j + n/2: a CTA's rows are R/2 gate rows and the R/2 matching up rows, so both sums meet
 //     in its reduction buffer), residual (may alias out: each element is read and written by
@@ -355,10 +360,10 @@ __global__ void __launch_bounds__(kSmallMMaxThreads<NT, kNorm>) gemm_small_m_ker
       if (lane == 0) norm_partial[i] = ss;
     }
     small_m::cluster_or_block_sync(cluster);
-    if (static_cast<int>(threadIdx.x) < m_chunk) {
+    for (int i = static_cast<int>(threadIdx.x); i < m_chunk; i += nthreads) {  // (a CTA may have 32 threads)
       float total = 0.0f;
-      for (int c = 0; c < cluster; ++c) total += small_m::cluster_peer(norm_partial, c, cluster)[threadIdx.x];
-      norm_rstd[threadIdx.x] = rsqrtf(total / static_cast<float>(k) + a.eps);
+      for (int c = 0; c < cluster; ++c) total += small_m::cluster_peer(norm_partial, c, cluster)[i];
+      norm_rstd[i] = rsqrtf(total / static_cast<float>(k) + a.eps);
     }
     // (the barrier of the first tile publishes norm_rstd)
   }
