@@ -142,6 +142,13 @@ void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
       args.tma_store ? sm90::make_tma_2d(kOp, {p.out, p.out_dtype, uint64_t(p.m), uint64_t(p.n_out()),
                                                uint64_t(p.ld_out), 64, 64})
                      : map_a;
+  // The residual (out's shape) read by TMA into the output box before the store, when its
+  // rows qualify as out's do.
+  args.tma_residual = args.tma_store && p.residual != nullptr && aligned16(p.residual, p.ld_residual);
+  const CUtensorMap map_residual =
+      args.tma_residual ? sm90::make_tma_2d(kOp, {p.residual, p.out_dtype, uint64_t(p.m), uint64_t(p.n_out()),
+                                                  uint64_t(p.ld_residual), 64, 64})
+                        : map_a;
 
   with_kernel(p.in_dtype, p.a_k_major, p.b_k_major, [&](const void* kernel) {
     LLMK_CHECK(kernel != nullptr, kOp, ": no Hopper kernel for this operand layout");
@@ -163,7 +170,7 @@ void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
     const int64_t tiles = args.raster.tiles();
     config.gridDim = dim3(static_cast<unsigned>(C::kCluster * (tiles < clusters ? tiles : clusters)));
     void* params[] = {const_cast<CUtensorMap*>(&map_a), const_cast<CUtensorMap*>(&map_b),
-                      const_cast<CUtensorMap*>(&map_out), &args};
+                      const_cast<CUtensorMap*>(&map_out), const_cast<CUtensorMap*>(&map_residual), &args};
     LLMK_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, params));
     return 0;
   });

@@ -59,12 +59,14 @@ struct GemmSm90Config {
   // boxes each (a 64 x 256 buffer would leave room for 3 stages only).
   static constexpr uint32_t kOutBytes = 64 * 128 * 2;
   // Ring + output buffers + barriers + slack to align the ring to 1024 bytes.
-  static constexpr int kSharedBytes = kStages * kStageBytes + kConsumers * kOutBytes + 2 * kStages * 8 + 1024;
+  static constexpr int kSharedBytes =
+      kStages * kStageBytes + kConsumers * kOutBytes + (2 * kStages + kConsumers) * 8 + 1024;
 };
 
 struct GemmSm90Args {
   GemmParams p;
-  bool tma_store;  // out rows TMA-addressable: store through map_out
+  bool tma_store;     // out rows TMA-addressable: store through map_out
+  bool tma_residual;  // tma_store and the residual's rows too: load it through map_residual
   GroupedRaster raster;
   int64_t k_steps;
   int64_t n_tile;  // output columns per tile: 256, or 128 for silu_mul
@@ -109,32 +111,40 @@ __device__ __forceinline__ void gemm_sm90_load_stage(const CUtensorMap* map_a, c
   }
 }
 
-// The epilogue math in place: d becomes act(d + bias) + residual, in the accumulator
-// layout (d[4j + 2h + e] at row row0 + 8h, column col0 + 8j + 2(lane%4) + e). silu_mul
-// leaves its 64 x 128 result in d[0, 64) (gate j with up j + 16, columns 8j..).
+// The epilogue math in place: d becomes act(d + bias) (+ residual from global memory when
+// `residual`; the TMA path adds it from shared memory instead), in the accumulator layout
+// (d[4j + 2h + e] at row row0 + 8h, column col0 + 8j + 2(lane%4) + e). silu_mul leaves its
+// 64 x 128 result in d[0, 64) (gate j with up j + 16, columns 8j..).
 template <class TOut, GemmActivation Act>
-__device__ __forceinline__ void gemm_sm90_finish(const GemmParams& p, float (&d)[128], int64_t row0, int64_t col0) {
+__device__ __forceinline__ void gemm_sm90_finish(const GemmParams& p, float (&d)[128], int64_t row0, int64_t col0,
+                                                 bool residual) {
   const int64_t n_out = p.n_out();
   constexpr int kPairs = Act == GemmActivation::silu_mul ? 16 : 32;
+  const TOut* bias = static_cast<const TOut*>(p.bias);
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
     const int64_t col = col0 + 8 * j + 2 * (threadIdx.x % 4);
+    // The bias pair of this column (and its up partner), loaded once for both rows.
+    float bg[2] = {0.f, 0.f}, bu[2] = {0.f, 0.f};
+    if (bias) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (col + e < n_out) {
+          bg[e] = to_float(bias[col + e]);
+          if constexpr (Act == GemmActivation::silu_mul) bu[e] = to_float(bias[n_out + col + e]);
+        }
+      }
+    }
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const bool in = col + e < n_out;
-      float bias = 0.f, bias_up = 0.f;
-      if (p.bias && in) {
-        bias = gemm_bias_at<TOut>(p, col + e);
-        if constexpr (Act == GemmActivation::silu_mul) bias_up = gemm_bias_at<TOut>(p, n_out + col + e);
-      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int i = 4 * j + 2 * h + e;
         float v;
-        if constexpr (Act == GemmActivation::silu_mul) v = gemm_silu_mul(d[i] + bias, d[i + 64] + bias_up);
-        else v = gemm_activate<Act>(d[i] + bias);
+        if constexpr (Act == GemmActivation::silu_mul) v = gemm_silu_mul(d[i] + bg[e], d[i + 64] + bu[e]);
+        else v = gemm_activate<Act>(d[i] + bg[e]);
         const int64_t row = row0 + 8 * h;
-        if (p.residual && in && row < p.m) v += gemm_residual_at<TOut>(p, row, col + e);
+        if (residual && col + e < n_out && row < p.m) v += gemm_residual_at<TOut>(p, row, col + e);
         d[i] = v;
       }
     }
@@ -143,12 +153,14 @@ __device__ __forceinline__ void gemm_sm90_finish(const GemmParams& p, float (&d)
 
 template <class TOut>
 __device__ __forceinline__ void gemm_sm90_finish_dispatch(const GemmParams& p, float (&d)[128], int64_t row0,
-                                                          int64_t col0) {
+                                                          int64_t col0, bool residual) {
   switch (p.activation) {
-    case GemmActivation::none: return gemm_sm90_finish<TOut, GemmActivation::none>(p, d, row0, col0);
-    case GemmActivation::silu_mul: return gemm_sm90_finish<TOut, GemmActivation::silu_mul>(p, d, row0, col0);
-    case GemmActivation::gelu: return gemm_sm90_finish<TOut, GemmActivation::gelu>(p, d, row0, col0);
-    case GemmActivation::gelu_tanh: return gemm_sm90_finish<TOut, GemmActivation::gelu_tanh>(p, d, row0, col0);
+    case GemmActivation::none: return gemm_sm90_finish<TOut, GemmActivation::none>(p, d, row0, col0, residual);
+    case GemmActivation::silu_mul:
+      return gemm_sm90_finish<TOut, GemmActivation::silu_mul>(p, d, row0, col0, residual);
+    case GemmActivation::gelu: return gemm_sm90_finish<TOut, GemmActivation::gelu>(p, d, row0, col0, residual);
+    case GemmActivation::gelu_tanh:
+      return gemm_sm90_finish<TOut, GemmActivation::gelu_tanh>(p, d, row0, col0, residual);
   }
 }
 
@@ -184,7 +196,8 @@ __device__ __forceinline__ void gemm_sm90_store_direct(const GemmParams& p, cons
 template <class T, bool kAKMajor, bool kBKMajor>
 __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                     const __grid_constant__ CUtensorMap map_out, const GemmSm90Args args) {
+                     const __grid_constant__ CUtensorMap map_out, const __grid_constant__ CUtensorMap map_residual,
+                     const GemmSm90Args args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = GemmSm90Config;
   extern __shared__ uint8_t shared_raw[];
@@ -192,6 +205,7 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
   uint8_t* out_boxes = ring + C::kStages * C::kStageBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(out_boxes + C::kConsumers * C::kOutBytes);
   uint64_t* empty = full + C::kStages;
+  uint64_t* residual_loaded = empty + C::kStages;  // one per consumer
   auto stage_a = [&](int s) { return ring + s * C::kStageBytes; };
   auto stage_b = [&](int s) { return ring + s * C::kStageBytes + C::kStageBytesA; };
 
@@ -200,6 +214,7 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
       mbarrier_init(&full[s], 1);
       mbarrier_init(&empty[s], C::kConsumers * C::kCluster);
     }
+    for (int c = 0; c < C::kConsumers; ++c) mbarrier_init(&residual_loaded[c], 1);
     mbarrier_init_fence();
   }
   // The peer block multicasts into this block's ring: its barriers must exist first.
@@ -233,6 +248,7 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
     const int64_t n_out = args.p.n_out();
     const int out_cols = args.p.activation == GemmActivation::silu_mul ? C::kBlockN / 2 : C::kBlockN;
     uint8_t* my_out = out_boxes + consumer * C::kOutBytes;
+    uint32_t residual_phase = 0;
     float d[128];
     RingState<C::kStages> ring_state;
     // A stage is released to both blocks' producers (both multicast into it).
@@ -269,7 +285,8 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
       const int64_t row0 = (tile.row * C::kCluster + rank) * C::kBlockM + consumer * 64;
       const int64_t col0 = tile.col * args.n_tile;
       const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
-      gemm_sm90_finish_dispatch<T>(args.p, d, row0 + 16 * warp + lane / 4, col0);
+      gemm_sm90_finish_dispatch<T>(args.p, d, row0 + 16 * warp + lane / 4, col0,
+                                   args.p.residual != nullptr && !args.tma_residual);
       if (args.tma_store) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -277,7 +294,20 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
           // The previous stores must have read the buffer before it is rewritten.
           if (leader) tma_store_wait_read();
           named_barrier_sync(1 + consumer, kWarpgroupThreads);
-          store_accumulators_swizzled<T, 128>(static_cast<uint32_t>(__cvta_generic_to_shared(my_out)), d + 64 * h);
+          const uint32_t boxes = static_cast<uint32_t>(__cvta_generic_to_shared(my_out));
+          if (args.tma_residual) {
+            // The residual's 64 x 128 half into the box (coalesced, by TMA), added from there.
+            if (leader) {
+              mbarrier_arrive_expect_tx(&residual_loaded[consumer], C::kOutBytes);
+              for (int b = 0; b < 2; ++b)
+                tma_load_2d(my_out + b * 8192, &map_residual, &residual_loaded[consumer], static_cast<int32_t>(row0),
+                            static_cast<int32_t>(col0 + 128 * h + 64 * b));
+            }
+            mbarrier_wait(&residual_loaded[consumer], residual_phase);
+            residual_phase ^= 1u;
+            add_swizzled<T, 128>(boxes, d + 64 * h);
+          }
+          store_accumulators_swizzled<T, 128>(boxes, d + 64 * h);
           fence_async_shared();
           named_barrier_sync(1 + consumer, kWarpgroupThreads);
           const int64_t col = col0 + 128 * h;

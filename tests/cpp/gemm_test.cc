@@ -585,7 +585,8 @@ bool run_gpu(const Problem& pr, const char* path, Matrix& result, std::string* w
   return true;
 }
 
-bool small_m_applies(const Case& c) { return c.m <= detail::kGemmSmallM && !c.b_t && c.k > 0; }
+// small_m's contract: M <= 64, K-major b, k > 0 a whole number of 16-byte vectors.
+bool small_m_applies(const Case& c) { return c.m <= detail::kGemmSmallM && !c.b_t && c.k > 0 && c.k % 8 == 0; }
 bool sm90_applies(const Case& c) {
   const DeviceInfo info = device_info(0);
   // The Hopper kernel writes its inputs' dtype (other out dtypes take the mma.sync kernel).

@@ -2,6 +2,8 @@
 // scheduler's raster order (host code) and TMA map creation (needs a CUDA driver).
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
 #include <set>
 #include <utility>
 
@@ -48,7 +50,9 @@ TEST(GroupedRaster, GroupsRowsColumnByColumn) {
 
 TEST(Tma2d, EncodesAndRejectsWithTheOpName) {
   LLMK_REQUIRE_GPU();
-  alignas(16) static uint16_t data[64 * 64];
+  // The driver encodes maps for the current context: device memory creates it.
+  void* data = nullptr;
+  ASSERT_EQ(cudaMalloc(&data, 64 * 64 * 2), cudaSuccess);
   const Tma2dShape ok{data, DType::bf16, 64, 64, 64, 64, 64};
   const CUtensorMap map = make_tma_2d("test_op", ok);
   (void)map;
@@ -60,6 +64,7 @@ TEST(Tma2d, EncodesAndRejectsWithTheOpName) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("test_op"), std::string::npos) << e.what();
   }
+  cudaFree(data);
 }
 
 }  // namespace

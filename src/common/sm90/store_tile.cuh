@@ -3,6 +3,7 @@
 // shared memory in the 128-byte-swizzled layout of a TMA box of 64 rows x 64 columns
 // (kCols / 64 boxes of 8 KB, 1024-byte aligned), ready for tma_store_2d.
 //
+// add_swizzled is the reverse direction (ldmatrix) for a tile loaded into such boxes.
 // stmatrix.x4 stores four 8 x 8 matrices from the same per-thread fragment that an
 // accumulator pair has (row lane/4, columns 2(lane%4)..+1), 16 bytes per row address;
 // with the swizzle the 8 row addresses of a matrix hit 8 different bank groups.
@@ -12,6 +13,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace llmk::detail::sm90 {
 
@@ -48,6 +50,45 @@ __device__ __forceinline__ void store_accumulators_swizzled(uint32_t boxes, cons
     const uint32_t addr = boxes + (col / 64) * 8192 + row * 128 + ((chunk ^ (row % 8)) * 16);
     stmatrix_x4(addr, pack_pair<T>(d[8 * c], d[8 * c + 1]), pack_pair<T>(d[8 * c + 2], d[8 * c + 3]),
                 pack_pair<T>(d[8 * c + 4], d[8 * c + 5]), pack_pair<T>(d[8 * c + 6], d[8 * c + 7]));
+  }
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+template <class T>
+__device__ __forceinline__ float2 unpack_pair(uint32_t v) {
+  if constexpr (sizeof(T) == 2 && std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&v));
+  }
+}
+
+// The inverse of store_accumulators_swizzled: adds the 16-bit values of the boxes (a tile
+// TMA loaded there, e.g. a residual) to d in the accumulator layout; ldmatrix reads the
+// very fragments stmatrix would write.
+template <class T, int kCols>
+__device__ __forceinline__ void add_swizzled(uint32_t boxes, float* d) {
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+  const int matrix = lane / 8;
+  const int row = 16 * warp + (matrix % 2) * 8 + lane % 8;
+#pragma unroll
+  for (int c = 0; c < kCols / 16; ++c) {
+    const int col = 16 * c + (matrix / 2) * 8;
+    const int chunk = (col % 64) / 8;
+    uint32_t r[4];
+    ldmatrix_x4(boxes + (col / 64) * 8192 + row * 128 + ((chunk ^ (row % 8)) * 16), r);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 v = unpack_pair<T>(r[q]);
+      d[8 * c + 2 * q] += v.x;
+      d[8 * c + 2 * q + 1] += v.y;
+    }
   }
 }
 

@@ -29,7 +29,8 @@ struct Tma2dShape {
   uint32_t box_cols;    // box_cols * element size <= 128
 };
 
-// Encodes the map, 128-byte swizzle; throws llmk::Error naming `op` if the driver rejects it.
+// Encodes the map, 128-byte swizzle, for the current device's context (it must exist:
+// any runtime call that touched the device, such as allocating `base`); throws llmk::Error naming `op` if the driver rejects it.
 CUtensorMap make_tma_2d(const char* op, const Tma2dShape& shape);
 
 }  // namespace llmk::detail::sm90
