@@ -38,6 +38,11 @@ def _info() -> int:
         print("  code paths: rmsnorm/add_rmsnorm/rmsnorm_backward: row-in-registers kernels with"
               " 16-byte accesses for aligned rows (d up to 65536 bf16/fp16, 32768 fp32 forward),"
               " a scalar loop kernel otherwise")
+        hopper = (major, minor) == (9, 0) and "90a" in archs.split(";")
+        print("  gemm/linear: " + ("Hopper TMA + wgmma kernel for M > 64 (16-byte rows, out dtype = input dtype),"
+                                   if hopper else "no Hopper kernel here (needs sm_90 and an sm_90a build),")
+              + " small-M weight-streaming kernel for M <= 64, mma.sync kernel for the rest"
+              " (LLMK_GEMM_PATH=sm90|small_m|sm80 forces one)")
     return 0
 
 
