@@ -2,6 +2,8 @@
 // over dtype (fp16, bf16) and head dim. Every (dtype, head dim) pair is one kernel;
 // causal, varlen and GQA are run-time parameters of it.
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "attention/attention_forward_kernel.cuh"
 #include "common/cuda_check.h"
@@ -55,6 +57,21 @@ void dispatch_head_dim(int head_dim, F&& f) {
 }  // namespace
 
 void attention_forward_cuda(const AttentionParams& p, DType dtype, cudaStream_t stream) {
+  const char* env = std::getenv("LLMK_ATTENTION_PATH");
+  const std::string path = env ? env : "auto";
+  LLMK_CHECK(path == "auto" || path == "sm80" || path == "sm90", "attention: LLMK_ATTENTION_PATH=", path,
+             " is not one of auto, sm80, sm90");
+  if (path != "sm80") {
+    int device = 0;
+    LLMK_CUDA_CHECK(cudaGetDevice(&device));
+    const char* why = "";
+    if (attention_sm90_takes(p, dtype, device, &why)) return attention_forward_sm90(p, dtype, stream);
+    LLMK_CHECK(path == "auto", "attention: LLMK_ATTENTION_PATH=sm90 cannot take this call: ", why);
+  }
+  attention_forward_sm80(p, dtype, stream);
+}
+
+void attention_forward_sm80(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   const char* op = "attention_forward_kernel";
   LLMK_CHECK(dtype == DType::f16 || dtype == DType::bf16, "attention: dtype ", dtype_name(dtype),
              " is not float16 or bfloat16");

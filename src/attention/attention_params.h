@@ -86,7 +86,17 @@ constexpr bool head_dim_compiled(int64_t head_dim) {
 }
 
 // The CUDA launcher and the CPU reference, called after the arguments are validated.
+// attention_forward_cuda picks the path: the Hopper kernel when attention_sm90_takes,
+// else the sm_80 kernel; LLMK_ATTENTION_PATH=sm80|sm90 forces one (sm90 raises an error
+// naming the reason when it cannot take the call), auto (or unset) picks.
 void attention_forward_cuda(const AttentionParams& p, DType dtype, cudaStream_t stream);
+void attention_forward_sm80(const AttentionParams& p, DType dtype, cudaStream_t stream);
+
+// The Hopper kernel (attention_forward_sm90.cu): an sm_90 device with an sm_90a build,
+// dense or varlen batches, head dims 64 and 128, 16-byte aligned strides. Returns false,
+// with the reason in `why`, for calls it does not take.
+bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, const char** why);
+void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t stream);
 void attention_forward_cpu(const AttentionParams& p, DType dtype);
 
 }  // namespace llmk::detail

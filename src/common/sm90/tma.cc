@@ -29,22 +29,33 @@ EncodeTiled encode_tiled(const char* op) {
 
 }  // namespace
 
-CUtensorMap make_tma_2d(const char* op, const Tma2dShape& s) {
+CUtensorMap make_tma(const char* op, const TmaShape& s) {
   LLMK_CHECK(s.dtype == DType::f16 || s.dtype == DType::bf16, op, ": TMA maps are built for 16-bit types here");
+  LLMK_CHECK(s.rank >= 1 && s.rank <= 5, op, ": a TMA map has rank 1 to 5, got ", s.rank);
   CUtensorMap map{};
-  const cuuint64_t dims[2] = {s.cols, s.rows};
-  const cuuint64_t strides[1] = {s.row_stride * 2};  // bytes, of dim 1
-  const cuuint32_t box[2] = {s.box_cols, s.box_rows};
-  const cuuint32_t element_strides[2] = {1, 1};
+  cuuint64_t dims[5], strides[4];
+  cuuint32_t box[5], element_strides[5];
+  for (int i = 0; i < s.rank; ++i) {
+    dims[i] = s.dims[i];
+    box[i] = s.box[i];
+    element_strides[i] = 1;
+    // A dim of size 1 is never stepped over: any 16-byte multiple is a valid stride.
+    if (i > 0) strides[i - 1] = s.dims[i] == 1 ? 16 : s.strides[i] * 2;
+  }
   const CUtensorMapDataType type =
       s.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const CUresult r = encode_tiled(op)(&map, type, 2, const_cast<void*>(s.base), dims, strides, box, element_strides,
-                                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  LLMK_CHECK(r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed (error ", static_cast<int>(r), ") for a [",
-             s.rows, ", ", s.cols, "] matrix with row stride ", s.row_stride, " and a ", s.box_rows, " x ",
-             s.box_cols, " box");
+  const CUresult r = encode_tiled(op)(&map, type, static_cast<cuuint32_t>(s.rank), const_cast<void*>(s.base), dims,
+                                      strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  LLMK_CHECK(r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed (error ", static_cast<int>(r), ") for a rank-",
+             s.rank, " map of [", s.dims[s.rank - 1], " ... ", s.dims[0], "] elements with a ", s.box[1], " x ",
+             s.box[0], " box");
   return map;
+}
+
+CUtensorMap make_tma_2d(const char* op, const Tma2dShape& s) {
+  return make_tma(op, TmaShape{s.base, s.dtype, 2, {s.cols, s.rows}, {1, s.row_stride}, {s.box_cols, s.box_rows}});
 }
 
 }  // namespace llmk::detail::sm90

@@ -18,6 +18,13 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, bar);
 }
 
+// A 4-d box at coordinates c (innermost first).
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0, int32_t c1,
+                                            int32_t c2, int32_t c3) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, bar);
+}
+
 // As tma_load_2d, the box written at the same shared offset in every block of the
 // cluster named in `cta_mask` (bit r: rank r), each block's `bar` at that offset
 // receiving the bytes it got.

@@ -29,6 +29,20 @@ struct Tma2dShape {
   uint32_t box_cols;    // box_cols * element size <= 128
 };
 
+// A map of rank 1..5 (dims innermost first, the innermost contiguous): strides[i] of dim
+// i >= 1 in elements (a multiple of 16 bytes; any value for a dim of size 1), box[i]
+// elements per copy (box[0] * element size <= 128, box[i] <= 256).
+struct TmaShape {
+  const void* base;
+  DType dtype;
+  int rank;
+  uint64_t dims[5];
+  uint64_t strides[5];
+  uint32_t box[5];
+};
+
+CUtensorMap make_tma(const char* op, const TmaShape& shape);
+
 // Encodes the map, 128-byte swizzle, for the current device's context (it must exist:
 // any runtime call that touched the device, such as allocating `base`); throws llmk::Error naming `op` if the driver rejects it.
 CUtensorMap make_tma_2d(const char* op, const Tma2dShape& shape);

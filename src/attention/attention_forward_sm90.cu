@@ -1,0 +1,113 @@
+// Launcher of the Hopper attention forward (kernel in attention_forward_sm90_kernel.cuh):
+// which calls it takes, the TMA maps over q, k, v, the grid.
+//
+// Instantiations (the only list): {bf16, fp16} x head dim {64, 128} (as far as
+// LLMK_HEAD_DIMS builds them). Head dims 32, 96 and 256, and strides TMA cannot address,
+// take the sm_80 kernel (attention_forward.cu).
+#include <mutex>
+
+#include "attention/attention_forward_sm90_kernel.cuh"
+#include "attention/attention_params.h"
+#include "common/cuda_check.h"
+#include "common/device_types.cuh"
+#include "common/sm90/tma.h"
+#include "llmk/device_info.h"
+
+namespace llmk::detail {
+
+namespace {
+
+template <class T, int kHeadDim>
+const void* kernel_for() {
+  return reinterpret_cast<const void*>(sm90::attention_forward_sm90_kernel<T, kHeadDim>);
+}
+
+// Whether this build's Hopper kernel loads on `device` (an sm_90 GPU and sm_90a code).
+bool hopper_code(int device) {
+  static std::mutex mutex;
+  static int known[64] = {};  // 0 unknown, 1 yes, 2 no
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device < 0 || device >= 64) return false;
+  if (known[device] == 0) {
+    const DeviceInfo info = llmk::device_info(device);
+    bool ok = info.available && info.cc_major == 9 && info.cc_minor == 0;
+    if (ok) {
+      cudaFuncAttributes attr{};
+      ok = cudaFuncGetAttributes(&attr, kernel_for<__nv_bfloat16, 128>()) == cudaSuccess && attr.binaryVersion >= 90;
+      (void)cudaGetLastError();
+    }
+    known[device] = ok ? 1 : 2;
+  }
+  return known[device] == 1;
+}
+
+bool tma_tensor_ok(const AttentionTensor& t, bool varlen) {
+  const auto aligned = [](int64_t stride) { return (stride * 2) % 16 == 0; };
+  return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && aligned(t.row_stride) && aligned(t.head_stride) &&
+         (varlen || aligned(t.batch_stride));
+}
+
+// q, k or v as [batch, heads, rows, D] (dense) or [1, heads, total, D] (varlen).
+CUtensorMap map_of(const AttentionTensor& t, DType dtype, int head_dim, int heads, int64_t rows, int batch) {
+  sm90::TmaShape s{};
+  s.base = t.data;
+  s.dtype = dtype;
+  s.rank = 4;
+  s.dims[0] = static_cast<uint64_t>(head_dim);
+  s.dims[1] = static_cast<uint64_t>(rows);
+  s.dims[2] = static_cast<uint64_t>(heads);
+  s.dims[3] = static_cast<uint64_t>(batch);
+  s.strides[1] = static_cast<uint64_t>(t.row_stride);
+  s.strides[2] = static_cast<uint64_t>(t.head_stride);
+  s.strides[3] = static_cast<uint64_t>(t.batch_stride);
+  s.box[0] = 64;
+  s.box[1] = 128;
+  s.box[2] = 1;
+  s.box[3] = 1;
+  return sm90::make_tma("attention", s);
+}
+
+template <class T, int kHeadDim>
+void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
+  using Tile = sm90::AttentionSm90Tile<kHeadDim>;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int heads_kv = p.heads_q / p.group;
+  sm90::AttentionSm90Maps maps{};
+  const int batch = varlen ? 1 : p.batch;
+  maps.q = map_of(p.q, dtype, kHeadDim, p.heads_q, varlen ? p.total_q : p.seqlen_q, batch);
+  maps.k = map_of(p.k, dtype, kHeadDim, heads_kv, varlen ? p.total_k : p.seqlen_k, batch);
+  maps.v = map_of(p.v, dtype, kHeadDim, heads_kv, varlen ? p.total_k : p.seqlen_k, batch);
+  const void* kernel = kernel_for<T, kHeadDim>();
+  LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
+  const dim3 grid((p.seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM, p.heads_q, p.batch);
+  sm90::attention_forward_sm90_kernel<T, kHeadDim><<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(maps, p);
+}
+
+}  // namespace
+
+bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, const char** why) {
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  if (dtype != DType::f16 && dtype != DType::bf16) return *why = "the dtype is not float16 or bfloat16", false;
+  if (!((p.head_dim == 64 && head_dim_compiled(64)) || (p.head_dim == 128 && head_dim_compiled(128))))
+    return *why = "the Hopper kernel is built for head dims 64 and 128 (as far as LLMK_HEAD_DIMS builds them)", false;
+  if (!tma_tensor_ok(p.q, varlen) || !tma_tensor_ok(p.k, varlen) || !tma_tensor_ok(p.v, varlen))
+    return *why = "q, k and v need 16-byte aligned data pointers and strides for TMA", false;
+  if (reinterpret_cast<uintptr_t>(p.out.data) % 4 != 0 || p.out.row_stride % 2 != 0)
+    return *why = "out needs 4-byte aligned rows", false;
+  if (!hopper_code(device)) return *why = "the device is not sm_90 or this build has no sm_90a code", false;
+  return true;
+}
+
+void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t stream) {
+  const char* op = "attention_forward_sm90_kernel";
+  if (dtype == DType::bf16) {
+    if (p.head_dim == 128) launch<__nv_bfloat16, 128>(p, dtype, stream);
+    else launch<__nv_bfloat16, 64>(p, dtype, stream);
+  } else {
+    if (p.head_dim == 128) launch<__half, 128>(p, dtype, stream);
+    else launch<__half, 64>(p, dtype, stream);
+  }
+  LLMK_CHECK_LAUNCH(op, stream);
+}
+
+}  // namespace llmk::detail

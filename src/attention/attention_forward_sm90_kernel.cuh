@@ -1,0 +1,206 @@
+// Attention forward on Hopper (sm_90a): TMA + wgmma, warp-specialized. One block computes
+// 128 query rows of one (batch, head):
+//
+//   warpgroup 0, the producer (one thread, 40 registers): Q [128, D] once, then for each
+//     key block j of 128 keys the rows may see, K_j and V_j into a 2-stage ring (each on
+//     its own `full` barrier, so S = Q K_j^T starts before V_j lands), after both
+//     consumers released the stage;
+//   warpgroups 1 and 2, the consumers (232 registers), 64 query rows each:
+//     S = Q K_j^T      wgmma m64n128k16, both operands in shared memory (K-major)
+//     mask the sequence end and the causal diagonal (only blocks that cross them)
+//     online softmax in registers (attention_softmax.cuh: the wgmma accumulator of a warp
+//       is the mma.sync fragment of its 16 rows), P rounded to 16 bits
+//     O += P V_j       wgmma m64nDk16 with P from registers and V_j in shared memory
+//                      (MN-major: V is [keys, D] with D contiguous)
+//   O /= row sum, stored from registers; lse = max + log(sum).
+// The two consumers interleave on the tensor cores by themselves (one's softmax runs
+// while the other's GEMMs do). Causal blocks skip the key blocks above the diagonal and
+// the grid runs the longest rows first.
+//
+// Shared memory (128-byte swizzle, 64-column chunks of 128 rows x 128 bytes): Q D/64
+// chunks, each stage K and V D/64 chunks: D = 128: 32 + 2 x 64 = 160 KB; D = 64: 80 KB.
+// Roofline as the sm_80 kernel's (attention_forward_kernel.cuh): 4 seq_q seq_k D FLOPs per
+// (batch, head), tensor-bound; wgmma's dense bf16 peak is ~990 TFLOP/s.
+#pragma once
+
+#include <cuda.h>
+
+#include "attention/attention_params.h"
+#include "attention/attention_softmax.cuh"
+#include "common/ptx.cuh"
+#include "common/sm90/mbarrier.cuh"
+#include "common/sm90/tma.cuh"
+#include "common/sm90/warpgroup.cuh"
+#include "common/sm90/wgmma.cuh"
+
+namespace llmk::detail::sm90 {
+
+template <int kHeadDim_>
+struct AttentionSm90Tile {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2, kConsumers = 2;
+  static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
+  static constexpr int kChunks = kHeadDim / 64;           // 64-column swizzle chunks
+  static constexpr uint32_t kChunkBytes = 128 * 128;      // 128 rows x 128 bytes
+  static constexpr uint32_t kQBytes = kChunks * kChunkBytes;
+  static constexpr uint32_t kKBytes = kChunks * kChunkBytes, kVBytes = kKBytes;
+  static constexpr uint32_t kStageBytes = kKBytes + kVBytes;
+  static constexpr int kSharedBytes = kQBytes + kStages * kStageBytes + (1 + 3 * kStages) * 8 + 1024;
+};
+
+// Maps over q, k, v as 4-d [batch, heads, rows, D] (dense) or [1, heads, total, D]
+// (varlen), D innermost; boxes of 128 rows x 64 columns.
+struct AttentionSm90Maps {
+  CUtensorMap q, k, v;
+};
+
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
+    attention_forward_sm90_kernel(const __grid_constant__ AttentionSm90Maps maps,
+                                  const __grid_constant__ AttentionParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tile = AttentionSm90Tile<kHeadDim>;
+  const int m_block = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // longest causal rows first
+  const int head = static_cast<int>(blockIdx.y), batch = static_cast<int>(blockIdx.z);
+  const SequenceBounds seq = sequence_bounds(p, batch);
+  const int m0 = m_block * Tile::kBlockM;
+  if (m0 >= seq.seqlen_q) return;
+  const int kv_head = head / p.group;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int32_t map_batch = varlen ? 0 : batch;
+  const int causal_shift = seq.seqlen_k - seq.seqlen_q;
+  const int key_end = static_cast<int>(visible_keys(seq, p.causal, m0 + Tile::kBlockM - 1));
+  const int n_blocks = (key_end + Tile::kBlockN - 1) / Tile::kBlockN;
+
+  extern __shared__ uint8_t shared_raw[];
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* q_smem = base;
+  auto k_smem = [&](int s) { return base + Tile::kQBytes + s * Tile::kStageBytes; };
+  auto v_smem = [&](int s) { return base + Tile::kQBytes + s * Tile::kStageBytes + Tile::kKBytes; };
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(base + Tile::kQBytes + Tile::kStages * Tile::kStageBytes);
+  uint64_t* k_full = q_full + 1;
+  uint64_t* v_full = k_full + Tile::kStages;
+  uint64_t* kv_empty = v_full + Tile::kStages;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(q_full, 1);
+    for (int s = 0; s < Tile::kStages; ++s) {
+      mbarrier_init(&k_full[s], 1);
+      mbarrier_init(&v_full[s], 1);
+      mbarrier_init(&kv_empty[s], Tile::kConsumers);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  const int wg = warpgroup_index();
+  if (wg == 0) {
+    warpgroup_release_registers<40>();
+    if (threadIdx.x == 0 && n_blocks > 0) {
+      const int32_t q_row = static_cast<int32_t>(seq.q_start + m0);
+      mbarrier_arrive_expect_tx(q_full, Tile::kQBytes);
+      for (int c = 0; c < Tile::kChunks; ++c)
+        tma_load_4d(q_smem + c * Tile::kChunkBytes, &maps.q, q_full, 64 * c, q_row, head, map_batch);
+      RingState<Tile::kStages> ring;
+      for (int j = 0; j < n_blocks; ++j) {
+        const int32_t k_row = static_cast<int32_t>(seq.k_start + j * Tile::kBlockN);
+        mbarrier_wait(&kv_empty[ring.stage], ring.phase ^ 1u);
+        mbarrier_arrive_expect_tx(&k_full[ring.stage], Tile::kKBytes);
+        for (int c = 0; c < Tile::kChunks; ++c)
+          tma_load_4d(k_smem(ring.stage) + c * Tile::kChunkBytes, &maps.k, &k_full[ring.stage], 64 * c, k_row,
+                      kv_head, map_batch);
+        mbarrier_arrive_expect_tx(&v_full[ring.stage], Tile::kVBytes);
+        for (int c = 0; c < Tile::kChunks; ++c)
+          tma_load_4d(v_smem(ring.stage) + c * Tile::kChunkBytes, &maps.v, &v_full[ring.stage], 64 * c, k_row,
+                      kv_head, map_batch);
+        ring.advance();
+      }
+    }
+    return;
+  }
+
+  warpgroup_claim_registers<232>();
+  const int consumer = wg - 1;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int row_in_tile = 64 * consumer + 16 * warp + lane / 4;  // the thread's first row
+  constexpr int kDTiles = kHeadDim / 8;
+  float o[1][kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.0f;
+  OnlineSoftmax<1> softmax;
+
+  if (n_blocks > 0) mbarrier_wait(q_full, 0);
+  const uint32_t q_addr = static_cast<uint32_t>(__cvta_generic_to_shared(q_smem)) + consumer * 64 * 128;
+  RingState<Tile::kStages> ring;
+  for (int j = 0; j < n_blocks; ++j) {
+    const int n0 = j * Tile::kBlockN;
+    const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(k_smem(ring.stage)));
+    const uint32_t v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(v_smem(ring.stage)));
+
+    float s[1][Tile::kBlockN / 8][4];
+    auto& s_flat = reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s);
+    mbarrier_wait(&k_full[ring.stage], ring.phase);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t offset = (kk / 4) * Tile::kChunkBytes + 32 * (kk % 4);
+      wgmma_m64n128k16<0, 0>(WgmmaTag<T>{}, s_flat, smem_descriptor(q_addr + offset, 16, 1024),
+                             smem_descriptor(k_addr + offset, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(s_flat);
+
+    const bool crosses_end = n0 + Tile::kBlockN > seq.seqlen_k;
+    const bool crosses_diagonal = p.causal && n0 + Tile::kBlockN - 1 > m0 + 64 * consumer + causal_shift;
+    if (crosses_end || crosses_diagonal)
+      mask_scores(s, m0 + row_in_tile - n0, 2 * (lane % 4), seq.seqlen_k - n0, p.causal, causal_shift);
+    softmax.update(s, o, p.scale_log2);
+
+    // P as the A fragments of the 16-key steps of P V.
+    uint32_t pa[Tile::kBlockN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
+      pa[kk][0] = ptx::pack2<T>(s[0][2 * kk][0], s[0][2 * kk][1]);
+      pa[kk][1] = ptx::pack2<T>(s[0][2 * kk][2], s[0][2 * kk][3]);
+      pa[kk][2] = ptx::pack2<T>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+      pa[kk][3] = ptx::pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+    }
+    auto& o_flat = reinterpret_cast<float(&)[kHeadDim / 2]>(o);
+    mbarrier_wait(&v_full[ring.stage], ring.phase);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
+      if constexpr (kHeadDim == 128)
+        wgmma_m64n128k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], smem_descriptor(v_addr + 2048 * kk, Tile::kChunkBytes, 1024),
+                               true);
+      else
+        wgmma_m64n64k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], smem_descriptor(v_addr + 2048 * kk, Tile::kChunkBytes, 1024),
+                              true);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(o_flat);
+    if (threadIdx.x % kWarpgroupThreads == 0) mbarrier_arrive(&kv_empty[ring.stage]);
+    ring.advance();
+  }
+
+  float inv_sum[1][2], row_lse[1][2];
+  softmax.finish(inv_sum, row_lse, p.scale_log2);
+  T* out = static_cast<T*>(p.out.data) + batch * p.out.batch_stride + head * p.out.head_stride;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = m0 + row_in_tile + 8 * half;
+    if (row >= seq.seqlen_q) continue;
+    T* out_row = out + (seq.q_start + row) * p.out.row_stride + 2 * (lane % 4);
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt)
+      *reinterpret_cast<uint32_t*>(out_row + 8 * dt) =
+          ptx::pack2<T>(o[0][dt][2 * half] * inv_sum[0][half], o[0][dt][2 * half + 1] * inv_sum[0][half]);
+    if (p.lse && lane % 4 == 0)
+      p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + row] = row_lse[0][half];
+  }
+#endif
+}
+
+}  // namespace llmk::detail::sm90
