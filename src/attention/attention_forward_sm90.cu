@@ -1,9 +1,9 @@
 // Launcher of the Hopper attention forward (kernel in attention_forward_sm90_kernel.cuh):
 // which calls it takes, the TMA maps over q, k, v, the grid.
 //
-// Instantiations (the only list): {bf16, fp16} x head dim {64, 128} (as far as
-// LLMK_HEAD_DIMS builds them). Head dims 32, 96 and 256, and strides TMA cannot address,
-// take the sm_80 kernel (attention_forward.cu).
+// Instantiations (the only list): {bf16, fp16} x head dim {64, 128, 256}. Head dims 32
+// and 96 (whose rows are not whole 128-byte swizzle chunks), head dims LLMK_HEAD_DIMS
+// leaves out, and strides TMA cannot address take the sm_80 kernel (attention_forward.cu).
 #include <mutex>
 
 #include "attention/attention_forward_sm90_kernel.cuh"
@@ -47,8 +47,10 @@ bool tma_tensor_ok(const AttentionTensor& t, bool varlen) {
          (varlen || aligned(t.batch_stride));
 }
 
-// q, k or v as [batch, heads, rows, D] (dense) or [1, heads, total, D] (varlen).
-CUtensorMap map_of(const AttentionTensor& t, DType dtype, int head_dim, int heads, int64_t rows, int batch) {
+// q, k or v as [batch, heads, rows, D] (dense) or [1, heads, total, D] (varlen), in boxes
+// of box_rows rows x 64 columns.
+CUtensorMap map_of(const AttentionTensor& t, DType dtype, int head_dim, int heads, int64_t rows, int batch,
+                   uint32_t box_rows) {
   sm90::TmaShape s{};
   s.base = t.data;
   s.dtype = dtype;
@@ -61,7 +63,7 @@ CUtensorMap map_of(const AttentionTensor& t, DType dtype, int head_dim, int head
   s.strides[2] = static_cast<uint64_t>(t.head_stride);
   s.strides[3] = static_cast<uint64_t>(t.batch_stride);
   s.box[0] = 64;
-  s.box[1] = 128;
+  s.box[1] = box_rows;
   s.box[2] = 1;
   s.box[3] = 1;
   return sm90::make_tma("attention", s);
@@ -74,9 +76,9 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   const int heads_kv = p.heads_q / p.group;
   sm90::AttentionSm90Maps maps{};
   const int batch = varlen ? 1 : p.batch;
-  maps.q = map_of(p.q, dtype, kHeadDim, p.heads_q, varlen ? p.total_q : p.seqlen_q, batch);
-  maps.k = map_of(p.k, dtype, kHeadDim, heads_kv, varlen ? p.total_k : p.seqlen_k, batch);
-  maps.v = map_of(p.v, dtype, kHeadDim, heads_kv, varlen ? p.total_k : p.seqlen_k, batch);
+  maps.q = map_of(p.q, dtype, kHeadDim, p.heads_q, varlen ? p.total_q : p.seqlen_q, batch, Tile::kBlockM);
+  maps.k = map_of(p.k, dtype, kHeadDim, heads_kv, varlen ? p.total_k : p.seqlen_k, batch, Tile::kBlockN);
+  maps.v = map_of(p.v, dtype, kHeadDim, heads_kv, varlen ? p.total_k : p.seqlen_k, batch, Tile::kBlockN);
   const void* kernel = kernel_for<T, kHeadDim>();
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
   const dim3 grid((p.seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM, p.heads_q, p.batch);
@@ -88,8 +90,10 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
 bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, const char** why) {
   const bool varlen = p.cu_seqlens_q != nullptr;
   if (dtype != DType::f16 && dtype != DType::bf16) return *why = "the dtype is not float16 or bfloat16", false;
-  if (!((p.head_dim == 64 && head_dim_compiled(64)) || (p.head_dim == 128 && head_dim_compiled(128))))
-    return *why = "the Hopper kernel is built for head dims 64 and 128 (as far as LLMK_HEAD_DIMS builds them)", false;
+  if (!((p.head_dim == 64 && head_dim_compiled(64)) || (p.head_dim == 128 && head_dim_compiled(128)) ||
+        (p.head_dim == 256 && head_dim_compiled(256))))
+    return *why = "the Hopper kernel is built for head dims 64, 128 and 256 (as far as LLMK_HEAD_DIMS builds them)",
+           false;
   if (!tma_tensor_ok(p.q, varlen) || !tma_tensor_ok(p.k, varlen) || !tma_tensor_ok(p.v, varlen))
     return *why = "q, k and v need 16-byte aligned data pointers and strides for TMA", false;
   if (reinterpret_cast<uintptr_t>(p.out.data) % 4 != 0 || p.out.row_stride % 2 != 0)
@@ -100,13 +104,16 @@ bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, con
 
 void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   const char* op = "attention_forward_sm90_kernel";
-  if (dtype == DType::bf16) {
-    if (p.head_dim == 128) launch<__nv_bfloat16, 128>(p, dtype, stream);
-    else launch<__nv_bfloat16, 64>(p, dtype, stream);
-  } else {
-    if (p.head_dim == 128) launch<__half, 128>(p, dtype, stream);
-    else launch<__half, 64>(p, dtype, stream);
-  }
+  auto with_type = [&](auto tag) {
+    using T = device_type_t<decltype(tag)>;
+    switch (p.head_dim) {
+      case 64: return launch<T, 64>(p, dtype, stream);
+      case 128: return launch<T, 128>(p, dtype, stream);
+      default: return launch<T, 256>(p, dtype, stream);
+    }
+  };
+  if (dtype == DType::bf16) with_type(DTypeTag<DType::bf16>{});
+  else with_type(DTypeTag<DType::f16>{});
   LLMK_CHECK_LAUNCH(op, stream);
 }
 

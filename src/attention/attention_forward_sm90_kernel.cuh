@@ -17,8 +17,9 @@
 // while the other's GEMMs do). Causal blocks skip the key blocks above the diagonal and
 // the grid runs the longest rows first.
 //
-// Shared memory (128-byte swizzle, 64-column chunks of 128 rows x 128 bytes): Q D/64
-// chunks, each stage K and V D/64 chunks: D = 128: 32 + 2 x 64 = 160 KB; D = 64: 80 KB.
+// Shared memory (128-byte swizzle, 64-column chunks of rows x 128 bytes): Q D/64 chunks of
+// 128 rows, each stage K and V D/64 chunks of kBlockN rows: D = 64: 16 + 2 x 32 = 80 KB;
+// D = 128: 32 + 2 x 64 = 160 KB; D = 256 (64-key blocks): 64 + 2 x 64 = 192 KB.
 // Roofline as the sm_80 kernel's (attention_forward_kernel.cuh): 4 seq_q seq_k D FLOPs per
 // (batch, head), tensor-bound; wgmma's dense bf16 peak is ~990 TFLOP/s.
 #pragma once
@@ -35,15 +36,18 @@
 
 namespace llmk::detail::sm90 {
 
+// kBlockN keys per block: 128 for D <= 128; 64 for D = 256, whose O accumulators take 128
+// registers per thread and whose Q tile takes 64 KB.
 template <int kHeadDim_>
 struct AttentionSm90Tile {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2, kConsumers = 2;
+  static constexpr int kBlockM = 128, kBlockN = kHeadDim <= 128 ? 128 : 64, kStages = 2, kConsumers = 2;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
-  static constexpr int kChunks = kHeadDim / 64;           // 64-column swizzle chunks
-  static constexpr uint32_t kChunkBytes = 128 * 128;      // 128 rows x 128 bytes
-  static constexpr uint32_t kQBytes = kChunks * kChunkBytes;
-  static constexpr uint32_t kKBytes = kChunks * kChunkBytes, kVBytes = kKBytes;
+  static constexpr int kChunks = kHeadDim / 64;                  // 64-column swizzle chunks
+  static constexpr uint32_t kQChunkBytes = kBlockM * 128;        // rows x 128 bytes
+  static constexpr uint32_t kKvChunkBytes = kBlockN * 128;
+  static constexpr uint32_t kQBytes = kChunks * kQChunkBytes;
+  static constexpr uint32_t kKBytes = kChunks * kKvChunkBytes, kVBytes = kKBytes;
   static constexpr uint32_t kStageBytes = kKBytes + kVBytes;
   static constexpr int kSharedBytes = kQBytes + kStages * kStageBytes + (1 + 3 * kStages) * 8 + 1024;
 };
@@ -100,18 +104,18 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
       const int32_t q_row = static_cast<int32_t>(seq.q_start + m0);
       mbarrier_arrive_expect_tx(q_full, Tile::kQBytes);
       for (int c = 0; c < Tile::kChunks; ++c)
-        tma_load_4d(q_smem + c * Tile::kChunkBytes, &maps.q, q_full, 64 * c, q_row, head, map_batch);
+        tma_load_4d(q_smem + c * Tile::kQChunkBytes, &maps.q, q_full, 64 * c, q_row, head, map_batch);
       RingState<Tile::kStages> ring;
       for (int j = 0; j < n_blocks; ++j) {
         const int32_t k_row = static_cast<int32_t>(seq.k_start + j * Tile::kBlockN);
         mbarrier_wait(&kv_empty[ring.stage], ring.phase ^ 1u);
         mbarrier_arrive_expect_tx(&k_full[ring.stage], Tile::kKBytes);
         for (int c = 0; c < Tile::kChunks; ++c)
-          tma_load_4d(k_smem(ring.stage) + c * Tile::kChunkBytes, &maps.k, &k_full[ring.stage], 64 * c, k_row,
+          tma_load_4d(k_smem(ring.stage) + c * Tile::kKvChunkBytes, &maps.k, &k_full[ring.stage], 64 * c, k_row,
                       kv_head, map_batch);
         mbarrier_arrive_expect_tx(&v_full[ring.stage], Tile::kVBytes);
         for (int c = 0; c < Tile::kChunks; ++c)
-          tma_load_4d(v_smem(ring.stage) + c * Tile::kChunkBytes, &maps.v, &v_full[ring.stage], 64 * c, k_row,
+          tma_load_4d(v_smem(ring.stage) + c * Tile::kKvChunkBytes, &maps.v, &v_full[ring.stage], 64 * c, k_row,
                       kv_head, map_batch);
         ring.advance();
       }
@@ -130,7 +134,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
   OnlineSoftmax<1> softmax;
 
   if (n_blocks > 0) mbarrier_wait(q_full, 0);
-  const uint32_t q_addr = static_cast<uint32_t>(__cvta_generic_to_shared(q_smem)) + consumer * 64 * 128;
+  const uint32_t q_addr = static_cast<uint32_t>(__cvta_generic_to_shared(q_smem)) + consumer * 64 * 128;  // 64 rows in
   RingState<Tile::kStages> ring;
   for (int j = 0; j < n_blocks; ++j) {
     const int n0 = j * Tile::kBlockN;
@@ -143,9 +147,10 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t offset = (kk / 4) * Tile::kChunkBytes + 32 * (kk % 4);
-      wgmma_m64n128k16<0, 0>(WgmmaTag<T>{}, s_flat, smem_descriptor(q_addr + offset, 16, 1024),
-                             smem_descriptor(k_addr + offset, 16, 1024), kk > 0);
+      const uint64_t a = smem_descriptor(q_addr + (kk / 4) * Tile::kQChunkBytes + 32 * (kk % 4), 16, 1024);
+      const uint64_t b = smem_descriptor(k_addr + (kk / 4) * Tile::kKvChunkBytes + 32 * (kk % 4), 16, 1024);
+      if constexpr (Tile::kBlockN == 128) wgmma_m64n128k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
+      else wgmma_m64n64k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -171,12 +176,10 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
-      if constexpr (kHeadDim == 128)
-        wgmma_m64n128k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], smem_descriptor(v_addr + 2048 * kk, Tile::kChunkBytes, 1024),
-                               true);
-      else
-        wgmma_m64n64k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], smem_descriptor(v_addr + 2048 * kk, Tile::kChunkBytes, 1024),
-                              true);
+      const uint64_t b = smem_descriptor(v_addr + 2048 * kk, Tile::kKvChunkBytes, 1024);
+      if constexpr (kHeadDim == 256) wgmma_m64n256k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
+      else if constexpr (kHeadDim == 128) wgmma_m64n128k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
+      else wgmma_m64n64k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
     }
     wgmma_commit();
     wgmma_wait<0>();
