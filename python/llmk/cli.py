@@ -1,9 +1,13 @@
 """``llmk info``: what GPU llmk sees and which code paths it will use there."""
 
 import argparse
+import os
 import sys
 
 from . import _C
+
+ATTENTION_HEAD_DIMS = (32, 64, 96, 128, 256)
+ATTENTION_SM90_HEAD_DIMS = (64, 128, 256)  # what the Hopper attention kernel takes (fp16/bf16)
 
 
 def _runs_on(arch: str, major: int, minor: int) -> bool:
@@ -43,7 +47,32 @@ def _info() -> int:
                                    if hopper else "no Hopper kernel here (needs sm_90 and an sm_90a build),")
               + " small-M weight-streaming kernel for M <= 64, mma.sync kernel for the rest"
               " (LLMK_GEMM_PATH=sm90|small_m|sm80 forces one)")
+        print("  attention: " + _attention_paths(hopper))
     return 0
+
+
+def _attention_paths(hopper: bool) -> str:
+    """Which attention forward kernel takes which calls on a device (`hopper`: sm_90 and an
+    sm_90a build), as far as this build's LLMK_HEAD_DIMS compiled the head dims."""
+    dims = [d for d in ATTENTION_HEAD_DIMS if _C.attention_head_dim_compiled(d)]
+    wgmma = [d for d in dims if hopper and d in ATTENTION_SM90_HEAD_DIMS]
+    mma = [d for d in dims if d not in wgmma]
+    if wgmma:
+        line = (f"Hopper TMA + wgmma kernel for fp16/bf16 head dims {_join(wgmma)}, mma.sync (sm_80) kernel for "
+                + (f"head dims {_join(mma)} and " if mma else "") + "calls the Hopper kernel does not take")
+    else:
+        line = (f"mma.sync (sm_80) kernel for head dims {_join(dims)}"
+                + ("" if hopper else " (no Hopper kernel here: needs sm_90 and an sm_90a build)"))
+    missing = [d for d in ATTENTION_HEAD_DIMS if d not in dims]
+    if missing:
+        line += f"; no kernel for head dims {_join(missing)} in this build (LLMK_HEAD_DIMS)"
+    forced = os.environ.get("LLMK_ATTENTION_PATH", "auto")
+    return line + " (LLMK_ATTENTION_PATH=sm90|sm80 forces one" + (f"; set to {forced} here)" if forced != "auto"
+                                                                     else ")")
+
+
+def _join(values) -> str:
+    return ", ".join(str(v) for v in values)
 
 
 def main(argv=None) -> int:

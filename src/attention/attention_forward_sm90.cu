@@ -76,9 +76,13 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   const int heads_kv = p.heads_q / p.group;
   sm90::AttentionSm90Maps maps{};
   const int batch = varlen ? 1 : p.batch;
-  maps.q = map_of(p.q, dtype, kHeadDim, p.heads_q, varlen ? p.total_q : p.seqlen_q, batch, Tile::kBlockM);
-  maps.k = map_of(p.k, dtype, kHeadDim, heads_kv, varlen ? p.total_k : p.seqlen_k, batch, Tile::kBlockN);
-  maps.v = map_of(p.v, dtype, kHeadDim, heads_kv, varlen ? p.total_k : p.seqlen_k, batch, Tile::kBlockN);
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  if (rows_q == 0) return;
+  maps.q = map_of(p.q, dtype, kHeadDim, p.heads_q, rows_q, batch, Tile::kBlockM);
+  // Without keys no block reads K or V (n_blocks is 0): q's map stands in for theirs, as
+  // TMA has no map of 0 rows.
+  maps.k = rows_k > 0 ? map_of(p.k, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
+  maps.v = rows_k > 0 ? map_of(p.v, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
   const void* kernel = kernel_for<T, kHeadDim>();
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
   const dim3 grid((p.seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM, p.heads_q, p.batch);

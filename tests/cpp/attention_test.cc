@@ -4,13 +4,28 @@
 // multiples of the tiles, seqlen 1, strided and transposed layouts, the log-sum-exp, and
 // variable-length batches; bad inputs.
 //
+// Every GPU check runs on each forward path of attention_forward_cuda, picked per call by
+// LLMK_ATTENTION_PATH: sm80 (the mma.sync kernel), sm90 (the Hopper TMA + wgmma kernel) and
+// auto. A forced sm90 that declines a call ("cannot take this call") is a note, and the case
+// skips that path, unless the Hopper kernel must take it: an sm_90 device, a build with
+// sm_90a, head dim 64 or 128 (every call the API accepts is fp16/bf16 with 16-byte aligned
+// strides and data) and a reason that does not blame "this build". Each test restores the
+// variable's previous value.
+//
 // Tolerance: the kernel rounds P to the input dtype before P V and the output once, each
 // a relative error of at most eps / 2 (eps = 2^-8 bf16, 2^-11 fp16), so an output is
 // within eps / 2 * (max|v| + |ref|) of the double reference; the test allows twice that.
 // The Python tests add the FlashAttention rule (at most 2x PyTorch's own error).
 #include <array>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
 
 #include "test_util.h"
 
@@ -21,6 +36,97 @@ constexpr DType kDTypes[] = {DType::f16, DType::bf16};
 constexpr int64_t kHeadDims[] = {32, 64, 96, 128, 256};
 
 double eps_of(DType dt) { return dt == DType::bf16 ? 1.0 / 256 : 1.0 / 2048; }
+
+bool contains(const std::string& text, const char* needle) { return text.find(needle) != std::string::npos; }
+
+// ---------------------------------------------------------------------------------------
+// The forward paths: LLMK_ATTENTION_PATH, read by the library on every call.
+
+constexpr const char* kPathVariable = "LLMK_ATTENTION_PATH";
+constexpr const char* kPaths[] = {"sm80", "sm90", "auto"};
+
+// Sets LLMK_ATTENTION_PATH for its scope; restores the previous value (or unsets it) after.
+class PathScope {
+ public:
+  explicit PathScope(const char* path) {
+    if (const char* previous = std::getenv(kPathVariable)) previous_ = previous;
+    setenv(kPathVariable, path, 1);
+  }
+  ~PathScope() {
+    if (previous_) setenv(kPathVariable, previous_->c_str(), 1);
+    else unsetenv(kPathVariable);
+  }
+  PathScope(const PathScope&) = delete;
+  PathScope& operator=(const PathScope&) = delete;
+
+ private:
+  std::optional<std::string> previous_;
+};
+
+bool build_has_sm90a() {
+  std::stringstream archs(build_cuda_archs());
+  for (std::string arch; std::getline(archs, arch, ';');)
+    if (arch.rfind("90a", 0) == 0) return true;
+  return false;
+}
+
+// A call the Hopper kernel must take (on device 0, where the tests run): an sm_90 device,
+// an sm_90a build and head dim 64 or 128 (as far as LLMK_HEAD_DIMS builds them). fp16/bf16
+// and 16-byte aligned strides and data hold for every call of these tests.
+bool sm90_must_take(int64_t head_dim) {
+  static const DeviceInfo info = device_info(0);
+  static const bool sm90a = build_has_sm90a();
+  return info.available && info.cc_major == 9 && info.cc_minor == 0 && sm90a && (head_dim == 64 || head_dim == 128 || head_dim == 256) &&
+         attention_head_dim_compiled(head_dim);
+}
+
+// Prints a note once per distinct text (on a device without the Hopper kernel every case
+// declines for the same reason).
+void note_once(const std::string& what, const std::string& msg) {
+  static std::mutex mutex;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!seen.insert(msg).second) return;
+  std::printf("[ note ] %s: %s (later cases with this reason not repeated)\n", what.c_str(), msg.c_str());
+  std::fflush(stdout);
+}
+
+// Runs `gpu_call` with LLMK_ATTENTION_PATH = `path`; true when it ran. False, and nothing
+// to compare, when the path legitimately did not run it:
+// - sm90 declined ("cannot take this call") a call it need not take, or blamed "this build"
+//   (no sm_90a code, a head dim left out): a note. A decline of a call that sm90_must_take
+//   is a failure, unless `may_decline` (a stride the Hopper kernel need not take).
+// - a head dim that this build's LLMK_HEAD_DIMS left out: the sm_80 kernel must refuse it
+//   ("has no CUDA kernel in this build"); sm80 running it is a failure.
+// Any other error is a failure.
+template <class F>
+bool run_on_path(const char* path, int64_t head_dim, const std::string& what, F&& gpu_call,
+                 bool may_decline = false) {
+  const std::string p = path;
+  const bool compiled = attention_head_dim_compiled(head_dim);
+  try {
+    PathScope scope(path);
+    gpu_call();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (p == "sm90" && contains(msg, "cannot take this call")) {
+      if (sm90_must_take(head_dim) && !may_decline && !contains(msg, "this build"))
+        ADD_FAILURE() << "LLMK_ATTENTION_PATH=sm90 declined a call the Hopper kernel must take (" << what
+                      << "): " << msg;
+      else
+        note_once("sm90 path skipped for " + what, msg);
+      return false;
+    }
+    if (!compiled && contains(msg, "has no CUDA kernel in this build")) return false;
+    ADD_FAILURE() << "LLMK_ATTENTION_PATH=" << path << " (" << what << "): " << msg;
+    return false;
+  }
+  if (p == "sm80" && !compiled) {
+    ADD_FAILURE() << "LLMK_ATTENTION_PATH=sm80 ran head_dim " << head_dim << ", which LLMK_HEAD_DIMS left out";
+    return false;
+  }
+  return true;
+}
 
 // A [batch, seq, heads, head_dim] view into its own storage of `capacity` heads (the view
 // holds the last `heads` of them, as q, k or v of a fused qkv projection), laid out
@@ -99,11 +205,12 @@ struct Lse {
   }
 };
 
-float max_abs_v(const Heads& v) {
+// max |v| over heads [first, first + n) (n < 0: to the last head).
+float max_abs_v(const Heads& v, int64_t first = 0, int64_t n = -1) {
   float m = 0;
   for (int64_t b = 0; b < v.batch; ++b)
     for (int64_t s = 0; s < v.seq; ++s)
-      for (int64_t h = 0; h < v.heads; ++h)
+      for (int64_t h = first; h < (n < 0 ? v.heads : first + n); ++h)
         for (int64_t c = 0; c < v.dim; ++c) m = std::max(m, std::fabs(v.get(b, s, h, c)));
   return m;
 }
@@ -150,37 +257,116 @@ struct Shape {
   int64_t batch, seq_q, seq_k, heads_q, heads_kv, dim;
 };
 
-// A build with a trimmed LLMK_HEAD_DIMS: the GPU call must fail clearly; true (skip the
-// comparison) when `dim` has no kernel.
-template <class F>
-bool skip_uncompiled(int64_t dim, F&& gpu_call) {
-  if (attention_head_dim_compiled(dim)) return false;
-  expect_error(gpu_call, "has no CUDA kernel in this build");
-  return true;
+// How q, k, v and out are stored.
+struct Layout {
+  bool transposed = false;  // [batch, heads, seq, dim] storage (PyTorch's SDPA layout)
+  int64_t extra_heads = 0;  // each tensor is the last heads of wider rows (NaN gaps around)
+  bool fused = false;       // q, k, v: the head ranges of one qkv projection (seq_q == seq_k)
+  // batch 1 with a batch stride of 1 element in q, k, v and out: the API takes any stride
+  // of a size-1 dim; the Hopper kernel may decline it (TMA wants 16-byte strides), the
+  // sm_80 kernel and auto must run it.
+  bool odd_batch_stride = false;
+};
+constexpr Layout kTransposed{true, 0, false, false};
+
+// `t` with batch stride `stride` (of a batch of 1: the data is the same).
+TensorView with_batch_stride(const TensorView& t, int64_t stride) {
+  int64_t strides[4] = {stride, t.stride(1), t.stride(2), t.stride(3)};
+  return TensorView(t.data(), t.dtype(), t.device(), 4, t.shape(), strides);
 }
 
-// Runs the CPU reference and the GPU kernel on fresh inputs and compares out and lse.
-void check_dense(DType dt, const Shape& s, bool causal, bool transposed = false, int64_t extra_heads = 0) {
-  SCOPED_TRACE(testing::Message() << dtype_name(dt) << " batch " << s.batch << " seq_q " << s.seq_q << " seq_k "
-                                  << s.seq_k << " heads " << s.heads_q << "/" << s.heads_kv << " dim " << s.dim
-                                  << (causal ? " causal" : "") << (transposed ? " transposed" : "")
-                                  << (extra_heads ? " strided heads" : ""));
-  Heads q(dt, s.batch, s.seq_q, s.heads_q, s.dim, s.heads_q + extra_heads, transposed);
-  Heads k(dt, s.batch, s.seq_k, s.heads_kv, s.dim, s.heads_kv + extra_heads, transposed);
-  Heads v(dt, s.batch, s.seq_k, s.heads_kv, s.dim, s.heads_kv + 2 * extra_heads, transposed);
+// Heads [first, first + n) of a [batch, seq, heads, dim] view.
+TensorView narrow_heads(const TensorView& t, int64_t first, int64_t n) {
+  int64_t shape[4] = {t.size(0), t.size(1), n, t.size(3)};
+  void* data = static_cast<unsigned char*>(t.data()) + first * t.stride(2) * dtype_size(t.dtype());
+  return TensorView(data, t.dtype(), t.device(), 4, shape, t.strides());
+}
+
+// Rows that see no key (causal with seq_q > seq_k: the first seq_q - seq_k of a sequence;
+// every row of a sequence without keys) are exactly 0, not merely within the tolerance of
+// the reference's 0. Counts the elements of rows [row0, row0 + rows) of batch entry `b`
+// that are not.
+int64_t nonzero_in_rows(const Heads& out, const HostTensor& got, int64_t b, int64_t row0, int64_t rows) {
+  int64_t bad = 0;
+  for (int64_t s = row0; s < row0 + rows; ++s)
+    for (int64_t h = 0; h < out.heads; ++h)
+      for (int64_t c = 0; c < out.dim; ++c) bad += got.get(0, out.index(b, s, h, c)) != 0.0f;
+  return bad;
+}
+
+std::string describe(DType dt, const Shape& s, bool causal, const Layout& layout) {
+  std::ostringstream m;
+  m << dtype_name(dt) << " batch " << s.batch << " seq_q " << s.seq_q << " seq_k " << s.seq_k << " heads "
+    << s.heads_q << "/" << s.heads_kv << " dim " << s.dim << (causal ? " causal" : "")
+    << (layout.transposed ? " transposed" : "") << (layout.extra_heads ? " strided heads" : "")
+    << (layout.fused ? " fused qkv" : "") << (layout.odd_batch_stride ? " batch stride 1" : "");
+  return m.str();
+}
+
+// Runs the CPU reference once, then the GPU kernel on each path, with and without lse
+// (out and lse start as NaN on every run), and compares out and lse.
+void check_dense(DType dt, const Shape& s, bool causal, const Layout& layout = {}) {
+  const std::string what = describe(dt, s, causal, layout);
+  SCOPED_TRACE(what);
+  const int64_t extra = layout.extra_heads;
+  const bool trans = layout.transposed;
+  if (layout.odd_batch_stride) {
+    ASSERT_EQ(s.batch, 1) << "an odd batch stride needs a batch of 1";
+  }
+  auto restride = [&](const TensorView& t) { return layout.odd_batch_stride ? with_batch_stride(t, 1) : t; };
+  std::unique_ptr<Heads> qkv, q, k, v;
+  if (layout.fused) {
+    ASSERT_EQ(s.seq_q, s.seq_k) << "a fused qkv projection has one sequence length";
+    const int64_t heads = s.heads_q + 2 * s.heads_kv;
+    qkv = std::make_unique<Heads>(dt, s.batch, s.seq_q, heads, s.dim, heads + extra, trans);
+    qkv->randomize();
+  } else {
+    q = std::make_unique<Heads>(dt, s.batch, s.seq_q, s.heads_q, s.dim, s.heads_q + extra, trans);
+    k = std::make_unique<Heads>(dt, s.batch, s.seq_k, s.heads_kv, s.dim, s.heads_kv + extra, trans);
+    v = std::make_unique<Heads>(dt, s.batch, s.seq_k, s.heads_kv, s.dim, s.heads_kv + 2 * extra, trans);
+    q->randomize();
+    k->randomize();
+    v->randomize();
+  }
+  auto inputs = [&](bool on_gpu) -> std::array<TensorView, 3> {
+    if (layout.fused) {
+      const TensorView all = restride(on_gpu ? qkv->gpu() : qkv->host());
+      return {narrow_heads(all, 0, s.heads_q), narrow_heads(all, s.heads_q, s.heads_kv),
+              narrow_heads(all, s.heads_q + s.heads_kv, s.heads_kv)};
+    }
+    return {restride(on_gpu ? q->gpu() : q->host()), restride(on_gpu ? k->gpu() : k->host()),
+            restride(on_gpu ? v->gpu() : v->host())};
+  };
   Heads ref(dt, s.batch, s.seq_q, s.heads_q, s.dim);
-  Heads out(dt, s.batch, s.seq_q, s.heads_q, s.dim, s.heads_q + extra_heads, transposed);
-  q.randomize();
-  k.randomize();
-  v.randomize();
+  Heads out(dt, s.batch, s.seq_q, s.heads_q, s.dim, s.heads_q + extra, trans);
   Lse lse_ref({s.batch, s.heads_q, s.seq_q}), lse({s.batch, s.heads_q, s.seq_q});
   const double scale = 1.0 / std::sqrt(double(s.dim));
-  attention(ref.host(), q.host(), k.host(), v.host(), causal, scale, lse_ref.cpu());
-  if (skip_uncompiled(s.dim, [&] { attention(out.gpu(), q.gpu(), k.gpu(), v.gpu(), causal, scale); })) return;
-  attention(out.gpu(), q.gpu(), k.gpu(), v.gpu(), causal, scale, lse.gpu());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  expect_close(out, out.download(), ref, max_abs_v(v));
-  expect_lse_close(lse.device->download(), lse_ref.host, Lse::numel(lse.shape));
+  {
+    const auto [qh, kh, vh] = inputs(false);
+    attention(restride(ref.host()), qh, kh, vh, causal, scale, lse_ref.cpu());
+  }
+  if (!has_gpu()) return;
+  const float max_v = layout.fused ? max_abs_v(*qkv, s.heads_q + s.heads_kv, s.heads_kv) : max_abs_v(*v);
+  const int64_t masked_rows = s.seq_k == 0 ? s.seq_q : causal ? std::max<int64_t>(s.seq_q - s.seq_k, 0) : 0;
+  for (const char* path : kPaths) {
+    for (const bool with_lse : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "LLMK_ATTENTION_PATH=" << path << (with_lse ? "" : ", without lse"));
+      out.device.reset();  // fresh NaN storage for every run
+      lse.device.reset();
+      const bool ran = run_on_path(path, s.dim, what, [&] {
+        const auto [qg, kg, vg] = inputs(true);
+        attention(restride(out.gpu()), qg, kg, vg, causal, scale,
+                  with_lse ? std::optional<TensorView>(lse.gpu()) : std::nullopt);
+      }, layout.odd_batch_stride);
+      if (!ran) break;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const HostTensor got = out.download();
+      expect_close(out, got, ref, max_v);
+      for (int64_t b = 0; b < s.batch; ++b)
+        EXPECT_EQ(nonzero_in_rows(out, got, b, 0, masked_rows), 0) << "rows that see no key are not 0";
+      if (with_lse) expect_lse_close(lse.device->download(), lse_ref.host, Lse::numel(lse.shape));
+    }
+  }
 }
 
 TEST(AttentionCpu, MatchesHandValues) {
@@ -235,27 +421,127 @@ TEST(AttentionGpu, SequenceLengths) {
       for (int64_t d : {64, 128}) check_dense(DType::bf16, {1, sq, sk, 2, 1, d}, causal);
 }
 
+// Lengths around the Hopper kernel's 128-row tiles (and TMA boxes that cross the end of a
+// sequence into the next batch entry's rows): every pair of 1, 7, 127, 129 with batch 2,
+// then 1000 against 7, 129 and 1000.
+TEST(AttentionGpu, LengthsAroundTheTiles) {
+  LLMK_REQUIRE_GPU();
+  const int64_t lens[] = {1, 7, 127, 129};
+  for (int64_t sq : lens)
+    for (int64_t sk : lens)
+      for (bool causal : {false, true}) {
+        check_dense(DType::bf16, {2, sq, sk, 2, 1, 64}, causal);
+        check_dense(DType::f16, {2, sq, sk, 2, 1, 128}, causal);
+      }
+  for (bool causal : {false, true}) {
+    check_dense(DType::f16, {1, 1000, 129, 2, 1, 128}, causal);  // causal: 871 rows see no key
+    check_dense(DType::bf16, {1, 129, 1000, 2, 2, 64}, causal);
+    check_dense(DType::bf16, {1, 1000, 7, 4, 2, 64}, causal);  // causal: 993 rows see no key
+  }
+  check_dense(DType::bf16, {1, 1000, 1000, 2, 1, 128}, true);
+  check_dense(DType::f16, {1, 1000, 1000, 2, 2, 64}, false);
+}
+
+// seq_q > seq_k with a causal mask: the first seq_q - seq_k rows of every sequence see no
+// key (exactly 0, lse -inf), the rest a bottom-right-aligned triangle; GQA, batch > 1. And
+// seq_k = 0: every row sees no key, causal or not (k and v are empty tensors).
+TEST(AttentionGpu, FullyMaskedRows) {
+  LLMK_REQUIRE_GPU();
+  for (DType dt : kDTypes)
+    for (int64_t d : {64, 128}) {
+      check_dense(dt, {3, 129, 1, 4, 2, d}, true);
+      check_dense(dt, {2, 300, 127, 4, 1, d}, true);
+      check_dense(dt, {2, 200, 72, 2, 2, d}, true);
+      for (bool causal : {false, true}) check_dense(dt, {2, 129, 0, 4, 2, d}, causal);  // no keys at all
+    }
+}
+
 TEST(AttentionGpu, LongSequence) {
   LLMK_REQUIRE_GPU();
   check_dense(DType::bf16, {1, 1100, 2048, 1, 1, 128}, true);
   check_dense(DType::f16, {1, 2048, 1100, 1, 1, 64}, false);
 }
 
+// GQA group sizes 1 (MHA), 2, 3, 4, 5, 8 over 2 kv heads and MQA (1 kv head) at 8.
+TEST(AttentionGpu, GqaGroupSizes) {
+  LLMK_REQUIRE_GPU();
+  for (int64_t group : {1, 2, 3, 4, 5, 8})
+    for (int64_t d : {64, 128}) {
+      const DType dt = group % 2 ? DType::f16 : DType::bf16;
+      check_dense(dt, {2, 150, 150, 2 * group, 2, d}, true);
+      check_dense(dt, {1, 100, 200, 2 * group, 2, d}, false);
+    }
+  check_dense(DType::bf16, {2, 130, 130, 8, 1, 128}, true);
+  check_dense(DType::f16, {2, 130, 130, 8, 1, 64}, false);
+}
+
+// Layouts: MQA; [B, H, S, D] storage; head slices of wider rows; q, k, v as the head ranges
+// of one fused qkv projection, in both storages, written into an out that is a head slice
+// of wider rows (its NaN gaps must stay NaN); a batch of 1 with a batch stride of 1 (which
+// sm90 may decline: then auto must fall back to the sm_80 kernel).
 TEST(AttentionGpu, GqaMqaAndLayouts) {
   LLMK_REQUIRE_GPU();
   for (DType dt : kDTypes) {
-    check_dense(dt, {3, 77, 77, 8, 1, 128}, true);              // MQA
-    check_dense(dt, {2, 100, 150, 6, 3, 64}, false, true);      // [B, H, S, D] transposed
-    check_dense(dt, {2, 100, 150, 4, 2, 128}, true, false, 3);  // head slices of wider rows
-    check_dense(dt, {2, 70, 70, 4, 4, 96}, true, true, 2);
+    check_dense(dt, {3, 77, 77, 8, 1, 128}, true);                                    // MQA
+    check_dense(dt, {2, 100, 150, 6, 3, 64}, false, kTransposed);                      // [B, H, S, D]
+    check_dense(dt, {2, 100, 150, 4, 2, 128}, true, Layout{false, 3, false, false});  // wider rows
+    check_dense(dt, {2, 70, 70, 4, 4, 96}, true, Layout{true, 2, false, false});
+    for (int64_t d : {64, 128}) {
+      check_dense(dt, {2, 129, 129, 8, 2, d}, true, Layout{false, 1, true, false});  // fused qkv
+      check_dense(dt, {2, 127, 127, 4, 4, d}, false, Layout{true, 2, true, false});  // fused, [B, H, S, D]
+      check_dense(dt, {1, 200, 130, 4, 2, d}, true, Layout{true, 1, false, false});
+      check_dense(dt, {1, 130, 130, 4, 2, d}, true, Layout{false, 0, false, true});  // batch stride 1
+      check_dense(dt, {1, 129, 129, 4, 2, d}, false, Layout{false, 1, true, true});
+    }
   }
+}
+
+// The variable itself: an unknown value is refused on every call; a forced sm90 declines a
+// head dim the Hopper kernel never takes (32 or 96, as this build has them) with the
+// reason; neither writes anything. The scope restores the previous value.
+TEST(AttentionGpu, PathVariable) {
+  LLMK_REQUIRE_GPU();
+  {
+    PathScope outer("sm80");
+    {
+      PathScope inner("auto");
+      EXPECT_STREQ(std::getenv(kPathVariable), "auto");
+    }
+    EXPECT_STREQ(std::getenv(kPathVariable), "sm80");
+  }
+  // A head dim this build compiled (LLMK_HEAD_DIMS), one the Hopper kernel never takes if any.
+  int64_t d = 0;
+  for (int64_t dim : {32, 96, 64, 128, 256})
+    if (d == 0 && attention_head_dim_compiled(dim)) d = dim;
+  ASSERT_NE(d, 0) << "no head dim compiled";
+  Heads q(DType::bf16, 1, 8, 2, d), k(DType::bf16, 1, 8, 2, d), out(DType::bf16, 1, 8, 2, d);
+  q.randomize();
+  k.randomize();
+  auto call = [&] { attention(out.gpu(), q.gpu(), k.gpu(), k.gpu(), false, 0.125); };
+  {
+    PathScope scope("fastest");
+    expect_error(call, "attention: LLMK_ATTENTION_PATH=fastest is not one of auto, sm80, sm90");
+  }
+  if (!sm90_must_take(d)) {
+    PathScope scope("sm90");
+    expect_error(call, "attention: LLMK_ATTENTION_PATH=sm90 cannot take this call: ");
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const HostTensor got = out.download();
+  for (int64_t i = 0; i < got.d; ++i) ASSERT_TRUE(std::isnan(got.get(0, i))) << "element " << i << " was written";
 }
 
 // Packed sequences of the given q and k lengths, against the dense reference per sequence.
 void check_varlen(DType dt, const std::vector<int64_t>& lens_q, const std::vector<int64_t>& lens_k,
                   int64_t heads_q, int64_t heads_kv, int64_t dim, bool causal) {
-  SCOPED_TRACE(testing::Message() << dtype_name(dt) << " varlen " << lens_q.size() << " sequences, dim " << dim
-                                  << (causal ? " causal" : ""));
+  std::ostringstream m;
+  m << dtype_name(dt) << " varlen q lengths";
+  for (int64_t n : lens_q) m << " " << n;
+  m << ", k lengths";
+  for (int64_t n : lens_k) m << " " << n;
+  m << ", heads " << heads_q << "/" << heads_kv << " dim " << dim << (causal ? " causal" : "");
+  const std::string what = m.str();
+  SCOPED_TRACE(what);
   const int64_t batch = static_cast<int64_t>(lens_q.size());
   std::vector<int32_t> cu_q{0}, cu_k{0};
   for (int64_t b = 0; b < batch; ++b) {
@@ -265,7 +551,7 @@ void check_varlen(DType dt, const std::vector<int64_t>& lens_q, const std::vecto
   const int64_t max_q = *std::max_element(lens_q.begin(), lens_q.end());
   const int64_t max_k = *std::max_element(lens_k.begin(), lens_k.end());
   Heads q(dt, 1, cu_q.back(), heads_q, dim, heads_q + 1), k(dt, 1, cu_k.back(), heads_kv, dim),
-      v(dt, 1, cu_k.back(), heads_kv, dim, heads_kv + 2), out(dt, 1, cu_q.back(), heads_q, dim),
+      v(dt, 1, cu_k.back(), heads_kv, dim, heads_kv + 2), out(dt, 1, cu_q.back(), heads_q, dim, heads_q + 1),
       ref(dt, 1, cu_q.back(), heads_q, dim);
   q.randomize();
   k.randomize();
@@ -303,16 +589,29 @@ void check_varlen(DType dt, const std::vector<int64_t>& lens_q, const std::vecto
   }
   if (!has_gpu()) return;
   DeviceTensor cu_dev(cu_host);
-  if (skip_uncompiled(dim, [&] {
+  const float max_v = max_abs_v(v);
+  for (const char* path : kPaths) {
+    for (const bool with_lse : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "LLMK_ATTENTION_PATH=" << path << (with_lse ? "" : ", without lse"));
+      out.device.reset();  // fresh NaN storage for every run
+      lse.device.reset();
+      const bool ran = run_on_path(path, dim, what, [&] {
         attention_varlen(out.gpu(true), q.gpu(true), k.gpu(true), v.gpu(true), cu_view(cu_dev.data, true, 0),
-                         cu_view(cu_dev.data, true, 1), max_q, max_k, causal, scale);
-      }))
-    return;
-  attention_varlen(out.gpu(true), q.gpu(true), k.gpu(true), v.gpu(true), cu_view(cu_dev.data, true, 0),
-                   cu_view(cu_dev.data, true, 1), max_q, max_k, causal, scale, lse.gpu());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  expect_close(out, out.download(), ref, max_abs_v(v));
-  expect_lse_close(lse.device->download(), lse_ref.host, Lse::numel(lse.shape));
+                         cu_view(cu_dev.data, true, 1), max_q, max_k, causal, scale,
+                         with_lse ? std::optional<TensorView>(lse.gpu()) : std::nullopt);
+      });
+      if (!ran) break;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const HostTensor got = out.download();
+      expect_close(out, got, ref, max_v);
+      for (int64_t b = 0; b < batch; ++b) {
+        const int64_t masked = lens_k[b] == 0 ? lens_q[b] : causal ? std::max<int64_t>(lens_q[b] - lens_k[b], 0) : 0;
+        EXPECT_EQ(nonzero_in_rows(out, got, 0, cu_q[b], masked), 0)
+            << "sequence " << b << ": rows that see no key are not 0";
+      }
+      if (with_lse) expect_lse_close(lse.device->download(), lse_ref.host, Lse::numel(lse.shape));
+    }
+  }
 }
 
 TEST(AttentionVarlen, MatchesDensePerSequence) {
@@ -321,6 +620,18 @@ TEST(AttentionVarlen, MatchesDensePerSequence) {
     check_varlen(DType::f16, {17, 256, 129}, {17, 256, 129}, 2, 1, 128, causal);
   }
   check_varlen(DType::bf16, {40, 3}, {0, 9}, 2, 2, 32, true);  // a sequence without keys
+}
+
+// Head dims 64 and 128 (the Hopper kernel's): empty sequences first, between and last,
+// lengths around the 128-row tiles (TMA boxes cross into the next sequence's rows), a q
+// longer than its keys (causal: rows that see none), sequences without keys (one batch
+// with none at all), GQA 3 and 4.
+TEST(AttentionVarlen, EmptySequencesAndTileEdges) {
+  for (bool causal : {false, true}) {
+    check_varlen(DType::f16, {0, 7, 129, 0, 300, 1}, {5, 7, 200, 0, 127, 0}, 6, 2, 128, causal);
+    check_varlen(DType::bf16, {127, 1, 129, 0}, {129, 7, 127, 0}, 8, 2, 64, causal);
+    check_varlen(DType::bf16, {7, 129}, {0, 0}, 4, 2, 128, causal);  // no keys at all (total_k = 0)
+  }
 }
 
 TEST(AttentionErrors, BadInputsWriteNothing) {

@@ -6,9 +6,28 @@ head dim. Peers: torch.nn.functional.scaled_dot_product_attention on the same te
 torch.nn.attention.sdpa_kernel: flash (FlashAttention 2), cudnn, efficient (xformers'
 memory-efficient kernel). FLOPs: 4 * batch * heads * seq^2 * head_dim, halved when causal.
 The error column compares the last 256 query rows of head 0 with a float64 reference.
+
+llmk's impls: ``llmk`` is the default dispatch (LLMK_ATTENTION_PATH=auto: the Hopper TMA +
+wgmma kernel where it takes the call, the sm_80 mma.sync kernel otherwise); ``llmk_sm80`` is
+the same call with LLMK_ATTENTION_PATH=sm80 set around it (the library reads the variable on
+every call, so a CUDA graph captures the sm_80 kernel). llmk_sm80 runs only where the Hopper
+kernel takes the case (probed once per case with LLMK_ATTENTION_PATH=sm90); elsewhere llmk
+is the sm_80 kernel already, and the reason is printed once.
+
+Runtime: every impl costs about 160 calls per case (warm-up, capture, 7 replays of 20), and
+a case's time grows with its seqlen (16k tokens each); the default sweep (2 ops x 6 seqlens x
+2 head dims, 5 impls with llmk_sm80) is estimated at about a minute of timing on the H100
+(llmk_sm80 adds ~6 s of it), most of it at seqlen 16384 and in the slowest peer (efficient).
+Trim with the harness's --tokens / --hidden, or pick the peers with
+LLMK_BENCH_ATTENTION_PEERS (comma-separated, of llmk_sm80 flash cudnn efficient; llmk always
+runs).
+
 Without a GPU (the CPU backend): one batch of `seqlen` tokens, hidden 256; the SDPA backends
-that do not run on the CPU (cudnn, efficient) are skipped with a note. Each case is
-case(seqlen, head_dim, dtype, device) -> (bytes moved, make, impls, reference, flops)."""
+that do not run on the CPU (cudnn, efficient) are skipped with a note, and so is llmk_sm80.
+Each case is case(seqlen, head_dim, dtype, device) -> (bytes moved, make, impls, reference,
+flops)."""
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +42,42 @@ HEAD_DIMS = [64, 128]
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
          "efficient": SDPBackend.EFFICIENT_ATTENTION}
 CHECK_ROWS = 256
+PATH_VARIABLE = "LLMK_ATTENTION_PATH"
+PEERS_VARIABLE = "LLMK_BENCH_ATTENTION_PEERS"
 _SKIPPED = set()  # (peer, device) already reported as not running
+_NOTED = set()  # reasons already printed for leaving llmk_sm80 out
+
+
+def _on_path(path, fn):
+    """fn with LLMK_ATTENTION_PATH = path around each call (the previous value restored after)."""
+    def run(*args):
+        previous = os.environ.get(PATH_VARIABLE)
+        os.environ[PATH_VARIABLE] = path
+        try:
+            return fn(*args)
+        finally:
+            if previous is None:
+                del os.environ[PATH_VARIABLE]
+            else:
+                os.environ[PATH_VARIABLE] = previous
+    return run
+
+
+def _sm90_declines(fn, sample):
+    """None when the Hopper kernel takes fn's call on `sample`, else its reason."""
+    try:
+        _on_path("sm90", fn)(*sample)
+        torch.cuda.synchronize()
+        return None
+    except RuntimeError as e:
+        if "cannot take this call" in str(e):
+            return str(e)
+        raise
+
+
+def _wanted(name):
+    names = [n.strip() for n in os.environ.get(PEERS_VARIABLE, "").split(",") if n.strip()]
+    return not names or name in names
 
 
 def _sdpa(backend, causal):
@@ -56,7 +110,17 @@ def attention_case(causal):
 
         sample = make()
         impls = {"llmk": lambda q, k, v: llmk.attention(q, k, v, causal=causal)}
+        if device == "cuda" and _wanted("llmk_sm80"):
+            why = _sm90_declines(impls["llmk"], sample)
+            if why is None:
+                impls["llmk_sm80"] = _on_path("sm80", impls["llmk"])
+            elif why not in _NOTED:
+                _NOTED.add(why)
+                print(f"attention: llmk_sm80 left out where llmk is the sm_80 kernel already ({seqlen} x {head_dim}"
+                      f" and others): {why}")
         for name, backend in PEERS.items():
+            if not _wanted(name):
+                continue
             fn = _sdpa(backend, causal)
             if _works(fn, sample):
                 impls[name] = fn
