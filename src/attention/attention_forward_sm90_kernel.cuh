@@ -14,8 +14,10 @@
 //                      (MN-major: V is [keys, D] with D contiguous)
 //   O /= row sum, stored from registers; lse = max + log(sum).
 // The two consumers interleave on the tensor cores by themselves (one's softmax runs
-// while the other's GEMMs do). Causal blocks skip the key blocks above the diagonal and
-// the grid runs the longest rows first.
+// while the other's GEMMs do). Causal blocks skip the key blocks above the diagonal. Without
+// a causal mask the grid is persistent (one block per SM walking the tiles) and Q is
+// double-buffered (D <= 128), so the next tile's Q and first K/V blocks load while this
+// tile finishes; causal calls get one block per tile, the longest rows first.
 //
 // Shared memory (128-byte swizzle, 64-column chunks of rows x 128 bytes): Q D/64 chunks of
 // 128 rows, each stage K and V D/64 chunks of kBlockN rows: D = 64: 16 + 2 x 32 = 80 KB;
@@ -47,9 +49,14 @@ struct AttentionSm90Tile {
   static constexpr uint32_t kQChunkBytes = kBlockM * 128;        // rows x 128 bytes
   static constexpr uint32_t kKvChunkBytes = kBlockN * 128;
   static constexpr uint32_t kQBytes = kChunks * kQChunkBytes;
+  // Two Q buffers let the producer load the next tile's Q during this one (one at D = 256,
+  // where a second 64 KB does not fit).
+  static constexpr int kQBuffers = kHeadDim <= 128 ? 2 : 1;
   static constexpr uint32_t kKBytes = kChunks * kKvChunkBytes, kVBytes = kKBytes;
   static constexpr uint32_t kStageBytes = kKBytes + kVBytes;
-  static constexpr int kSharedBytes = kQBytes + kStages * kStageBytes + (1 + 3 * kStages) * 8 + 1024;
+  static constexpr uint32_t kRingOffset = kQBuffers * kQBytes;
+  static constexpr int kSharedBytes =
+      kRingOffset + kStages * kStageBytes + (2 * kQBuffers + 3 * kStages) * 8 + 1024;
 };
 
 // Maps over q, k, v as 4-d [batch, heads, rows, D] (dense) or [1, heads, total, D]
@@ -58,36 +65,51 @@ struct AttentionSm90Maps {
   CUtensorMap q, k, v;
 };
 
+// The block's work tile t (persistent grid: t = blockIdx.x, + gridDim.x, ...): the query
+// blocks of one (batch, head) are consecutive (the blocks running at once share its K and V
+// in L2), the longest causal rows first within it.
+struct AttentionTileCoord {
+  int m_block, head, batch;
+};
+
+__device__ __forceinline__ AttentionTileCoord attention_tile(const AttentionParams& p, int m_blocks, int64_t t) {
+  const int64_t hb = t / m_blocks;
+  return {m_blocks - 1 - static_cast<int>(t % m_blocks), static_cast<int>(hb % p.heads_q),
+          static_cast<int>(hb / p.heads_q)};
+}
+
+// grid: min(tiles, SMs) blocks (causal: tiles), tiles = m_blocks x heads_q x batch.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
     attention_forward_sm90_kernel(const __grid_constant__ AttentionSm90Maps maps,
-                                  const __grid_constant__ AttentionParams p) {
+                                  const __grid_constant__ AttentionParams p, int m_blocks, int64_t tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tile = AttentionSm90Tile<kHeadDim>;
-  const int m_block = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // longest causal rows first
-  const int head = static_cast<int>(blockIdx.y), batch = static_cast<int>(blockIdx.z);
-  const SequenceBounds seq = sequence_bounds(p, batch);
-  const int m0 = m_block * Tile::kBlockM;
-  if (m0 >= seq.seqlen_q) return;
-  const int kv_head = head / p.group;
   const bool varlen = p.cu_seqlens_q != nullptr;
-  const int32_t map_batch = varlen ? 0 : batch;
-  const int causal_shift = seq.seqlen_k - seq.seqlen_q;
-  const int key_end = static_cast<int>(visible_keys(seq, p.causal, m0 + Tile::kBlockM - 1));
-  const int n_blocks = (key_end + Tile::kBlockN - 1) / Tile::kBlockN;
+  // A tile's sequence, first row and key blocks (0: nothing to load).
+  auto tile_work = [&](const AttentionTileCoord& c, SequenceBounds& seq, int& m0, int& n_blocks) {
+    seq = sequence_bounds(p, c.batch);
+    m0 = c.m_block * Tile::kBlockM;
+    const int key_end = m0 < seq.seqlen_q ? static_cast<int>(visible_keys(seq, p.causal, m0 + Tile::kBlockM - 1)) : 0;
+    n_blocks = (key_end + Tile::kBlockN - 1) / Tile::kBlockN;
+  };
 
   extern __shared__ uint8_t shared_raw[];
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
-  uint8_t* q_smem = base;
-  auto k_smem = [&](int s) { return base + Tile::kQBytes + s * Tile::kStageBytes; };
-  auto v_smem = [&](int s) { return base + Tile::kQBytes + s * Tile::kStageBytes + Tile::kKBytes; };
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(base + Tile::kQBytes + Tile::kStages * Tile::kStageBytes);
-  uint64_t* k_full = q_full + 1;
+  auto q_smem = [&](int b) { return base + b * Tile::kQBytes; };
+  auto k_smem = [&](int s) { return base + Tile::kRingOffset + s * Tile::kStageBytes; };
+  auto v_smem = [&](int s) { return base + Tile::kRingOffset + s * Tile::kStageBytes + Tile::kKBytes; };
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(base + Tile::kRingOffset + Tile::kStages * Tile::kStageBytes);
+  uint64_t* q_empty = q_full + Tile::kQBuffers;
+  uint64_t* k_full = q_empty + Tile::kQBuffers;
   uint64_t* v_full = k_full + Tile::kStages;
   uint64_t* kv_empty = v_full + Tile::kStages;
 
   if (threadIdx.x == 0) {
-    mbarrier_init(q_full, 1);
+    for (int b = 0; b < Tile::kQBuffers; ++b) {
+      mbarrier_init(&q_full[b], 1);
+      mbarrier_init(&q_empty[b], Tile::kConsumers);
+    }
     for (int s = 0; s < Tile::kStages; ++s) {
       mbarrier_init(&k_full[s], 1);
       mbarrier_init(&v_full[s], 1);
@@ -100,22 +122,33 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
   const int wg = warpgroup_index();
   if (wg == 0) {
     warpgroup_release_registers<40>();
-    if (threadIdx.x == 0 && n_blocks > 0) {
-      const int32_t q_row = static_cast<int32_t>(seq.q_start + m0);
-      mbarrier_arrive_expect_tx(q_full, Tile::kQBytes);
-      for (int c = 0; c < Tile::kChunks; ++c)
-        tma_load_4d(q_smem + c * Tile::kQChunkBytes, &maps.q, q_full, 64 * c, q_row, head, map_batch);
-      RingState<Tile::kStages> ring;
+    if (threadIdx.x != 0) return;
+    RingState<Tile::kStages> ring;
+    RingState<Tile::kQBuffers> q_ring;
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const AttentionTileCoord c = attention_tile(p, m_blocks, t);
+      SequenceBounds seq;
+      int m0, n_blocks;
+      tile_work(c, seq, m0, n_blocks);
+      if (n_blocks == 0) continue;
+      const int kv_head = c.head / p.group;
+      const int32_t map_batch = varlen ? 0 : c.batch;
+      mbarrier_wait(&q_empty[q_ring.stage], q_ring.phase ^ 1u);
+      mbarrier_arrive_expect_tx(&q_full[q_ring.stage], Tile::kQBytes);
+      for (int ch = 0; ch < Tile::kChunks; ++ch)
+        tma_load_4d(q_smem(q_ring.stage) + ch * Tile::kQChunkBytes, &maps.q, &q_full[q_ring.stage], 64 * ch,
+                    static_cast<int32_t>(seq.q_start + m0), c.head, map_batch);
+      q_ring.advance();
       for (int j = 0; j < n_blocks; ++j) {
         const int32_t k_row = static_cast<int32_t>(seq.k_start + j * Tile::kBlockN);
         mbarrier_wait(&kv_empty[ring.stage], ring.phase ^ 1u);
         mbarrier_arrive_expect_tx(&k_full[ring.stage], Tile::kKBytes);
-        for (int c = 0; c < Tile::kChunks; ++c)
-          tma_load_4d(k_smem(ring.stage) + c * Tile::kKvChunkBytes, &maps.k, &k_full[ring.stage], 64 * c, k_row,
+        for (int ch = 0; ch < Tile::kChunks; ++ch)
+          tma_load_4d(k_smem(ring.stage) + ch * Tile::kKvChunkBytes, &maps.k, &k_full[ring.stage], 64 * ch, k_row,
                       kv_head, map_batch);
         mbarrier_arrive_expect_tx(&v_full[ring.stage], Tile::kVBytes);
-        for (int c = 0; c < Tile::kChunks; ++c)
-          tma_load_4d(v_smem(ring.stage) + c * Tile::kKvChunkBytes, &maps.v, &v_full[ring.stage], 64 * c, k_row,
+        for (int ch = 0; ch < Tile::kChunks; ++ch)
+          tma_load_4d(v_smem(ring.stage) + ch * Tile::kKvChunkBytes, &maps.v, &v_full[ring.stage], 64 * ch, k_row,
                       kv_head, map_batch);
         ring.advance();
       }
@@ -125,83 +158,98 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
 
   warpgroup_claim_registers<232>();
   const int consumer = wg - 1;
+  const bool leader = threadIdx.x % kWarpgroupThreads == 0;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int row_in_tile = 64 * consumer + 16 * warp + lane / 4;  // the thread's first row
   constexpr int kDTiles = kHeadDim / 8;
-  float o[1][kDTiles][4];
-#pragma unroll
-  for (int dt = 0; dt < kDTiles; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.0f;
-  OnlineSoftmax<1> softmax;
-
-  if (n_blocks > 0) mbarrier_wait(q_full, 0);
-  const uint32_t q_addr = static_cast<uint32_t>(__cvta_generic_to_shared(q_smem)) + consumer * 64 * 128;  // 64 rows in
   RingState<Tile::kStages> ring;
-  for (int j = 0; j < n_blocks; ++j) {
-    const int n0 = j * Tile::kBlockN;
-    const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(k_smem(ring.stage)));
-    const uint32_t v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(v_smem(ring.stage)));
+  RingState<Tile::kQBuffers> q_ring;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const AttentionTileCoord c = attention_tile(p, m_blocks, t);
+    SequenceBounds seq;
+    int m0, n_blocks;
+    tile_work(c, seq, m0, n_blocks);
+    if (m0 >= seq.seqlen_q) continue;
+    const int causal_shift = seq.seqlen_k - seq.seqlen_q;
 
-    float s[1][Tile::kBlockN / 8][4];
-    auto& s_flat = reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s);
-    mbarrier_wait(&k_full[ring.stage], ring.phase);
-    wgmma_fence();
+    float o[1][kDTiles][4];
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint64_t a = smem_descriptor(q_addr + (kk / 4) * Tile::kQChunkBytes + 32 * (kk % 4), 16, 1024);
-      const uint64_t b = smem_descriptor(k_addr + (kk / 4) * Tile::kKvChunkBytes + 32 * (kk % 4), 16, 1024);
-      if constexpr (Tile::kBlockN == 128) wgmma_m64n128k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
-      else wgmma_m64n64k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
+    for (int dt = 0; dt < kDTiles; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.0f;
+    OnlineSoftmax<1> softmax;
+    const int q_buffer = q_ring.stage;
+    if (n_blocks > 0) mbarrier_wait(&q_full[q_buffer], q_ring.phase);
+    const uint32_t q_addr = static_cast<uint32_t>(__cvta_generic_to_shared(q_smem(q_buffer))) + consumer * 64 * 128;
+    for (int j = 0; j < n_blocks; ++j) {
+      const int n0 = j * Tile::kBlockN;
+      const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(k_smem(ring.stage)));
+      const uint32_t v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(v_smem(ring.stage)));
+
+      float s[1][Tile::kBlockN / 8][4];
+      auto& s_flat = reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s);
+      mbarrier_wait(&k_full[ring.stage], ring.phase);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint64_t a = smem_descriptor(q_addr + (kk / 4) * Tile::kQChunkBytes + 32 * (kk % 4), 16, 1024);
+        const uint64_t b = smem_descriptor(k_addr + (kk / 4) * Tile::kKvChunkBytes + 32 * (kk % 4), 16, 1024);
+        if constexpr (Tile::kBlockN == 128) wgmma_m64n128k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
+        else wgmma_m64n64k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(s_flat);
+
+      const bool crosses_end = n0 + Tile::kBlockN > seq.seqlen_k;
+      const bool crosses_diagonal = p.causal && n0 + Tile::kBlockN - 1 > m0 + 64 * consumer + causal_shift;
+      if (crosses_end || crosses_diagonal)
+        mask_scores(s, m0 + row_in_tile - n0, 2 * (lane % 4), seq.seqlen_k - n0, p.causal, causal_shift);
+      softmax.update(s, o, p.scale_log2);
+
+      // P as the A fragments of the 16-key steps of P V.
+      uint32_t pa[Tile::kBlockN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
+        pa[kk][0] = ptx::pack2<T>(s[0][2 * kk][0], s[0][2 * kk][1]);
+        pa[kk][1] = ptx::pack2<T>(s[0][2 * kk][2], s[0][2 * kk][3]);
+        pa[kk][2] = ptx::pack2<T>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+        pa[kk][3] = ptx::pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+      }
+      auto& o_flat = reinterpret_cast<float(&)[kHeadDim / 2]>(o);
+      mbarrier_wait(&v_full[ring.stage], ring.phase);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
+        const uint64_t b = smem_descriptor(v_addr + 2048 * kk, Tile::kKvChunkBytes, 1024);
+        if constexpr (kHeadDim == 256) wgmma_m64n256k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
+        else if constexpr (kHeadDim == 128) wgmma_m64n128k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
+        else wgmma_m64n64k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(o_flat);
+      if (leader) mbarrier_arrive(&kv_empty[ring.stage]);
+      ring.advance();
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(s_flat);
 
-    const bool crosses_end = n0 + Tile::kBlockN > seq.seqlen_k;
-    const bool crosses_diagonal = p.causal && n0 + Tile::kBlockN - 1 > m0 + 64 * consumer + causal_shift;
-    if (crosses_end || crosses_diagonal)
-      mask_scores(s, m0 + row_in_tile - n0, 2 * (lane % 4), seq.seqlen_k - n0, p.causal, causal_shift);
-    softmax.update(s, o, p.scale_log2);
-
-    // P as the A fragments of the 16-key steps of P V.
-    uint32_t pa[Tile::kBlockN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
-      pa[kk][0] = ptx::pack2<T>(s[0][2 * kk][0], s[0][2 * kk][1]);
-      pa[kk][1] = ptx::pack2<T>(s[0][2 * kk][2], s[0][2 * kk][3]);
-      pa[kk][2] = ptx::pack2<T>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-      pa[kk][3] = ptx::pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+    if (n_blocks > 0) {
+      if (leader) mbarrier_arrive(&q_empty[q_buffer]);
+      q_ring.advance();
     }
-    auto& o_flat = reinterpret_cast<float(&)[kHeadDim / 2]>(o);
-    mbarrier_wait(&v_full[ring.stage], ring.phase);
-    wgmma_fence();
+    float inv_sum[1][2], row_lse[1][2];
+    softmax.finish(inv_sum, row_lse, p.scale_log2);
+    T* out = static_cast<T*>(p.out.data) + c.batch * p.out.batch_stride + c.head * p.out.head_stride;
 #pragma unroll
-    for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
-      const uint64_t b = smem_descriptor(v_addr + 2048 * kk, Tile::kKvChunkBytes, 1024);
-      if constexpr (kHeadDim == 256) wgmma_m64n256k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
-      else if constexpr (kHeadDim == 128) wgmma_m64n128k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
-      else wgmma_m64n64k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
+    for (int half = 0; half < 2; ++half) {
+      const int row = m0 + row_in_tile + 8 * half;
+      if (row >= seq.seqlen_q) continue;
+      T* out_row = out + (seq.q_start + row) * p.out.row_stride + 2 * (lane % 4);
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+        *reinterpret_cast<uint32_t*>(out_row + 8 * dt) =
+            ptx::pack2<T>(o[0][dt][2 * half] * inv_sum[0][half], o[0][dt][2 * half + 1] * inv_sum[0][half]);
+      if (p.lse && lane % 4 == 0)
+        p.lse[c.batch * p.lse_batch_stride + c.head * p.lse_head_stride + seq.q_start + row] = row_lse[0][half];
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(o_flat);
-    if (threadIdx.x % kWarpgroupThreads == 0) mbarrier_arrive(&kv_empty[ring.stage]);
-    ring.advance();
-  }
-
-  float inv_sum[1][2], row_lse[1][2];
-  softmax.finish(inv_sum, row_lse, p.scale_log2);
-  T* out = static_cast<T*>(p.out.data) + batch * p.out.batch_stride + head * p.out.head_stride;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = m0 + row_in_tile + 8 * half;
-    if (row >= seq.seqlen_q) continue;
-    T* out_row = out + (seq.q_start + row) * p.out.row_stride + 2 * (lane % 4);
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt)
-      *reinterpret_cast<uint32_t*>(out_row + 8 * dt) =
-          ptx::pack2<T>(o[0][dt][2 * half] * inv_sum[0][half], o[0][dt][2 * half + 1] * inv_sum[0][half]);
-    if (p.lse && lane % 4 == 0)
-      p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + row] = row_lse[0][half];
   }
 #endif
 }
