@@ -47,7 +47,7 @@ FAMILIES = {
     "gemma2": ("gemma2", 1.0, "pre_feedforward_layernorm"),
     "gemma3_text": ("gemma3", 1.0, "pre_feedforward_layernorm"),
 }
-NOT_YET = {"linear": "llmk's GEMM (issue 12)", "decode": "llmk's decode attention over a KV cache (issue 15)"}
+NOT_YET = {"decode": "llmk's decode attention over a KV cache (issue 15)"}
 # The model's activation name -> (llmk gate op, its extra arguments)
 _GATES = {"silu": ("swiglu", ()), "swish": ("swiglu", ()), "gelu": ("geglu", ("none",)),
           "gelu_pytorch_tanh": ("geglu", ("tanh",)), "gelu_new": ("geglu", ("tanh",))}
@@ -72,16 +72,17 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
           attention: Optional[bool] = None, linear: bool = False, cross_entropy: bool = True,
           decode: bool = False) -> PatchReport:
     """Runs `model` (a transformers causal LM of a supported family, on any device) on llmk
-    kernels; returns the :class:`PatchReport`. ``linear`` and ``decode`` wait on their kernels
-    and are rejected when asked for."""
+    kernels; returns the :class:`PatchReport`. ``linear=True`` runs every nn.Linear of the
+    model on llmk.linear (off by default: on the H100 it measured 0.87-1.02x cuBLAS at prefill
+    sizes, docs/benchmarks.md "GEMM"). ``decode`` waits on its kernel and is rejected when
+    asked for."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", type(model).__name__)
     if model_type not in FAMILIES:
         raise ValueError(f"llmk.patch: model type {model_type!r} is not supported; supported: "
                          f"{', '.join(sorted(FAMILIES))}")
-    for name, wanted in (("linear", linear), ("decode", decode)):
-        if wanted:
-            raise ValueError(f"llmk.patch: {name}=True needs {NOT_YET[name]}, which has not landed yet")
+    if decode:
+        raise ValueError(f"llmk.patch: decode=True needs {NOT_YET['decode']}, which has not landed yet")
     if getattr(model, "_llmk_patch", None) is not None:
         raise ValueError("llmk.patch: the model is already patched (llmk.unpatch(model) first)")
     family, offset, fused_norm = FAMILIES[model_type]
@@ -107,8 +108,8 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
     else:
         report.left["mlp"] = f"the {act!r} gate has no llmk kernel (silu, gelu, gelu_pytorch_tanh)"
     if attention is None and _on_hopper(model):
-        report.left["attention"] = ("on Hopper, SDPA's cuDNN attention is faster than llmk's sm_80 kernel "
-                                    "(0.56-0.73x; the Hopper kernel is issue 13): attention=True patches it anyway")
+        report.left["attention"] = ("on Hopper, SDPA's cuDNN attention is still ahead of llmk's Hopper kernel "
+                                    "(0.83-1.02x at 16k tokens, issue 13): attention=True patches it anyway")
     elif attention is not False:
         reason = _attention_unsupported(config, model.training)
         if reason:
@@ -123,6 +124,14 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
                 "cache), dropout, training, fp32" + (f", the {windows} sliding-window layers" if windows else ""))
     else:
         report.left["attention"] = "attention=False"
+    if not linear:
+        report.left["linear"] = "linear=False (cuBLAS through nn.Linear)"
+    else:
+        reason = _patch_linears(model)
+        if isinstance(reason, str):
+            report.left["linear"] = reason
+        else:
+            report.replaced["linear layers (llmk.linear)"] = reason
     if not cross_entropy:
         report.left["cross_entropy"] = "cross_entropy=False"
     else:
@@ -282,6 +291,22 @@ def _patch_mlps(model: torch.nn.Module, gate_op: str, gate_args: tuple) -> int:
             _replace_forward(module, forward)
             count += 1
     return count
+
+
+def _patch_linears(model: torch.nn.Module):
+    """Every nn.Linear's forward on llmk.linear (the module, its parameters and hooks stay);
+    the count, or why none was patched (llmk.linear takes fp16/bf16 weights)."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    dtypes = {m.weight.dtype for m in linears}
+    if not dtypes <= {torch.float16, torch.bfloat16}:
+        return f"llmk.linear takes float16/bfloat16 weights; this model has {sorted(map(str, dtypes))}"
+
+    def forward(self, x):
+        return ops.linear(x, self.weight, self.bias)
+
+    for module in linears:
+        _replace_forward(module, forward)
+    return len(linears)
 
 
 # -- the causal LM loss ---------------------------------------------------------------------

@@ -219,7 +219,9 @@ def test_what_llmk_cannot_compute_is_left_with_its_reason():
     report = llmk.patch(only_norms, rope=False, mlp=False, attention=False, cross_entropy=False)
     assert set(report.left) >= {"rope", "mlp", "attention", "cross_entropy"} and report.replaced["rmsnorm modules"] == 5
     llmk.unpatch(only_norms)
-    with pytest.raises(ValueError, match="linear=True needs llmk's GEMM"):
-        llmk.patch(only_norms, linear=True)
+    assert "float16/bfloat16" in llmk.patch(only_norms, linear=True).left["linear"]
+    llmk.unpatch(only_norms)
+    with pytest.raises(ValueError, match="decode=True needs llmk's decode attention"):
+        llmk.patch(only_norms, decode=True)
     with pytest.raises(ValueError, match="model type 'gpt2' is not supported"):
         llmk.patch(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2)))
