@@ -169,7 +169,8 @@ def markdown_table(rows, info) -> str:
     out = []
     by_case = {}
     for r in rows:
-        if not overhead_cases.is_overhead_row(r) and not e2e_cases.is_e2e_row(r) and not gemm_cases.is_gemm_row(r):
+        if not (overhead_cases.is_overhead_row(r) or e2e_cases.is_e2e_row(r) or gemm_cases.is_gemm_row(r)
+                or loss_cases.is_fused_linear_cross_entropy_row(r)):
             by_case.setdefault((r["op"], r["tokens"], r["hidden"]), {})[r["impl"]] = r
     ops = list(dict.fromkeys(op for op, _, _ in by_case))
     for op in ops:
@@ -188,6 +189,7 @@ def markdown_table(rows, info) -> str:
             out.append(f"| {tokens} | {hidden} | {o['time_us']:.2f} | {_fmt(o['gbs'])} | {o['pct_copy']:.1f}% | "
                        f"{o['time_us'] / info['empty_us']:.2f} | {speedups} | {o['max_rel_err']} |")
     out += gemm_cases.markdown(rows)
+    out += loss_cases.markdown_fused_linear_cross_entropy(rows)
     out += overhead_cases.markdown(rows)
     out += e2e_cases.markdown(rows)
     return "\n".join(out) + "\n"
@@ -217,7 +219,7 @@ def plot(rows, path):
     gemm = [r for r in rows if gemm_cases.is_gemm_row(r)]
     overhead = [r for r in rows if overhead_cases.is_overhead_row(r)]
     rows = [r for r in rows if not overhead_cases.is_overhead_row(r) and not e2e_cases.is_e2e_row(r)
-            and not gemm_cases.is_gemm_row(r)]
+            and not gemm_cases.is_gemm_row(r) and not loss_cases.is_fused_linear_cross_entropy_row(r)]
     root, ext = os.path.splitext(path)
     if gemm:  # its own figure: beside the others' as <name>_gemm.png
         gemm_cases.plot(gemm, path if not (rows or overhead or e2e) else f"{root}_gemm{ext or '.png'}")
@@ -356,6 +358,8 @@ def main(argv=None):
     rows = run(sweep_ops, args.tokens, args.hidden, torch.bfloat16, device, info, failures)
     if GEMM in ops:
         rows += gemm_cases.run(args, torch.bfloat16, device, info, failures)
+    if "cross_entropy" in ops:  # with it, the fused linear + cross-entropy (GPU only: a note on CPU)
+        rows += loss_cases.run_fused_linear_cross_entropy(device, failures)
     if OVERHEAD in ops:
         rows += overhead_cases.run(torch.bfloat16, device, failures)
     if args.e2e or (args.all and device == "cuda"):

@@ -1,11 +1,21 @@
 """Cross-entropy over vocabulary logits: per-row loss and log-sum-exp in one pass over the
 logits, the gradient in one more (cross_entropy_backward, from the forward's lse), and the
 public cross_entropy with PyTorch's reductions. C++ kernels: python/src/ops_loss.cc over include/llmk/loss.h (its
-header comment has the formulas: ignore_index, label smoothing, z-loss)."""
+header comment has the formulas: ignore_index, label smoothing, z-loss).
 
+fused_linear_cross_entropy (public, no op of its own): the LM head's llmk.linear and the
+cross-entropy in chunks of tokens, without the [tokens, vocab] logits in memory, with autograd
+(an autograd.Function over the ops; see its docstring and docs/kernels/cross_entropy.md)."""
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ._table import define, public, rows_f32
+from .gemm import _aligned, linear
 
 _ARGS = "int ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0"
 
@@ -57,3 +67,259 @@ def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, labe
     else:
         loss = loss.sum() / (target != ignore_index).sum()
     return (loss, lse.view(target.shape)) if return_lse else loss
+
+
+# --- fused linear + cross-entropy -------------------------------------------------------------
+#
+# A composition of the ops above and llmk.linear (no torch.ops.llmk op of its own): the tokens go
+# through in chunks, so that at most one chunk of logits (and its gradient) is in memory. The
+# algorithm, the memory and the reductions' two paths are in fused_linear_cross_entropy's
+# docstring and docs/kernels/cross_entropy.md.
+
+_FLCE = "llmk.fused_linear_cross_entropy"
+_MIN_CHUNK_LOGITS = 1 << 25  # the default chunk holds at least this many logits (64 MiB in bf16)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n.bit_length() - 1)
+
+
+def _flce_chunk_size(tokens: int, hidden: int, vocab: int, weight_grad: bool) -> int:
+    """The default chunk (tokens per chunk):
+
+    - Liger-Kernel's rule: ceil(tokens / ceil(vocab / hidden)) rounded up to a power of 2, so that
+      one chunk of logits is about the size of the hidden states;
+    - at least 2^25 / vocab tokens (a power of 2): a chunk of 32 Mi logits (64 MiB bf16), so that
+      short inputs run in one or a few chunks rather than one token at a time;
+    - when the weight's gradient is accumulated, at least hidden / 4 tokens (a power of 2): every
+      chunk then costs a pass over the float32 dweight accumulator (10 bytes per weight element:
+      read it and the chunk's product, write it back: 5.3 GB at V=128256, H=4096), and that
+      accumulator (4 V H bytes) is in memory anyway: the chunk's logits and their
+      gradient (2 x chunk x V x 2 bytes) are then at most a quarter of it;
+    - at most the token count."""
+    chunk = _pow2_ceil(_cdiv(tokens, _cdiv(vocab, hidden)))
+    chunk = max(chunk, _pow2_floor(_MIN_CHUNK_LOGITS // vocab))
+    if weight_grad:
+        chunk = max(chunk, _pow2_floor(hidden // 4))
+    return max(1, min(tokens, chunk))
+
+
+def _gemm(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """``a · bᵀ + bias``: llmk.linear where its kernels take the operands (16-byte aligned rows), else
+    torch's F.linear (a vocabulary or hidden size that is not a multiple of 8 elements), as
+    llmk.linear's own backward does. On the CPU that F.linear runs in float32 and rounds once, as
+    llmk's CPU reference does (torch's CPU float16 GEMM rounds its partial sums)."""
+    if _aligned(a) and _aligned(b):
+        return linear(a, b, bias, None, "none")
+    if a.device.type == "cpu":
+        return F.linear(a.float(), b.float(), None if bias is None else bias.float()).to(a.dtype)
+    return F.linear(a, b, bias)
+
+
+class _WeightGrad:
+    """The weight's gradient summed over the chunks in float32: ``Σ_chunks dlogitsᵀ · hidden``, one
+    llmk.linear per chunk and vocabulary slice (its product rounded once to the weight's dtype, then
+    added to the float32 slice). The vocabulary is cut into slices of about one chunk of logits, so
+    that the product in the weight's dtype (the GEMM's output) is never the whole [V, H]; and at the
+    end each slice is rounded to the weight's dtype and freed in turn, so that the float32
+    accumulator and the result are not both whole in memory (the peak stays about 4 V H bytes)."""
+
+    def __init__(self, weight: Tensor, chunk: int):
+        vocab, hidden = weight.shape
+        # About one chunk of logits per slice, at most a quarter of the vocabulary (the rounding at
+        # the end then holds 4 V H + V H / 2 bytes at most); multiples of 8 rows: aligned slices.
+        rows = max(8, min(chunk * vocab // hidden, _cdiv(vocab, 4)) // 8 * 8)
+        rows = _cdiv(_cdiv(vocab, _cdiv(vocab, rows)), 8) * 8  # the same number of slices, balanced
+        self.slices = [(v, min(v + rows, vocab)) for v in range(0, vocab, rows)]
+        self.acc = [weight.new_zeros((v1 - v0, hidden), dtype=torch.float32) for v0, v1 in self.slices]
+
+    def add(self, dlogits: Tensor, hidden: Tensor):
+        for (v0, v1), acc in zip(self.slices, self.acc):
+            acc += _gemm(dlogits[:, v0:v1].t(), hidden.t())
+
+    def result(self, dtype: torch.dtype) -> Tensor:
+        parts = []
+        for i in range(len(self.acc)):
+            parts.append(self.acc[i].to(dtype))
+            self.acc[i] = None
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _flce_chunks(hidden, weight, bias, target, args, chunk, needs=(False, False, False), dloss=None, lse=None,
+                 loss_out=None, lse_out=None):
+    """One pass over the tokens (hidden [tokens, H], target [tokens]), `chunk` rows at a time:
+    logits = hidden · weightᵀ + bias (llmk.linear), then
+
+    - without `lse`: the rows' loss and lse (llmk cross_entropy), into `loss_out` / `lse_out`;
+    - with `dloss` (the rows' upstream gradient, float32 [tokens]): the logits' gradient
+      (cross_entropy_backward, from `lse` or the chunk's own), from which the gradients that
+      `needs` = (hidden, weight, bias) asks for: dhidden rows = dlogits · weight, dweight +=
+      dlogitsᵀ · hidden (float32, _WeightGrad; one chunk: the product itself), dbias += the
+      column sums of dlogits (float32).
+
+    Returns (dhidden, dweight, dbias), None where not asked for."""
+    tokens, vocab = hidden.shape[0], weight.shape[0]
+    need_h, need_w, need_b = needs
+    dh = torch.empty_like(hidden) if need_h else None
+    db = hidden.new_zeros(vocab, dtype=torch.float32) if need_b else None
+    acc = _WeightGrad(weight, chunk) if need_w and tokens > chunk else None
+    dw = None
+    for start in range(0, tokens, chunk):
+        end = min(start + chunk, tokens)
+        h, t = hidden[start:end], target[start:end]
+        logits = _gemm(h, weight, bias)
+        if lse is None:
+            loss_c, lse_c = _cross_entropy(logits, t, *args)
+            if loss_out is not None:
+                loss_out[start:end] = loss_c
+            if lse_out is not None:
+                lse_out[start:end] = lse_c
+        else:
+            lse_c = lse[start:end]
+        if dloss is None:
+            continue
+        # The Python layer has no in-place variant of the forward (the C++ cross_entropy can
+        # write the gradient into the logits in the same pass; the registered op does not expose
+        # it): the gradient is a second pass over the chunk, into a second chunk-sized buffer.
+        dlogits = cross_entropy_backward(dloss[start:end], logits, t, lse_c, *args)
+        del logits
+        if need_h:
+            dh[start:end] = _gemm(dlogits, weight.t())
+        if acc is not None:
+            acc.add(dlogits, h)
+        elif need_w:
+            dw = _gemm(dlogits.t(), h.t())
+        if need_b:
+            db += dlogits.sum(0, dtype=torch.float32)
+        del dlogits
+    if need_w:
+        dw = acc.result(weight.dtype) if acc is not None else dw if dw is not None else torch.zeros_like(weight)
+    return dh, dw, db.to(bias.dtype) if db is not None else None
+
+
+def _reduce(loss_rows: Tensor, target: Tensor, ignore_index: int, reduction: str) -> Tensor:
+    if reduction == "none":
+        return loss_rows
+    if reduction == "sum":
+        return loss_rows.sum()
+    return loss_rows.sum() / (target != ignore_index).sum()  # NaN when every row is ignored, as PyTorch
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """hidden [tokens, H], weight [V, H], target [tokens], bias [V] or None -> the loss (float32,
+    reduced, or [tokens] for "none").
+
+    "mean" / "sum": the forward computes the gradients too (the upstream gradient of a reduced
+    loss is one scalar, which the backward multiplies in); the backward only scales them.
+    "none": the forward computes the loss rows and their lse (saved, 4 bytes a token); the
+    backward recomputes the logits chunk by chunk with the per-row upstream gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, args, reduction, chunk):
+        ctx.needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3])
+        ctx.args, ctx.reduction, ctx.chunk = args, reduction, chunk
+        loss = hidden.new_empty(hidden.shape[0], dtype=torch.float32)
+        if reduction == "none":
+            lse = torch.empty_like(loss)
+            _flce_chunks(hidden, weight, bias, target, args, chunk, loss_out=loss, lse_out=lse)
+            ctx.save_for_backward(hidden, weight, bias, target, lse)
+            return loss
+        if reduction == "mean":  # 1 / (rows not ignored in the whole batch), known before the first chunk
+            count = (target != args[0]).sum()  # on the device: no sync
+            scale = torch.reciprocal(count.clamp(min=1).to(torch.float32))
+        else:
+            scale = hidden.new_ones((), dtype=torch.float32)
+        grads = _flce_chunks(hidden, weight, bias, target, args, chunk, ctx.needs,
+                             dloss=scale.expand(hidden.shape[0]), loss_out=loss)
+        ctx.save_for_backward(*grads)
+        return loss.sum() / count if reduction == "mean" else loss.sum()  # mean: NaN when every row is ignored
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dloss):
+        if ctx.reduction == "none":
+            hidden, weight, bias, target, lse = ctx.saved_tensors
+            dh, dw, db = _flce_chunks(hidden, weight, bias, target, ctx.args, ctx.chunk, ctx.needs,
+                                      dloss=dloss.to(torch.float32), lse=lse)
+        else:
+            dh, dw, db = (g if g is None else g * dloss for g in ctx.saved_tensors)
+        return dh, dw, None, db, None, None, None
+
+
+@public
+def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor] = None,
+                               ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean",
+                               z_loss: float = 0.0, chunk_size: Optional[int] = None) -> Tensor:
+    """``cross_entropy(linear(hidden, weight, bias), target, ...)`` (an LM head and its loss) without
+    the ``[tokens, vocab]`` logits in memory: the tokens go through in chunks of ``chunk_size`` rows
+    (llmk.linear for the logits, llmk's cross-entropy kernels for the loss and the logits'
+    gradient, llmk.linear for the gradients), so at most one chunk of logits and its gradient are
+    in memory. Arguments and result as :func:`llmk.cross_entropy` (the loss is float32;
+    ``reduction="mean"`` averages over the rows not ignored in the whole batch, NaN when all are
+    ignored, as PyTorch, their gradients then zero; ``z_loss * lse**2`` per row).
+
+    hidden ``[..., H]`` and weight ``[V, H]`` (nn.Linear's layout; bias ``[V]``) are float16 or
+    bfloat16, the same dtype (float32 is rejected, as by llmk.linear); target ``[...]`` (hidden's
+    leading shape) int64 or int32. Rows are 16-byte aligned for llmk's GEMM kernels when H and V
+    are multiples of 8; other sizes send the GEMMs that need it to torch's F.linear.
+
+    Gradients (hidden, weight, bias) are computed during the forward for ``reduction="mean"`` and
+    ``"sum"`` (Liger-Kernel's approach: the backward only multiplies them by the upstream
+    gradient): per chunk, ``dhidden = dlogits · weight``, ``dweight += dlogitsᵀ · hidden`` (summed
+    in float32: the weight's dtype would round the running sum once per chunk), ``dbias`` += the
+    column sums of dlogits. ``reduction="none"`` computes the loss rows in the forward (saving
+    their lse, 4 bytes a token) and the gradients in the backward, which recomputes the logits
+    chunk by chunk with the per-row upstream gradient. Without a gradient to track (torch.no_grad,
+    or no input requiring one) only the loss is computed.
+
+    ``chunk_size`` (rows per chunk): by default Liger's ceil(tokens / ceil(V / H)) rounded up to a
+    power of 2 (a chunk of logits about the size of hidden), at least 2^25 / V rows (a power of 2;
+    32 Mi logits), and when the weight's gradient is accumulated at least H / 4 rows (a power of 2;
+    each chunk costs a pass over the float32 accumulator). Memory beyond the inputs and the
+    returned gradients: the chunk's logits and their gradient (2 x chunk x V in the dtype), a
+    product slice of about the same size, and, when the weight's gradient spans several chunks,
+    the float32 accumulator (4 x V x H bytes). torch.compile traces it (the chunk loop unrolled)
+    but the tests do not cover it."""
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{_FLCE}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if hidden.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"{_FLCE}: hidden is {str(hidden.dtype).replace('torch.', '')}; the GEMMs take float16 or "
+                        "bfloat16 (as llmk.linear): cast hidden and weight")
+    if hidden.dim() < 1 or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"{_FLCE}: hidden {tuple(hidden.shape)} and weight {tuple(weight.shape)} do not make a "
+                         "linear layer (hidden [..., H], weight [V, H])")
+    if weight.dtype != hidden.dtype or (bias is not None and bias.dtype != hidden.dtype):
+        raise TypeError(f"{_FLCE}: weight ({weight.dtype}) and bias ({None if bias is None else bias.dtype}) must "
+                        f"have hidden's dtype ({hidden.dtype})")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"{_FLCE}: bias has shape {tuple(bias.shape)}, expected ({weight.shape[0]},)")
+    if tuple(target.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(f"{_FLCE}: target has shape {tuple(target.shape)}, expected hidden's leading shape "
+                         f"{tuple(hidden.shape[:-1])}")
+    if target.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{_FLCE}: target is {target.dtype}, expected int64 or int32")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"{_FLCE}: chunk_size must be a positive int or None, got {chunk_size!r}")
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    if h2.stride(-1) != 1:
+        h2 = h2.contiguous()
+    t1 = target.reshape(-1)
+    tokens, (vocab, size) = h2.shape[0], weight.shape
+    args = (ignore_index, label_smoothing, z_loss)
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    chunk = chunk_size or _flce_chunk_size(tokens, size, vocab, grad and weight.requires_grad)
+    if grad:
+        loss = _FusedLinearCrossEntropy.apply(h2, weight, t1, bias, args, reduction, chunk)
+    else:
+        rows = h2.new_empty(tokens, dtype=torch.float32)
+        _flce_chunks(h2, weight, bias, t1, args, chunk, loss_out=rows)
+        loss = _reduce(rows, t1, ignore_index, reduction)
+    return loss.view(target.shape) if reduction == "none" else loss

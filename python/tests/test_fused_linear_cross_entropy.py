@@ -1,0 +1,332 @@
+"""llmk.fused_linear_cross_entropy: the loss and the gradients of hidden, weight and bias against
+the unfused float64 composition (F.linear in float64, then F.cross_entropy plus the z-loss) on CPU
+and CUDA, every reduction, ignored rows, an all-ignored batch, label smoothing, z-loss, chunk sizes
+that do and do not divide the tokens (1, 3, tokens - 1, tokens, the default), a single token, a
+vocabulary that is a multiple of 8 (llmk's GEMM kernels for every product) and one that is not
+(the backward's products on dlogits go to torch), fp16 and bf16, batched hidden; the chunking
+against llmk's own unfused composition; the no-gradient path; the default chunk size; bad
+arguments. Shapes are small (H 32, V 96/101, 13 tokens) so the CPU run takes a few seconds; the
+CUDA cases add the GEMM kernels' sizes and a peak-memory check.
+
+Tolerances. llmk rounds three times where the float64 composition does not, each rounding to the
+dtype with unit roundoff u (2^-8 bf16, 2^-11 fp16): the logits z (|dz| <= u Z, Z the row's
+max|z|), the logits' gradient g (u |g|), and the products (u |result|; the weight's gradient
+once per chunk before its float32 sum, and once more when the backward scales a saved gradient
+by the upstream one). Propagated to first order (error_bounds below):
+
+- a row's loss moves by at most u Z (2 + 2 z_loss |lse| + z_loss u Z) (lse and the target logit
+  each by u Z); mean / sum / none reduce those bounds like the losses;
+- g_j = s (p_j (1 + 2 z_loss lse) - (1 - eps) [j = t] - eps / V) (s the row's upstream scale)
+  moves by s u Z p_j (2 |1 + 2 z_loss lse| + 2 z_loss) through z, plus its own rounding u |g_j|:
+  E, elementwise;
+- dhidden = g · W moves by E · |W| + 2 u |dhidden|; dweight = Σ_chunks g_cᵀ h_c by Eᵀ · |h| +
+  u Σ_chunks |g_cᵀ h_c| + 2 u |dweight|; dbias by the column sums of E + 2 u |dbias|.
+
+The test allows twice these elementwise bounds (second-order terms, the kernels' float32
+arithmetic) plus 1e-6 of the largest reference value; over 40 seeds the worst error was 0.4 of
+that allowance. A lost row moves an element by about s |h| (or s |W|), far beyond it: dropping one
+row per chunk from dweight, or scaling a gradient by 1.01-1.02, failed 54 to 72 of 108 of these
+cases in a hand run (every one where the mutation applies, for the dropped row)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import llmk
+from conftest import DEVICES, requires_cuda
+from llmk.ops.loss import _flce_chunk_size
+
+HALF = [torch.float16, torch.bfloat16]
+H, TOKENS = 32, 13
+CHUNKS = [None, 1, 3, TOKENS - 1, TOKENS]
+# (bias, label_smoothing, z_loss)
+OPTIONS = {"plain": (False, 0.0, 0.0), "bias_smoothing_zloss": (True, 0.1, 0.01)}
+
+
+def make(device, dtype, shape, vocab, bias=False, ignored=(2, 7), size=H):
+    hidden = torch.randn(*shape, size, device=device).to(dtype).requires_grad_()
+    weight = (torch.randn(vocab, size, device=device) * 0.5).to(dtype).requires_grad_()
+    b = (torch.randn(vocab, device=device) * 0.5).to(dtype).requires_grad_() if bias else None
+    target = torch.randint(0, vocab, shape, device=device)
+    flat = target.view(-1)
+    for i in ignored:
+        if i < flat.numel():
+            flat[i] = -100
+    return hidden, weight, b, target
+
+
+def reference(hidden, weight, bias, target, label_smoothing, z_loss, reduction):
+    """The unfused composition in float64, with its leaves (for the gradients)."""
+    leaves = [t.detach().double().requires_grad_() if t is not None else None for t in (hidden, weight, bias)]
+    h, w, b = leaves
+    z = F.linear(h, w, b).reshape(-1, w.shape[0])
+    t = target.reshape(-1)
+    rows = F.cross_entropy(z, t, ignore_index=-100, label_smoothing=label_smoothing, reduction="none")
+    rows = rows + torch.where(t == -100, 0.0, z_loss * torch.logsumexp(z, -1) ** 2)
+    if reduction == "none":
+        return rows.view(target.shape), leaves
+    if reduction == "sum":
+        return rows.sum(), leaves
+    return rows.sum() / (t != -100).sum(), leaves
+
+
+def error_bounds(hidden, weight, bias, target, label_smoothing, z_loss, reduction, dloss, chunk):
+    """Elementwise bounds on |llmk - float64| (the module docstring's derivation): the loss, then
+    dhidden, dweight, dbias."""
+    finfo = torch.finfo(hidden.dtype)
+    u, tiny = finfo.eps / 2, finfo.smallest_normal * finfo.eps / 2  # relative, and subnormal, rounding
+    vocab = weight.shape[0]
+    h = hidden.detach().double().reshape(-1, hidden.shape[-1]).cpu()
+    w = weight.detach().double().cpu()
+    t = target.reshape(-1).cpu()
+    z = h @ w.t() + (bias.detach().double().cpu() if bias is not None else 0.0)
+    valid = t != -100
+    n = valid.sum()
+    lse, p = torch.logsumexp(z, -1), torch.softmax(z, -1)
+    zmax = z.abs().amax(-1)
+    dloss = dloss.detach().double().cpu()
+    s = dloss.reshape(-1) if reduction == "none" else (dloss / n if reduction == "mean" else dloss).expand(len(t))
+    s = torch.where(valid, s, 0.0)
+    c = 1 + 2 * z_loss * lse
+    onehot = F.one_hot(t.clamp(min=0), vocab).double()
+    g = s[:, None] * (p * c[:, None] - (1 - label_smoothing) * onehot - label_smoothing / vocab)
+    e = s.abs()[:, None] * u * zmax[:, None] * p * (2 * c.abs() + 2 * z_loss)[:, None] + u * g.abs() + tiny
+    loss_rows = torch.where(valid, u * zmax * (2 + 2 * z_loss * lse.abs() + z_loss * u * zmax), 0.0)
+    if reduction == "none":
+        loss = loss_rows.view(target.shape)
+    else:
+        loss = loss_rows.sum() / (n if reduction == "mean" else 1)
+    dh = e @ w.abs() + 2 * (u * (g @ w).abs() + tiny)
+    starts = range(0, len(t), chunk)
+    per_chunk = sum(u * (g[i:i + chunk].t() @ h[i:i + chunk]).abs() + tiny for i in starts) if len(starts) > 1 else 0
+    dw = e.t() @ h.abs() + per_chunk + 2 * (u * (g.t() @ h).abs() + tiny)
+    db = e.sum(0) + 2 * (u * g.sum(0).abs() + tiny)
+    return loss, dh.view(hidden.shape), dw, db
+
+
+def assert_within(got, want, bound, what):
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    err = (got - want).abs()
+    allowed = 2 * bound + 1e-6 * want.abs().max().item()
+    bad = ~(err <= allowed)
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.numel()} elements out of the rounding bound; "
+                           f"worst err / allowed {(err / allowed).nan_to_num(float('inf')).max().item():.3g}")
+
+
+def check(device, dtype, shape, vocab, reduction, chunk, bias, label_smoothing, z_loss, ignored=(2, 7), size=H):
+    hidden, weight, b, target = make(device, dtype, shape, vocab, bias, ignored, size)
+    loss = llmk.fused_linear_cross_entropy(hidden, weight, target, b, label_smoothing=label_smoothing,
+                                           reduction=reduction, z_loss=z_loss, chunk_size=chunk)
+    want, leaves = reference(hidden, weight, b, target, label_smoothing, z_loss, reduction)
+    assert loss.dtype == torch.float32
+    dloss = torch.randn(want.shape, device=device)
+    loss.backward(dloss)
+    want.backward(dloss.double())
+    tokens = target.numel()
+    effective = chunk or _flce_chunk_size(tokens, size, vocab, True)
+    bounds = error_bounds(hidden, weight, b, target, label_smoothing, z_loss, reduction, dloss, effective)
+    assert_within(loss, want, bounds[0], "loss")
+    for name, got, ref, bound in zip(("dhidden", "dweight", "dbias"), (hidden, weight, b), leaves, bounds[1:]):
+        if got is not None:
+            assert got.grad is not None and got.grad.dtype == dtype, name
+            assert_within(got.grad, ref.grad, bound, name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("vocab", [96, 101])
+@pytest.mark.parametrize("options", list(OPTIONS))
+def test_matches_float64(device, dtype, reduction, chunk, vocab, options):
+    check(device, dtype, (TOKENS,), vocab, reduction, chunk, *OPTIONS[options])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("chunk", [None, 1, 4])
+def test_batched_hidden(device, reduction, chunk):
+    check(device, torch.bfloat16, (2, 5), 96, reduction, chunk, True, 0.1, 0.01)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("chunk", [None, 1])
+def test_single_token(device, reduction, chunk):
+    check(device, torch.bfloat16, (1,), 101, reduction, chunk, True, 0.0, 0.0, ignored=())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("chunk", [None, 1, 3])
+def test_all_ignored(device, chunk):
+    """Every row ignored: "mean" is 0 / 0 = NaN, as PyTorch's F.cross_entropy and llmk.cross_entropy
+    (whose gradients are then zero, as these are); "sum" 0; "none" zeros."""
+    for reduction in ("mean", "sum", "none"):
+        hidden, weight, b, target = make(device, torch.bfloat16, (5,), 96, True, ignored=range(5))
+        loss = llmk.fused_linear_cross_entropy(hidden, weight, target, b, reduction=reduction, chunk_size=chunk)
+        want, _ = reference(hidden, weight, b, target, 0.0, 0.0, reduction)
+        assert torch.equal(loss.isnan().cpu(), want.isnan()) and torch.equal(loss.nan_to_num().double().cpu(),
+                                                                             want.nan_to_num()), reduction
+        loss.sum().backward()
+        for t in (hidden, weight, b):
+            assert torch.count_nonzero(t.grad) == 0, reduction
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 12, 13])
+def test_chunks_match_unfused_llmk(chunk):
+    """CPU: the chunks change nothing but the weight's gradient's rounding. llmk's reference GEMM
+    and cross-entropy compute each row alone, so the loss and dhidden equal those of llmk.linear
+    then llmk.cross_entropy over all tokens at once; dweight (a float32 sum of per-chunk products
+    rounded to bf16) is within a rounding of each chunk's product."""
+    hidden, weight, b, target = make("cpu", torch.bfloat16, (TOKENS,), 96, True)
+    args = dict(label_smoothing=0.1, z_loss=0.01)
+    loss = llmk.fused_linear_cross_entropy(hidden, weight, target, b, chunk_size=chunk, **args)
+    loss.backward()
+    got = [t.grad for t in (hidden, weight, b)]
+    for t in (hidden, weight, b):
+        t.grad = None
+    want = llmk.cross_entropy(llmk.linear(hidden, weight, b), target, **args)
+    want.backward()
+    assert torch.equal(loss, want)
+    assert torch.equal(got[0], hidden.grad)
+    u = 2.0**-8
+    dz = torch.autograd.functional.vjp(lambda z: llmk.cross_entropy(z, target, **args),
+                                       llmk.linear(hidden, weight, b).detach())[1].double()
+    h = hidden.detach().double()
+    per_chunk = sum((dz[i:i + chunk].t() @ h[i:i + chunk]).abs() for i in range(0, TOKENS, chunk))
+    assert ((got[1].double() - weight.grad.double()).abs() <= u * per_chunk + 2 * u * weight.grad.double().abs()).all()
+    torch.testing.assert_close(got[2], b.grad, rtol=2**-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_grad_computes_no_gradient(device, monkeypatch):
+    """Inputs that need no gradient, or torch.no_grad: the loss alone (the logits' gradient, the
+    GEMMs behind it and the backward are never reached)."""
+    hidden, weight, b, target = make(device, torch.bfloat16, (TOKENS,), 96, True)
+    with_grad = llmk.fused_linear_cross_entropy(hidden, weight, target, b, chunk_size=3)
+
+    def fail(*args):
+        raise AssertionError("cross_entropy_backward called without a gradient to compute")
+
+    monkeypatch.setattr(llmk.ops.loss, "cross_entropy_backward", fail)
+    with torch.no_grad():
+        loss = llmk.fused_linear_cross_entropy(hidden, weight, target, b, chunk_size=3)
+    assert not loss.requires_grad and torch.equal(loss, with_grad.detach())
+    for reduction in ("mean", "sum", "none"):
+        plain = llmk.fused_linear_cross_entropy(hidden.detach(), weight.detach(), target, b.detach(),
+                                                reduction=reduction, chunk_size=3)
+        want, _ = reference(hidden, weight, b, target, 0.0, 0.0, reduction)
+        assert plain.grad_fn is None and plain.shape == want.shape
+        torch.testing.assert_close(plain.double().cpu(), want.detach(), rtol=0.02, atol=0.05)
+    # reduction "none" saves the inputs and computes nothing more in the forward either
+    llmk.fused_linear_cross_entropy(hidden, weight, target, b, reduction="none", chunk_size=3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_only_some_inputs_need_gradients(device):
+    """A frozen head (only hidden trains) and frozen features (only the weight): the others get
+    no gradient, and the ones asked for are right."""
+    for trains in ("hidden", "weight"):
+        hidden, weight, b, target = make(device, torch.bfloat16, (TOKENS,), 96, True)
+        frozen = [t.requires_grad_(False) for name, t in (("hidden", hidden), ("weight", weight), ("bias", b))
+                  if name != trains]
+        assert len(frozen) == 2
+        loss = llmk.fused_linear_cross_entropy(hidden, weight, target, b, chunk_size=3)
+        loss.backward()
+        assert all(t.grad is None for t in frozen)
+        want, leaves = reference(hidden, weight, b, target, 0.0, 0.0, "mean")
+        want.backward()
+        got, ref = (hidden, leaves[0]) if trains == "hidden" else (weight, leaves[1])
+        bounds = error_bounds(hidden, weight, b, target, 0.0, 0.0, "mean", torch.ones((), device=device), 3)
+        assert_within(got.grad, ref.grad, bounds[1 if trains == "hidden" else 2], trains)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_backward_twice(reduction):
+    """retain_graph: a second backward gives the same gradients (the saved ones are not scaled in place)."""
+    hidden, weight, b, target = make("cpu", torch.bfloat16, (TOKENS,), 96, True)
+    loss = llmk.fused_linear_cross_entropy(hidden, weight, target, b, reduction=reduction, chunk_size=4).sum()
+    loss.backward(torch.tensor(0.5), retain_graph=True)
+    first = [t.grad.clone() for t in (hidden, weight, b)]
+    for t in (hidden, weight, b):
+        t.grad = None
+    loss.backward(torch.tensor(0.5))
+    for f, t in zip(first, (hidden, weight, b)):
+        assert torch.equal(f, t.grad)
+
+
+def test_default_chunk_size():
+    # Liger's rule (logits of a chunk ~ hidden's size): 16384 tokens, V 32000, H 4096 -> 2048
+    assert _flce_chunk_size(16384, 4096, 32000, False) == 2048
+    # the bench shapes: without the weight's gradient Liger's rule (256, 128); with it, H / 4
+    # (a power of 2) bounds the passes over the float32 accumulator
+    assert _flce_chunk_size(8192, 4096, 128256, False) == 256
+    assert _flce_chunk_size(8192, 4096, 128256, True) == 1024
+    assert _flce_chunk_size(4096, 3584, 152064, False) == 128
+    assert _flce_chunk_size(4096, 3584, 152064, True) == 512
+    # short inputs: one chunk (at least 2^25 logits); never more than the tokens
+    assert _flce_chunk_size(16, 4096, 128256, True) == 16
+    assert _flce_chunk_size(1, 32, 101, False) == 1
+    assert _flce_chunk_size(0, 32, 101, True) == 1
+
+
+def test_empty_batch():
+    hidden, weight, b, target = make("cpu", torch.bfloat16, (0,), 96, True, ignored=())
+    assert llmk.fused_linear_cross_entropy(hidden, weight, target, b, reduction="sum").item() == 0
+    loss = llmk.fused_linear_cross_entropy(hidden, weight, target, b, reduction="none")
+    assert loss.shape == (0,)
+    llmk.fused_linear_cross_entropy(hidden, weight, target, b, reduction="sum").backward()
+    assert hidden.grad.shape == (0, H) and torch.count_nonzero(weight.grad) == 0
+
+
+def test_bad_arguments():
+    hidden, weight, b, target = make("cpu", torch.bfloat16, (TOKENS,), 96, True)
+    flce = llmk.fused_linear_cross_entropy
+    with pytest.raises(TypeError, match="hidden is float32; the GEMMs take float16 or bfloat16"):
+        flce(hidden.float(), weight.float(), target)
+    with pytest.raises(TypeError, match="must have hidden's dtype"):
+        flce(hidden, weight.half(), target)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        flce(hidden, weight, target, reduction="avg")
+    with pytest.raises(ValueError, match="do not make a linear layer"):
+        flce(hidden, weight[:, :16], target)
+    with pytest.raises(ValueError, match="target has shape"):
+        flce(hidden, weight, target[:-1])
+    with pytest.raises(ValueError, match="bias has shape"):
+        flce(hidden, weight, target, b[:-1])
+    with pytest.raises(TypeError, match="target is torch.float32"):
+        flce(hidden, weight, target.float())
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        flce(hidden, weight, target, chunk_size=0)
+    with pytest.raises(RuntimeError, match=r"cross_entropy: target\[0\] = 96 is out of range"):
+        flce(hidden, weight, torch.full_like(target, 96))
+
+
+# --- the GPU's own sizes ---------------------------------------------------------------------------
+
+@requires_cuda
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("chunk", [None, 64, 100, 257])
+def test_cuda_gemm_sizes(reduction, chunk):
+    """Chunks of more and fewer than 64 rows (llmk.linear's split-K and tiled kernels), a vocabulary
+    over the tiles (1032) and slices of the weight's gradient."""
+    check("cuda", torch.bfloat16, (257,), 1032, reduction, chunk, True, 0.1, 1e-3, size=128)
+
+
+@requires_cuda
+def test_cuda_peak_memory_is_a_chunk():
+    """4096 tokens x V 32000 (bf16 logits: 262 MB): forward + backward stays well under one copy
+    of the logits (the chunk's logits and gradient, the float32 dweight of 8 MB and its slice)."""
+    tokens, hidden_size, vocab = 4096, 64, 32000
+    hidden = torch.randn(tokens, hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(vocab, hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, vocab, (tokens,), device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    loss = llmk.fused_linear_cross_entropy(hidden, weight, target, chunk_size=256)
+    loss.backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak < 0.25 * tokens * vocab * 2, f"peak {peak / 2**20:.1f} MiB"
