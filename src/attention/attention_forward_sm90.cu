@@ -4,14 +4,13 @@
 // Instantiations (the only list): {bf16, fp16} x head dim {64, 128, 256}. Head dims 32
 // and 96 (whose rows are not whole 128-byte swizzle chunks), head dims LLMK_HEAD_DIMS
 // leaves out, and strides TMA cannot address take the sm_80 kernel (attention_forward.cu).
-#include <mutex>
-
 #include "attention/attention_forward_sm90_kernel.cuh"
 #include "attention/attention_params.h"
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
+#include "common/occupancy.h"
+#include "common/sm90/kernel_support.h"
 #include "common/sm90/tma.h"
-#include "llmk/device_info.h"
 
 namespace llmk::detail {
 
@@ -20,33 +19,6 @@ namespace {
 template <class T, int kHeadDim>
 const void* kernel_for() {
   return reinterpret_cast<const void*>(sm90::attention_forward_sm90_kernel<T, kHeadDim>);
-}
-
-// Whether this build's Hopper kernel loads on `device` (an sm_90 GPU and sm_90a code).
-bool hopper_code(int device) {
-  static std::mutex mutex;
-  static int known[64] = {};  // 0 unknown, 1 yes, 2 no
-  std::lock_guard<std::mutex> lock(mutex);
-  if (device < 0 || device >= 64) return false;
-  if (known[device] == 0) {
-    const DeviceInfo info = llmk::device_info(device);
-    bool ok = info.available && info.cc_major == 9 && info.cc_minor == 0;
-    if (ok) {
-      cudaFuncAttributes attr{};
-      ok = cudaFuncGetAttributes(&attr, kernel_for<__nv_bfloat16, 128>()) == cudaSuccess && attr.binaryVersion >= 90;
-      (void)cudaGetLastError();
-    }
-    known[device] = ok ? 1 : 2;
-  }
-  return known[device] == 1;
-}
-
-// SMs of the current device (the persistent grid's size).
-int sm_count() {
-  int device = 0, sms = 0;
-  LLMK_CUDA_CHECK(cudaGetDevice(&device));
-  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
 }
 
 bool tma_tensor_ok(const AttentionTensor& t, bool varlen) {
@@ -99,7 +71,10 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   // balance them, longest first.
   const int m_blocks = (p.seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;
   const int64_t tiles = static_cast<int64_t>(m_blocks) * p.heads_q * p.batch;
-  const int grid = static_cast<int>(p.causal || tiles < sm_count() ? tiles : sm_count());
+  int device = 0;
+  LLMK_CUDA_CHECK(cudaGetDevice(&device));
+  const int sms = sm_count_of(device);
+  const int grid = static_cast<int>(p.causal || tiles < sms ? tiles : sms);
   sm90::attention_forward_sm90_kernel<T, kHeadDim>
       <<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(maps, p, m_blocks, tiles);
 }
@@ -117,7 +92,7 @@ bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, con
     return *why = "q, k and v need 16-byte aligned data pointers and strides for TMA", false;
   if (reinterpret_cast<uintptr_t>(p.out.data) % 4 != 0 || p.out.row_stride % 2 != 0)
     return *why = "out needs 4-byte aligned rows", false;
-  if (!hopper_code(device)) return *why = "the device is not sm_90 or this build has no sm_90a code", false;
+  if (!sm90::sm90a_kernel_runs(kernel_for<__nv_bfloat16, 128>(), device)) return *why = "the device is not sm_90 or this build has no sm_90a code", false;
   return true;
 }
 

@@ -52,8 +52,8 @@ struct AttentionSm90Tile {
   // Two Q buffers let the producer load the next tile's Q during this one (one at D = 256,
   // where a second 64 KB does not fit).
   static constexpr int kQBuffers = kHeadDim <= 128 ? 2 : 1;
-  static constexpr uint32_t kKBytes = kChunks * kKvChunkBytes, kVBytes = kKBytes;
-  static constexpr uint32_t kStageBytes = kKBytes + kVBytes;
+  static constexpr uint32_t kKvBytes = kChunks * kKvChunkBytes;  // one key block of K (or V)
+  static constexpr uint32_t kStageBytes = 2 * kKvBytes;
   static constexpr uint32_t kRingOffset = kQBuffers * kQBytes;
   static constexpr int kSharedBytes =
       kRingOffset + kStages * kStageBytes + (2 * kQBuffers + 3 * kStages) * 8 + 1024;
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
   auto q_smem = [&](int b) { return base + b * Tile::kQBytes; };
   auto k_smem = [&](int s) { return base + Tile::kRingOffset + s * Tile::kStageBytes; };
-  auto v_smem = [&](int s) { return base + Tile::kRingOffset + s * Tile::kStageBytes + Tile::kKBytes; };
+  auto v_smem = [&](int s) { return base + Tile::kRingOffset + s * Tile::kStageBytes + Tile::kKvBytes; };
   uint64_t* q_full = reinterpret_cast<uint64_t*>(base + Tile::kRingOffset + Tile::kStages * Tile::kStageBytes);
   uint64_t* q_empty = q_full + Tile::kQBuffers;
   uint64_t* k_full = q_empty + Tile::kQBuffers;
@@ -141,15 +141,15 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
       q_ring.advance();
       for (int j = 0; j < n_blocks; ++j) {
         const int32_t k_row = static_cast<int32_t>(seq.k_start + j * Tile::kBlockN);
+        // Key block j of K or V: its D / 64 column chunks onto `bar`.
+        auto load_block = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* bar) {
+          mbarrier_arrive_expect_tx(bar, Tile::kKvBytes);
+          for (int ch = 0; ch < Tile::kChunks; ++ch)
+            tma_load_4d(dst + ch * Tile::kKvChunkBytes, map, bar, 64 * ch, k_row, kv_head, map_batch);
+        };
         mbarrier_wait(&kv_empty[ring.stage], ring.phase ^ 1u);
-        mbarrier_arrive_expect_tx(&k_full[ring.stage], Tile::kKBytes);
-        for (int ch = 0; ch < Tile::kChunks; ++ch)
-          tma_load_4d(k_smem(ring.stage) + ch * Tile::kKvChunkBytes, &maps.k, &k_full[ring.stage], 64 * ch, k_row,
-                      kv_head, map_batch);
-        mbarrier_arrive_expect_tx(&v_full[ring.stage], Tile::kVBytes);
-        for (int ch = 0; ch < Tile::kChunks; ++ch)
-          tma_load_4d(v_smem(ring.stage) + ch * Tile::kKvChunkBytes, &maps.v, &v_full[ring.stage], 64 * ch, k_row,
-                      kv_head, map_batch);
+        load_block(k_smem(ring.stage), &maps.k, &k_full[ring.stage]);
+        load_block(v_smem(ring.stage), &maps.v, &v_full[ring.stage]);
         ring.advance();
       }
     }

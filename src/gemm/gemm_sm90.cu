@@ -5,12 +5,15 @@
 // {A K-major, B N-major} (input gradient), {A M-major, B N-major} (weight gradient); the
 // output has the inputs' dtype. Everything else takes the mma.sync kernel.
 #include <mutex>
+#include <tuple>
+#include <vector>
 
 #include "common/cuda_check.h"
+#include "common/occupancy.h"
+#include "common/sm90/kernel_support.h"
 #include "common/sm90/tma.h"
 #include "gemm/gemm.h"
 #include "gemm/gemm_sm90_kernel.cuh"
-#include "llmk/device_info.h"
 
 namespace llmk::detail {
 
@@ -38,53 +41,20 @@ auto with_kernel(DType dtype, bool a_k_major, bool b_k_major, F&& f) {
   return pick(DTypeTag<DType::f16>{});
 }
 
-struct DeviceFacts {
-  bool hopper = false;
-  bool has_code = false;  // this build carries sm_90a code that loads on the device
-  int sms = 0;
-};
-
-DeviceFacts device_facts(int device) {
+// Clusters of the kernel's shape that run at once on the device (cached per kernel and
+// device).
+int max_active_clusters(const void* kernel, cudaLaunchConfig_t config, int device) {
   static std::mutex mutex;
-  static DeviceFacts cache[64];
-  static bool known[64] = {};
+  static std::vector<std::tuple<const void*, int, int>> known;
   std::lock_guard<std::mutex> lock(mutex);
-  if (device < 0 || device >= 64) return {};
-  if (!known[device]) {
-    const DeviceInfo info = llmk::device_info(device);
-    DeviceFacts f;
-    f.hopper = info.available && info.cc_major == 9 && info.cc_minor == 0;
-    f.sms = info.sm_count;
-    if (f.hopper) {
-      cudaFuncAttributes attr{};
-      f.has_code = cudaFuncGetAttributes(&attr, kernel_for<__nv_bfloat16, true, true>()) == cudaSuccess &&
-                   attr.binaryVersion >= 90;
-      (void)cudaGetLastError();
-    }
-    cache[device] = f;
-    known[device] = true;
-  }
-  return cache[device];
-}
-
-// Clusters of the kernel's shape that run at once on the device (cached per kernel).
-int max_active_clusters(const void* kernel, cudaLaunchConfig_t config, int sms) {
-  static std::mutex mutex;
-  static const void* kernels[16] = {};
-  static int counts[16] = {};
-  std::lock_guard<std::mutex> lock(mutex);
-  for (int i = 0; i < 16 && kernels[i]; ++i)
-    if (kernels[i] == kernel) return counts[i];
+  for (const auto& [k, d, clusters] : known)
+    if (k == kernel && d == device) return clusters;
+  const int sms = sm_count_of(device);
   config.gridDim = dim3(static_cast<unsigned>(sms / GemmSm90Config::kCluster * GemmSm90Config::kCluster));
   int clusters = 0;
   LLMK_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
   LLMK_CHECK(clusters > 0, "gemm: no cluster of the Hopper kernel fits on this device");
-  for (int i = 0; i < 16; ++i)
-    if (!kernels[i]) {
-      kernels[i] = kernel;
-      counts[i] = clusters;
-      break;
-    }
+  known.emplace_back(kernel, device, clusters);
   return clusters;
 }
 
@@ -102,8 +72,7 @@ bool gemm_sm90_takes(const GemmParams& p, int device) {
   if (p.activation == GemmActivation::silu_mul && !p.b_k_major) return false;
   if (!aligned16(p.a, p.lda) || !aligned16(p.b, p.ldb)) return false;
   if (p.m >= (int64_t{1} << 31) || p.n >= (int64_t{1} << 31) || p.k >= (int64_t{1} << 31)) return false;
-  const DeviceFacts f = device_facts(device);
-  return f.hopper && f.has_code;
+  return sm90::sm90a_kernel_runs(kernel_for<__nv_bfloat16, true, true>(), device);
 }
 
 void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
@@ -111,7 +80,6 @@ void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
   constexpr const char* kOp = "gemm";
   int device = 0;
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
-  const DeviceFacts facts = device_facts(device);
 
   const bool silu = p.activation == GemmActivation::silu_mul;
   GemmSm90Args args{};
@@ -166,7 +134,7 @@ void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
     config.numAttrs = 1;
     // As many clusters as fit at once (GPC boundaries can leave an SM out), at most one
     // per cluster tile.
-    const int clusters = max_active_clusters(kernel, config, facts.sms);
+    const int clusters = max_active_clusters(kernel, config, device);
     const int64_t tiles = args.raster.tiles();
     config.gridDim = dim3(static_cast<unsigned>(C::kCluster * (tiles < clusters ? tiles : clusters)));
     void* params[] = {const_cast<CUtensorMap*>(&map_a), const_cast<CUtensorMap*>(&map_b),

@@ -182,8 +182,7 @@ __device__ __forceinline__ void gemm_sm90_store_direct(const GemmParams& p, cons
       TOut* out = static_cast<TOut*>(p.out) + row * p.ld_out + col;
       const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
       if (vector_ok && col + 1 < n_out) {
-        TOut pair[2] = {from_float<TOut>(v0), from_float<TOut>(v1)};
-        *reinterpret_cast<uint32_t*>(out) = *reinterpret_cast<const uint32_t*>(pair);
+        *reinterpret_cast<uint32_t*>(out) = ptx::pack2<TOut>(v0, v1);
       } else {
         out[0] = from_float<TOut>(v0);
         if (col + 1 < n_out) out[1] = from_float<TOut>(v1);

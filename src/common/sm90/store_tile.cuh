@@ -15,25 +15,14 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/ptx.cuh"
+
 namespace llmk::detail::sm90 {
 
 __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
                "r"(r2), "r"(r3)
                : "memory");
-}
-
-template <class T>
-__device__ __forceinline__ uint32_t pack_pair(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack_pair<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t pack_pair<__half>(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // Writes d[0 .. kCols/2) of this thread (warp w of the warpgroup holds rows 16w..16w+15)
@@ -48,21 +37,14 @@ __device__ __forceinline__ void store_accumulators_swizzled(uint32_t boxes, cons
     const int col = 16 * c + (matrix / 2) * 8;
     const int chunk = (col % 64) / 8;
     const uint32_t addr = boxes + (col / 64) * 8192 + row * 128 + ((chunk ^ (row % 8)) * 16);
-    stmatrix_x4(addr, pack_pair<T>(d[8 * c], d[8 * c + 1]), pack_pair<T>(d[8 * c + 2], d[8 * c + 3]),
-                pack_pair<T>(d[8 * c + 4], d[8 * c + 5]), pack_pair<T>(d[8 * c + 6], d[8 * c + 7]));
+    stmatrix_x4(addr, ptx::pack2<T>(d[8 * c], d[8 * c + 1]), ptx::pack2<T>(d[8 * c + 2], d[8 * c + 3]),
+                ptx::pack2<T>(d[8 * c + 4], d[8 * c + 5]), ptx::pack2<T>(d[8 * c + 6], d[8 * c + 7]));
   }
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
 }
 
 template <class T>
 __device__ __forceinline__ float2 unpack_pair(uint32_t v) {
-  if constexpr (sizeof(T) == 2 && std::is_same_v<T, __nv_bfloat16>) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
   } else {
     return __half22float2(*reinterpret_cast<const __half2*>(&v));
@@ -82,7 +64,7 @@ __device__ __forceinline__ void add_swizzled(uint32_t boxes, float* d) {
     const int col = 16 * c + (matrix / 2) * 8;
     const int chunk = (col % 64) / 8;
     uint32_t r[4];
-    ldmatrix_x4(boxes + (col / 64) * 8192 + row * 128 + ((chunk ^ (row % 8)) * 16), r);
+    ptx::ldmatrix_x4(r, boxes + (col / 64) * 8192 + row * 128 + ((chunk ^ (row % 8)) * 16));
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const float2 v = unpack_pair<T>(r[q]);
