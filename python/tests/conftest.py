@@ -72,3 +72,20 @@ def poison_allocator(like: torch.Tensor, blocks: int = 8):
 
 def poisoned_like(t: torch.Tensor) -> torch.Tensor:
     return torch.full_like(t, float("nan"))
+
+
+def f64(t):
+    """A float64 leaf copy of t (None stays None), keeping whether it wants a gradient."""
+    return None if t is None else t.detach().double().requires_grad_(t.requires_grad)
+
+
+def assert_flash_rule(got, want, theirs, dtype, what, atol_eps):
+    """FlashAttention's rule: max|got - want| <= 2 max|theirs - want| + atol (NaN fails), atol =
+    atol_eps rounding steps of `dtype` at max|want|; empty tensors pass."""
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    scale = want.abs().max().item() if want.numel() else 0.0
+    ours = (got.double() - want).abs().max().item() if want.numel() else 0.0
+    ref_err = (theirs.double() - want).abs().max().item() if want.numel() else 0.0
+    atol = atol_eps * torch.finfo(dtype).eps * scale
+    assert ours <= 2 * ref_err + atol, (f"{what}: max error {ours:.3g} > 2 x PyTorch's {ref_err:.3g} + {atol:.3g} "
+                                        f"(max|ref| {scale:.3g})")

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import llmk
-from conftest import DEVICES, gelu_ref, poison_allocator, requires_cuda
+from conftest import DEVICES, assert_flash_rule, f64, gelu_ref, poison_allocator, requires_cuda
 
 HALF = [torch.float16, torch.bfloat16]
 ACTIVATIONS = ["none", "silu_mul", "gelu", "gelu_tanh"]
@@ -33,10 +33,6 @@ CPU_SHAPES = [((1,), 64, 32), ((5,), 136, 24), ((2, 3), 64, 48), ((7,), 64, 26),
 CUDA_SHAPES = CPU_SHAPES + [((16,), 4096, 512), ((64,), 1000, 264), ((65,), 512, 130), ((2, 129), 512, 1536),
                             ((300,), 1032, 392), ((1024,), 1024, 2048)]
 CASES = [("cpu", s) for s in CPU_SHAPES] + [pytest.param("cuda", s, marks=requires_cuda) for s in CUDA_SHAPES]
-
-
-def eps_of(dtype):
-    return torch.finfo(dtype).eps
 
 
 def activate(z, activation, exact=False):
@@ -65,20 +61,8 @@ def make(lead, k, n, activation, epilogue, dtype, device, grad=False):
     return [t.requires_grad_(grad) if t is not None else None for t in (x, w, b, r)]
 
 
-def f64(t):
-    return None if t is None else t.detach().double().requires_grad_(t.requires_grad)
-
-
 def assert_rule(got, want, theirs, dtype, what, atol_eps=ATOL_EPS):
-    """FlashAttention's rule: max|got - want| <= 2 max|theirs - want| + atol (NaN fails), atol =
-    atol_eps rounding steps of max|want|."""
-    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    scale = want.abs().max().item() if want.numel() else 0.0
-    ours = (got.double() - want).abs().max().item() if want.numel() else 0.0
-    ref_err = (theirs.double() - want).abs().max().item() if want.numel() else 0.0
-    atol = atol_eps * eps_of(dtype) * scale
-    assert ours <= 2 * ref_err + atol, (f"{what}: max error {ours:.3g} > 2 x PyTorch's {ref_err:.3g} + {atol:.3g} "
-                                        f"(max|ref| {scale:.3g})")
+    assert_flash_rule(got, want, theirs, dtype, what, atol_eps)
 
 
 @pytest.mark.parametrize("device,shape", CASES)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import llmk
-from conftest import DEVICES, poison_allocator, requires_cuda, rmsnorm_ref
+from conftest import DEVICES, assert_flash_rule, f64, poison_allocator, requires_cuda, rmsnorm_ref
 
 HALF = [torch.float16, torch.bfloat16]
 EPS = 1e-6
@@ -45,20 +45,8 @@ def make(lead, k, n, dtype, g_dtype, device, grad=False):
     return [t.requires_grad_(grad) for t in (x, g, w)]
 
 
-def f64(t):
-    return t.detach().double().requires_grad_(t.requires_grad)
-
-
 def assert_rule(got, want, theirs, dtype, what, atol_eps=ATOL_EPS):
-    """FlashAttention's rule: max|got - want| <= 2 max|theirs - want| + atol (NaN fails), atol =
-    atol_eps rounding steps of max|want|."""
-    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    scale = want.abs().max().item()
-    ours = (got.double() - want).abs().max().item()
-    ref_err = (theirs.double() - want).abs().max().item()
-    atol = atol_eps * torch.finfo(dtype).eps * scale
-    assert ours <= 2 * ref_err + atol, (f"{what}: max error {ours:.3g} > 2 x PyTorch's {ref_err:.3g} + {atol:.3g} "
-                                        f"(max|ref| {scale:.3g})")
+    assert_flash_rule(got, want, theirs, dtype, what, atol_eps)
 
 
 @pytest.mark.parametrize("device,shape", CASES)
