@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/host_types.h"
+#include "rope/rope_host.h"
 #include "rope/rope_params.h"
 
 namespace llmk::detail {
@@ -16,25 +17,12 @@ int64_t position(const RopeParams& p, int64_t b, int64_t s) {
                          : static_cast<const int32_t*>(p.positions)[i];
 }
 
-// Element index of pair i's two members within a head.
-void pair_index(RopeStyle style, int i, int half, int* i1, int* i2) {
-  *i1 = style == RopeStyle::neox ? i : 2 * i;
-  *i2 = style == RopeStyle::neox ? i + half : 2 * i + 1;
-}
-
 template <class T>
 void rotate_heads(const RopeParams& p, const RopeTensor& t, RopeStyle style, int64_t b,
                   int64_t s, const std::vector<double>& cos_v, const std::vector<double>& sin_v) {
-  const int half = p.rot_dim / 2;
   for (int h = 0; h < t.heads; ++h) {
     T* x = static_cast<T*>(t.data) + b * t.batch_stride + s * t.seq_stride + h * t.head_stride;
-    for (int i = 0; i < half; ++i) {
-      int i1, i2;
-      pair_index(style, i, half, &i1, &i2);
-      const double x1 = to_float(x[i1]), x2 = to_float(x[i2]);
-      x[i1] = from_float<T>(static_cast<float>(x1 * cos_v[i] - x2 * sin_v[i]));
-      x[i2] = from_float<T>(static_cast<float>(x2 * cos_v[i] + x1 * sin_v[i]));
-    }
+    rope_rotate_host(x, p.rot_dim, style, cos_v.data(), sin_v.data());
   }
 }
 
