@@ -17,6 +17,7 @@ const char* torch_dtype_name(ScalarType t) {
     case ScalarType::Char: return "int8";
     case ScalarType::Byte: return "uint8";
     case ScalarType::Bool: return "bool";
+    case ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
     case ScalarType::ComplexFloat: return "complex64";
     case ScalarType::ComplexDouble: return "complex128";
     default: return torch::headeronly::toString(t);
@@ -30,9 +31,11 @@ DType llmk_dtype(ScalarType t, const char* op, const char* arg) {
     case ScalarType::BFloat16: return DType::bf16;
     case ScalarType::Int: return DType::i32;
     case ScalarType::Long: return DType::i64;
+    case ScalarType::Float8_e4m3fn: return DType::f8e4m3;  // KV caches (attention_decode)
     default:
       detail::throw_error(op, ": ", arg, " is ", torch_dtype_name(t),
-                          "; llmk takes float32, float16, bfloat16 (and int32/int64 indices)");
+                          "; llmk takes float32, float16, bfloat16 (and int32/int64 indices, float8_e4m3fn "
+                          "KV caches)");
   }
 }
 

@@ -39,6 +39,16 @@ def _varlen():
     return (q, k, v, cu, cu, 7, 7, True, 0.2, True)
 
 
+def _decode():
+    """Paged bf16 cache (pages in any order), append with GPT-J rotary, lse: every argument used."""
+    q = _rows(2, 2, 4, 64, dtype=torch.bfloat16)
+    k_cache, v_cache = _rows(5, 4, 2, 64, dtype=torch.bfloat16), _rows(5, 4, 2, 64, dtype=torch.bfloat16)
+    table = torch.tensor([[3, 0], [1, 4]], dtype=torch.int32)
+    new = _rows(2, 2, 4, 64, dtype=torch.bfloat16)
+    return (q, k_cache, v_cache, torch.tensor([3, 5], dtype=torch.int32), table, new[:, :, :2], new[:, :, 2:],
+            llmk.rope_cos_sin_cache(16, 32), True, True, 0.2, True, None, None)
+
+
 # One sample per op: the arguments of a CPU call (tensors that should train require grad).
 SAMPLES = {
     "rmsnorm": lambda: (_rows(5, 64, grad=True), _rows(64, grad=True), 1e-6, 0.0),
@@ -79,6 +89,7 @@ SAMPLES = {
                                _rows(32, 64, dtype=torch.bfloat16, grad=True), 1e-6),
     "attention": lambda: (*_qkv(), True, 0.125, True),
     "attention_varlen": _varlen,
+    "attention_decode": _decode,
 }
 
 
