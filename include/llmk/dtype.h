@@ -11,6 +11,7 @@ enum class DType : int32_t {
   bf16,
   i32,  // indices (RoPE positions)
   i64,
+  f8e4m3,  // float8 e4m3 ("fn": no infinities, max 448), KV caches with float scales
 };
 
 inline int64_t dtype_size(DType dtype) {
@@ -20,6 +21,7 @@ inline int64_t dtype_size(DType dtype) {
     case DType::bf16: return 2;
     case DType::i32: return 4;
     case DType::i64: return 8;
+    case DType::f8e4m3: return 1;
   }
   return 0;
 }
@@ -31,6 +33,7 @@ inline const char* dtype_name(DType dtype) {
     case DType::bf16: return "bfloat16";
     case DType::i32: return "int32";
     case DType::i64: return "int64";
+    case DType::f8e4m3: return "float8_e4m3fn";
   }
   return "unknown";
 }

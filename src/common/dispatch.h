@@ -20,7 +20,8 @@ decltype(auto) dispatch_dtype(DType dtype, const char* op, F&& f) {
     case DType::f16: return f(DTypeTag<DType::f16>{});
     case DType::bf16: return f(DTypeTag<DType::bf16>{});
     case DType::i32:
-    case DType::i64: break;
+    case DType::i64:
+    case DType::f8e4m3: break;
   }
   throw_error(op, ": unsupported dtype ", dtype_name(dtype));
 }

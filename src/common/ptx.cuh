@@ -101,4 +101,21 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Programmatic dependent launch (sm_90; nothing before, where launches serialize fully):
+// launch_dependents lets the next grid of the stream, launched with the programmatic
+// serialization attribute, start once every block of this grid has called it or exited;
+// wait_for_prior_grid blocks until the previous grid has completed and its memory is
+// visible.
+__device__ __forceinline__ void launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 }  // namespace llmk::detail::ptx

@@ -120,7 +120,8 @@ inline float dtype_rtol(DType dt) {
     case DType::f16: return 2.0f / 1024;
     case DType::bf16: return 2.0f / 128;
     case DType::i32:
-    case DType::i64: break;
+    case DType::i64:
+    case DType::f8e4m3: break;
   }
   return 0;
 }

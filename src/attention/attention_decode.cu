@@ -1,0 +1,129 @@
+// Launcher of the decode attention: the split-KV choice, the tile of each head dim, and the
+// dispatch over q's dtype (fp16, bf16), the cache's (q's or fp8 e4m3), the head dim (64, 96,
+// 128, 256) and the query rows per block (16, or the widest tile whose O accumulators fit
+// in 128 registers per thread: 64 rows at D = 64, 32 at D = 96 / 128, 16 at D = 256).
+// Causal, paging, append, RoPE and GQA are run-time parameters of each kernel.
+#include <cstdint>
+#include <type_traits>
+
+#include "attention/attention_decode_kernel.cuh"
+#include "attention/attention_params.h"
+#include "common/cuda_check.h"
+#include "common/device_types.cuh"
+#include "common/dispatch.h"
+#include "common/occupancy.h"
+
+namespace llmk::detail {
+
+namespace {
+
+// Shared memory per block: two blocks per SM up to D = 128, one at D = 256.
+#ifndef LLMK_DECODE_SMALL_BUDGET
+#define LLMK_DECODE_SMALL_BUDGET 110
+#endif
+constexpr int kTwoPerSm = LLMK_DECODE_SMALL_BUDGET * 1024, kOnePerSm = 220 * 1024;
+constexpr int kMaxSplits = 32 * kMaxSplitWords;  // what the merge kernel takes
+constexpr int kMinKeysPerSplit = 128;  // two stages: shorter pieces cost more in the merge than they save
+constexpr int kBlockCostKeys = 256;   // a block's fixed cost (ring fill, merge), in keys streamed
+
+constexpr int wide_mtiles(int head_dim) { return head_dim == 64 ? 4 : (head_dim == 256 ? 1 : 2); }
+int mtiles_for(int rows, int head_dim) { return rows <= 16 ? 1 : wide_mtiles(head_dim); }
+int blocks_per_sm(int head_dim) { return head_dim == 256 ? 1 : 220 / LLMK_DECODE_SMALL_BUDGET; }
+
+template <class T, class Cache, int kHeadDim, int kMTiles>
+using TileFor = DecodeTile<T, Cache, kHeadDim, kMTiles, kHeadDim == 256 ? kOnePerSm : kTwoPerSm>;
+
+template <class T, class Tile>
+void launch(const DecodeParams& p, int row_blocks, cudaStream_t stream) {
+  const void* kernel = reinterpret_cast<const void*>(&attention_decode_kernel<T, Tile>);
+  LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
+  const dim3 grid(p.splits, p.heads_kv * row_blocks, p.batch);
+  attention_decode_kernel<T, Tile><<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
+  if (p.splits > 1) {
+    const int64_t rows = static_cast<int64_t>(p.batch) * p.q_len * p.heads_q;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>((rows + 3) / 4));
+    config.blockDim = dim3(128);
+    config.stream = stream;
+    cudaLaunchAttribute early;
+    early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    early.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &early;
+    config.numAttrs = 1;
+    LLMK_CUDA_CHECK(cudaLaunchKernelEx(&config, attention_decode_merge_kernel<T, Tile::kHeadDim>, p));
+  }
+}
+
+template <class Cache>
+struct CacheTag {
+  using type = Cache;
+};
+
+template <class F>
+void dispatch_decode_head_dim(int head_dim, F&& f) {
+  auto compiled = [&](auto dim) {
+    if constexpr (head_dim_compiled(decltype(dim)::value)) f(dim);
+    else throw_error("attention_decode: head_dim ", decltype(dim)::value, " has no CUDA kernel in this build");
+  };
+  switch (head_dim) {
+    case 64: return compiled(std::integral_constant<int, 64>{});
+    case 96: return compiled(std::integral_constant<int, 96>{});
+    case 128: return compiled(std::integral_constant<int, 128>{});
+    case 256: return compiled(std::integral_constant<int, 256>{});
+  }
+  throw_error("attention_decode: head_dim ", head_dim, " is not supported (64, 96, 128, 256)");
+}
+
+}  // namespace
+
+int decode_splits_for(int batch, int heads_kv, int q_len, int group, int head_dim, int capacity, DType cache_dtype,
+                      int device) {
+  (void)cache_dtype;  // fp8 tiles keep the same blocks per SM
+  const int rows = q_len * group, row_rows = 16 * mtiles_for(rows, head_dim);
+  const int64_t pairs = static_cast<int64_t>(batch) * heads_kv * ((rows + row_rows - 1) / row_rows);
+  const int64_t slots = static_cast<int64_t>(sm_count_of(device)) * blocks_per_sm(head_dim);
+  const int most = capacity / kMinKeysPerSplit < kMaxSplits ? capacity / kMinKeysPerSplit : kMaxSplits;
+  // Time ~ waves of blocks x (keys per piece + a block's fixed cost in keys: the ring's
+  // fill and the merge of its partial rows); ties go to fewer pieces.
+  auto cost = [&](int s) {
+    return static_cast<double>((pairs * s + slots - 1) / slots) * (static_cast<double>(capacity) / s + kBlockCostKeys);
+  };
+  int best = 1;
+  for (int s = 2; s <= most; ++s)
+    if (cost(s) < cost(best) * (1 - 1e-9)) best = s;
+  return best;
+}
+
+void attention_decode_cuda(const DecodeParams& p, DType dtype, DType cache_dtype, cudaStream_t stream) {
+  const char* op = "attention_decode_kernel";
+  LLMK_CHECK(dtype == DType::f16 || dtype == DType::bf16, "attention_decode: dtype ", dtype_name(dtype),
+             " is not float16 or bfloat16");
+  LLMK_CHECK(cache_dtype == dtype || cache_dtype == DType::f8e4m3, "attention_decode: cache dtype ",
+             dtype_name(cache_dtype), " is neither q's nor float8_e4m3fn");
+  const int rows = p.q_len * p.group;
+  const int mtiles = mtiles_for(rows, p.head_dim);
+  const int row_blocks = (rows + 16 * mtiles - 1) / (16 * mtiles);
+  LLMK_CHECK(p.splits >= 1 && p.splits <= kMaxSplits, "attention_decode: ", p.splits, " splits, at most ", kMaxSplits);
+  LLMK_CHECK(static_cast<int64_t>(p.heads_kv) * row_blocks <= 65535 && p.batch <= 65535 && p.splits <= 65535,
+             "attention_decode: heads_kv x ", row_blocks, " query row blocks or batch ", p.batch,
+             " exceeds the grid (65535)");
+  dispatch_dtype(dtype, op, [&](auto tag) {
+    if constexpr (decltype(tag)::value != DType::f32) {
+      using T = device_type_t<decltype(tag)>;
+      auto with_cache = [&](auto cache) {
+        using Cache = typename std::decay_t<decltype(cache)>::type;
+        dispatch_decode_head_dim(p.head_dim, [&](auto dim) {
+          constexpr int D = decltype(dim)::value;
+          constexpr int kWide = wide_mtiles(D);
+          if (mtiles == 1) return launch<T, TileFor<T, Cache, D, 1>>(p, row_blocks, stream);
+          if constexpr (kWide > 1) return launch<T, TileFor<T, Cache, D, kWide>>(p, row_blocks, stream);
+        });
+      };
+      if (cache_dtype == DType::f8e4m3) with_cache(CacheTag<Fp8E4M3>{});
+      else with_cache(CacheTag<T>{});
+    }
+  });
+  LLMK_CHECK_LAUNCH(op, stream);
+}
+
+}  // namespace llmk::detail
