@@ -28,14 +28,18 @@ import sys
 import torch
 
 import llmk
-from . import (activation_cases, attention_cases, e2e_cases, gemm_cases, loss_cases, norm_cases, optim_cases,
-               overhead_cases, rope_cases, softmax_cases, timing)
+from . import (activation_cases, attention_cases, decode_cases, e2e_cases, gemm_cases, loss_cases, norm_cases,
+               optim_cases, overhead_cases, rope_cases, softmax_cases, timing)
 
-CASE_MODULES = (norm_cases, activation_cases, softmax_cases, rope_cases, optim_cases, loss_cases, attention_cases)
+CASE_MODULES = (norm_cases, activation_cases, softmax_cases, rope_cases, optim_cases, loss_cases, attention_cases,
+                decode_cases)
 OPS = {op: case for m in CASE_MODULES for op, case in m.OPS.items()}
 # Each op's default sweep per device: (tokens, hidden) lists; --tokens / --hidden override them.
 SWEEPS = {"cuda": {op: sweep for m in CASE_MODULES for op, sweep in m.SWEEPS.items()},
           "cpu": {op: sweep for m in CASE_MODULES for op, sweep in m.CPU_SWEEPS.items()}}
+# Ops whose GPU sweep is a list of (tokens, hidden) points rather than the cross product of SWEEPS
+# (decode: batch x context); --tokens / --hidden run the cross product.
+POINTS = {op: set(points) for m in CASE_MODULES for op, points in getattr(m, "POINTS", {}).items()}
 OVERHEAD = "overhead"
 GEMM = "gemm"  # its own sweep over (M, N, K) and fused forms: gemm_cases.run
 # Peers that the CPU run leaves out, and why.
@@ -126,6 +130,9 @@ def run(ops, tokens_list, hidden_list, dtype, device, info, failures):
     for op in ops:
         for hidden in hidden_list or SWEEPS[device][op][1]:
             for tokens in tokens_list or SWEEPS[device][op][0]:
+                if (device == "cuda" and op in POINTS and not (tokens_list or hidden_list)
+                        and (tokens, hidden) not in POINTS[op]):
+                    continue  # a sweep of points (decode): the others of the cross product are not in it
                 try:
                     bytes_moved, make, impls, reference, *flops = OPS[op](tokens, hidden, dtype, device)
                     sets = timing.buffer_sets(make, bytes_moved, device)
@@ -150,6 +157,8 @@ def run(ops, tokens_list, hidden_list, dtype, device, info, failures):
                                           pct_copy=round(100 * bytes_moved / us / 1e3 / info["copy_gbs"], 1),
                                           max_rel_err=f"{err:.2e}", timing=method,
                                           copy_gbs=round(info["copy_gbs"]), empty_us=round(info["empty_us"], 3)))
+                    if getattr(fn, "note", ""):  # what a peer does differently (decode: expanded K/V, ...)
+                        case_rows[-1]["note"] = fn.note
                     if flops:
                         gemm = info["gemm"]
                         case_rows[-1].update(tflops=_sig(flops[0] / us / 1e6),
@@ -180,7 +189,8 @@ def markdown_table(rows, info) -> str:
         if cases[0][1]["llmk"].get("tflops") not in (None, ""):
             out += _flops_table(cases, peers)
             continue
-        out.append("| tokens | hidden | llmk us | GB/s | % of copy | x launch | " +
+        columns = "| context | batch |" if op in decode_cases.OPS else "| tokens | hidden |"
+        out.append(columns + " llmk us | GB/s | % of copy | x launch | " +
                    " | ".join(f"vs {p}" for p in peers) + " | llmk max rel err |")
         out.append("|---:|---:|---:|---:|---:|---:|" + "---:|" * len(peers) + "---:|")
         for (_, tokens, hidden), impls in cases:
@@ -188,6 +198,8 @@ def markdown_table(rows, info) -> str:
             speedups = " | ".join(f"{impls[p]['time_us'] / o['time_us']:.2f}x" if p in impls else "-" for p in peers)
             out.append(f"| {tokens} | {hidden} | {o['time_us']:.2f} | {_fmt(o['gbs'])} | {o['pct_copy']:.1f}% | "
                        f"{o['time_us'] / info['empty_us']:.2f} | {speedups} | {o['max_rel_err']} |")
+        notes = dict.fromkeys((i, r["note"]) for _, impls in cases for i, r in impls.items() if r.get("note"))
+        out += [""] + [f"- {impl}: {note}" for impl, note in notes] if notes else []
     out += gemm_cases.markdown(rows)
     out += loss_cases.markdown_fused_linear_cross_entropy(rows)
     out += overhead_cases.markdown(rows)
@@ -232,7 +244,8 @@ def plot(rows, path):
     columns = max([len(h) for h in hiddens.values()] + [2 if overhead else 1])
     colors = {"llmk": "tab:blue", "eager": "tab:orange", "F.rms_norm": "tab:green", "F.layer_norm": "tab:green",
               "torch": "tab:green", "foreach": "tab:orange", "fused": "tab:green", "llmk 2 kernels": "tab:purple",
-              "compile": "tab:red", "flash": "tab:orange", "cudnn": "tab:green", "efficient": "tab:gray"}
+              "compile": "tab:red", "flash": "tab:orange", "cudnn": "tab:green", "efficient": "tab:gray",
+              "llmk_contiguous": "tab:cyan", "llmk_bf16": "tab:purple"}
     fig, axes = plt.subplots(len(ops) + bool(overhead), columns,
                              figsize=(3.2 * columns, 2.8 * len(ops) + 4.5 * bool(overhead)), squeeze=False)
     for i, op in enumerate(ops):
@@ -247,12 +260,13 @@ def plot(rows, path):
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=impl,
                         color=colors.get(impl))
             ax.set_xscale("log")
-            ax.set_title(f"{op} d={hidden}", fontsize=8)
+            ax.set_title(f"{op} {'batch' if op in decode_cases.OPS else 'd'}={hidden}", fontsize=8)
             ax.tick_params(labelsize=7)
             if j == 0:
                 ax.set_ylabel("TFLOP/s" if _has_flops(rows, op) else "GB/s", fontsize=8)
             if i == len(ops) - 1 or j >= len(hiddens[ops[i + 1]]):
-                ax.set_xlabel("seqlen" if _has_flops(rows, op) else "tokens", fontsize=8)
+                ax.set_xlabel("seqlen" if _has_flops(rows, op) else "context" if op in decode_cases.OPS else "tokens",
+                              fontsize=8)
         axes[i][0].legend(fontsize=6)
     if overhead:
         for ax in axes[-1][2:]:
