@@ -1,4 +1,4 @@
-// Attention forward for prefill (FlashAttention 2's algorithm): out = softmax(scale * q k^T) v
+// Attention (FlashAttention 2's algorithm), forward and backward: out = softmax(scale * q k^T) v
 // per batch entry and query head, tiled with an online softmax so that the [seq_q, seq_k]
 // score matrix is never stored. fp16 and bf16 tensors, fp32 accumulation and softmax.
 //
@@ -52,6 +52,58 @@ void attention_varlen(const TensorView& out, const TensorView& q, const TensorVi
                       bool causal, double scale,
                       const std::optional<TensorView>& lse = std::nullopt,
                       cudaStream_t stream = nullptr);
+
+// Backward of attention (FlashAttention 2's algorithm): the gradients dq, dk, dv of
+// out = softmax(scale * q k^T) v for the upstream gradient dout, from the forward's inputs,
+// its out and its lse (the backward recomputes P = exp(scale * q k^T - lse) tile by tile and
+// never stores the [seq_q, seq_k] matrices):
+//   D = rowsum(dout * out),  dP = dout v^T,  dS = P * (dP - D)
+//   dv = P^T dout,  dk = scale * dS^T q,  dq = scale * dS k
+// Shapes, dtypes and layouts as attention's: dq, dout like q ([batch, seq_q, heads_q, dim]),
+// dk, dv like k ([batch, seq_k, heads_kv, dim]), any 16-byte aligned strides, one dtype for
+// all eight tensors. GQA/MQA: dk and dv of kv head g are summed over the heads_q / heads_kv
+// query heads that read it (in registers, in a fixed order; nothing is copied).
+// lse: float32 [batch, heads_q, seq_q], contiguous, as the forward writes it. A row with
+// lse = -inf (the forward's value for a row that sees no key) or +inf (FlashAttention's)
+// has P = 0: its dq is 0 and it adds nothing to dk and dv, whatever its dout.
+// causal and scale must be the forward's.
+//
+// dq, dk, dv are written whole (0 where nothing flows: keys no row sees, seq_q = 0, seq_k
+// = 0); they overlap neither each other nor an input.
+// deterministic: dq, dk and dv are bitwise identical run to run. dk and dv always are (one
+// block owns each key tile and walks the query tiles in order). dq is by default summed
+// across key tiles with fp32 atomics into the workspace (the order varies); deterministic
+// computes dq in a second kernel instead, one block per query tile walking the key tiles
+// (S and dP computed twice: 7 GEMMs of work instead of 5, expected ~0.7x the speed).
+// workspace: on the GPU a float32 CUDA buffer of at least attention_backward_workspace_size
+// elements (the fp32 dq accumulator and D); ignored on the CPU (std::nullopt is fine).
+// The GPU runs the sm_80 (mma.sync) kernel on every GPU and under every
+// LLMK_ATTENTION_PATH (which picks the forward kernel); host tensors run the double
+// reference.
+void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                        const TensorView& dout, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& out, const TensorView& lse,
+                        bool causal, double scale, bool deterministic = false,
+                        const std::optional<TensorView>& workspace = std::nullopt,
+                        cudaStream_t stream = nullptr);
+
+// The varlen form: tensors packed as attention_varlen's ([total, heads, dim]; lse float32
+// [heads_q, total_q]), cu_seqlens_q/k, max_seqlen_q/k and causal as the forward call's, with
+// the same caller contract on the GPU (checked in full on the CPU).
+void attention_varlen_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                               const TensorView& dout, const TensorView& q, const TensorView& k,
+                               const TensorView& v, const TensorView& out, const TensorView& lse,
+                               const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                               int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
+                               double scale, bool deterministic = false,
+                               const std::optional<TensorView>& workspace = std::nullopt,
+                               cudaStream_t stream = nullptr);
+
+// Elements of float32 workspace a GPU backward needs: q_rows = batch * seq_q (varlen:
+// total_q) rows of heads_q heads: D (q_rows * heads_q) and, unless deterministic, the fp32
+// dq accumulator (q_rows * heads_q * head_dim).
+int64_t attention_backward_workspace_size(int64_t q_rows, int64_t heads_q, int64_t head_dim,
+                                          bool deterministic = false);
 
 // Whether this build has CUDA kernels for `head_dim` (CMake option LLMK_HEAD_DIMS trims
 // the list; default 32, 64, 96, 128, 256). The CPU backend computes all five regardless.

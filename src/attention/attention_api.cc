@@ -1,5 +1,5 @@
-// Public entry points of the attention forward: validate every argument (a rejected call
-// writes nothing), then run the CUDA launcher or the CPU reference.
+// Public entry points of the attention forward and backward: validate every argument (a
+// rejected call writes nothing), then run the CUDA launchers or the CPU references.
 #include <climits>
 #include <cmath>
 #include <optional>
@@ -90,7 +90,7 @@ Validated validate(const char* op, const TensorView& out, const TensorView& q, c
   check_size(op, "seq_q", q.size(seq_dim), INT_MAX / 2);
   check_size(op, "seq_k", k.size(seq_dim), INT_MAX / 2);
   LLMK_CHECK(std::isfinite(scale) && scale > 0, op, ": scale must be finite and > 0, got ", scale);
-  detail::check_no_self_overlap(op, "out", out);
+  if (out.numel() > 0) detail::check_no_self_overlap(op, "out", out);  // an empty tensor shares nothing
   detail::check_no_overlap(op, "out", out, "q", q, false);
   detail::check_no_overlap(op, "out", out, "k", k, false);
   detail::check_no_overlap(op, "out", out, "v", v, false);
@@ -165,28 +165,19 @@ void check_host_cu_seqlens(const char* op, const char* arg, const int32_t* cu, i
              " packed rows");
 }
 
-}  // namespace
-
-bool attention_head_dim_compiled(int64_t head_dim) { return detail::head_dim_compiled(head_dim); }
-
-void attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
-               bool causal, double scale, const std::optional<TensorView>& lse, cudaStream_t stream) {
-  const char* op = "attention";
-  Validated r = validate(op, out, q, k, v, causal, scale, lse, false);
+// Dense batches: [batch, seq, heads, dim].
+void set_dense(const char* op, Validated& r, const TensorView& q, const TensorView& k) {
   check_size(op, "batch", q.size(0), kMaxGridDim);
   r.p.batch = static_cast<int>(q.size(0));
   r.p.seqlen_q = static_cast<int>(q.size(1));
   r.p.seqlen_k = static_cast<int>(k.size(1));
   r.empty = q.numel() == 0;
-  execute(op, r, q, stream);
 }
 
-void attention_varlen(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
-                      const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
-                      int64_t max_seqlen_k, bool causal, double scale, const std::optional<TensorView>& lse,
-                      cudaStream_t stream) {
-  const char* op = "attention_varlen";
-  Validated r = validate(op, out, q, k, v, causal, scale, lse, true);
+// Packed batches: [total, heads, dim] with cu_seqlens; the host backend checks the contract.
+void set_varlen(const char* op, Validated& r, const TensorView& q, const TensorView& k,
+                const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
+                int64_t max_seqlen_k) {
   LLMK_CHECK(cu_seqlens_q.ndim() == 1 && cu_seqlens_q.size(0) >= 1, op,
              ": cu_seqlens_q must be int32 [batch + 1], got ", detail::shape_string(cu_seqlens_q));
   const int64_t batch = cu_seqlens_q.size(0) - 1;
@@ -209,7 +200,109 @@ void attention_varlen(const TensorView& out, const TensorView& q, const TensorVi
     check_host_cu_seqlens(op, "cu_seqlens_k", r.p.cu_seqlens_k, batch, k.size(0), max_seqlen_k);
   }
   r.empty = batch == 0 || max_seqlen_q == 0 || q.numel() == 0;
+}
+
+// The backward's checks beyond the forward's (validate() took q, k, v, out as the forward
+// does and lse as optional): lse present, dout like q, dq like q, dk and dv like k, the three
+// outputs overlapping nothing; on the GPU, the workspace. Then the forward's shape setup
+// (`shapes`), and the launch.
+template <class SetShapes>
+void backward(const char* op, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+              const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+              const TensorView& out, const TensorView& lse, bool causal, double scale, bool deterministic,
+              const std::optional<TensorView>& workspace, cudaStream_t stream, bool packed, SetShapes&& shapes) {
+  Validated r = validate(op, out, q, k, v, causal, scale, lse, packed);
+  detail::AttentionBackwardParams b;
+  b.dout = check_heads(op, "dout", dout, packed);
+  b.dq = check_heads(op, "dq", dq, packed);
+  b.dk = check_heads(op, "dk", dk, packed);
+  b.dv = check_heads(op, "dv", dv, packed);
+  for (const auto& [arg, t] : {std::pair<const char*, const TensorView*>{"dout", &dout}, {"dq", &dq}, {"dk", &dk},
+                               {"dv", &dv}}) {
+    detail::check_same_device(op, arg, *t, "q", q);
+    detail::check_dtype(op, arg, *t, q.dtype());
+  }
+  detail::check_same_shape(op, "dout", dout, "q", q);
+  detail::check_same_shape(op, "dq", dq, "q", q);
+  detail::check_same_shape(op, "dk", dk, "k", k);
+  detail::check_same_shape(op, "dv", dv, "k", k);
+  using Arg = std::pair<const char*, const TensorView*>;
+  const Arg outputs[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
+  const Arg inputs[] = {{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}};
+  for (int i = 0; i < 3; ++i) {
+    if (outputs[i].second->numel() > 0) detail::check_no_self_overlap(op, outputs[i].first, *outputs[i].second);
+    for (int j = i + 1; j < 3; ++j)
+      detail::check_no_overlap(op, outputs[i].first, *outputs[i].second, outputs[j].first, *outputs[j].second,
+                               false);
+    for (const auto& [arg, t] : inputs)
+      detail::check_no_overlap(op, outputs[i].first, *outputs[i].second, arg, *t, false);
+  }
+  shapes(r);
+  b.fwd = r.p;
+  b.heads_kv = static_cast<int>(k.size(-2));
+  if (q.numel() == 0 && k.numel() == 0) return;
+  if (r.on_host) return detail::attention_backward_cpu(b, r.dtype);
+  LLMK_CHECK(detail::head_dim_compiled(r.p.head_dim), op, ": head_dim ", r.p.head_dim,
+             " has no CUDA kernel in this build (CMake option LLMK_HEAD_DIMS)");
+  const int64_t q_rows = packed ? q.size(0) : q.size(0) * q.size(1);
+  const int64_t needed = attention_backward_workspace_size(q_rows, q.size(-2), q.size(-1), deterministic);
+  if (workspace) detail::check_same_device(op, "workspace", *workspace, "q", q);
+  detail::check_workspace(op, workspace, q, needed, "attention_backward_workspace_size");
+  for (const Arg& a : outputs) detail::check_no_overlap(op, "workspace", *workspace, a.first, *a.second, false);
+  for (const Arg& a : inputs) detail::check_no_overlap(op, "workspace", *workspace, a.first, *a.second, false);
+  float* ws = static_cast<float*>(workspace->data());
+  b.dq_accum = deterministic ? nullptr : ws;
+  b.delta = deterministic ? ws : ws + q_rows * q.size(-2) * q.size(-1);
+  detail::DeviceGuard guard(op, "q", q);
+  detail::attention_backward_cuda(b, r.dtype, stream);
+}
+
+}  // namespace
+
+bool attention_head_dim_compiled(int64_t head_dim) { return detail::head_dim_compiled(head_dim); }
+
+void attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+               bool causal, double scale, const std::optional<TensorView>& lse, cudaStream_t stream) {
+  const char* op = "attention";
+  Validated r = validate(op, out, q, k, v, causal, scale, lse, false);
+  set_dense(op, r, q, k);
   execute(op, r, q, stream);
+}
+
+void attention_varlen(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
+                      int64_t max_seqlen_k, bool causal, double scale, const std::optional<TensorView>& lse,
+                      cudaStream_t stream) {
+  const char* op = "attention_varlen";
+  Validated r = validate(op, out, q, k, v, causal, scale, lse, true);
+  set_varlen(op, r, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  execute(op, r, q, stream);
+}
+
+void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
+                        const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                        const TensorView& lse, bool causal, double scale, bool deterministic,
+                        const std::optional<TensorView>& workspace, cudaStream_t stream) {
+  const char* op = "attention_backward";
+  backward(op, dq, dk, dv, dout, q, k, v, out, lse, causal, scale, deterministic, workspace, stream, false,
+           [&](Validated& r) { set_dense(op, r, q, k); });
+}
+
+void attention_varlen_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                               const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const TensorView& lse, const TensorView& cu_seqlens_q,
+                               const TensorView& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                               bool causal, double scale, bool deterministic,
+                               const std::optional<TensorView>& workspace, cudaStream_t stream) {
+  const char* op = "attention_varlen_backward";
+  backward(op, dq, dk, dv, dout, q, k, v, out, lse, causal, scale, deterministic, workspace, stream, true,
+           [&](Validated& r) { set_varlen(op, r, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k); });
+}
+
+int64_t attention_backward_workspace_size(int64_t q_rows, int64_t heads_q, int64_t head_dim, bool deterministic) {
+  LLMK_CHECK(q_rows >= 0 && heads_q >= 0 && head_dim >= 0, "attention_backward_workspace_size: negative size (",
+             q_rows, ", ", heads_q, ", ", head_dim, ")");
+  return q_rows * heads_q * (deterministic ? 1 : 1 + head_dim);
 }
 
 }  // namespace llmk

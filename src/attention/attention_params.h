@@ -1,13 +1,15 @@
-// Kernel parameters of the attention forward and the sequence bounds shared by the CUDA
-// kernel and the CPU reference.
+// Kernel parameters of the attention forward and backward and the sequence bounds shared by
+// the CUDA kernels and the CPU references.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/host_device.h"
 #include "llmk/dtype.h"
+#include "llmk/error.h"
 
 namespace llmk::detail {
 
@@ -85,6 +87,38 @@ constexpr bool head_dim_compiled(int64_t head_dim) {
   return false;
 }
 
+// The backward's parameters: the forward's (lse required) and the gradients. D = rowsum(dout
+// * out) and the fp32 dq accumulator live in the caller's workspace, indexed like lse: the
+// row of (batch b, head h, sequence row i) is r = b * lse_batch_stride + h * lse_head_stride
+// + q_start + i; D[r] is one float, the accumulator's row D * r.. D * r + head_dim - 1.
+struct AttentionBackwardParams {
+  AttentionParams fwd;
+  AttentionTensor dout, dq, dk, dv;
+  float* delta = nullptr;     // D, lse's layout
+  float* dq_accum = nullptr;  // null: the deterministic path (dq from its own kernel, no atomics)
+  int heads_kv = 0;
+};
+
+// Calls f(std::integral_constant<int, head_dim>) for a head dim this build compiled; throws
+// for one LLMK_HEAD_DIMS left out ("has no CUDA kernel in this build") or one not supported.
+template <class F>
+void for_compiled_head_dim(const char* op, int head_dim, F&& f) {
+  bool found = false;
+  auto one = [&](auto dim) {
+    constexpr int kDim = decltype(dim)::value;
+    if (kDim != head_dim) return;
+    found = true;
+    if constexpr (head_dim_compiled(kDim)) f(dim);
+    else throw_error(op, ": head_dim ", kDim, " has no CUDA kernel in this build");
+  };
+  one(std::integral_constant<int, 32>{});
+  one(std::integral_constant<int, 64>{});
+  one(std::integral_constant<int, 96>{});
+  one(std::integral_constant<int, 128>{});
+  one(std::integral_constant<int, 256>{});
+  LLMK_CHECK(found, op, ": head_dim ", head_dim, " is not supported");
+}
+
 // The CUDA launcher and the CPU reference, called after the arguments are validated.
 // attention_forward_cuda picks the path: the Hopper kernel when attention_sm90_takes,
 // else the sm_80 kernel; LLMK_ATTENTION_PATH=sm80|sm90 forces one (sm90 raises an error
@@ -98,5 +132,11 @@ void attention_forward_sm80(const AttentionParams& p, DType dtype, cudaStream_t 
 bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, const char** why);
 void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t stream);
 void attention_forward_cpu(const AttentionParams& p, DType dtype);
+
+// The backward: preprocess (D, zeroing the accumulator), the sm_80 main kernel (dk, dv and
+// the dq atomics), then the dq conversion or, deterministic, the dq kernel
+// (attention_backward.cu); the double reference (attention_backward_cpu.cc).
+void attention_backward_cuda(const AttentionBackwardParams& p, DType dtype, cudaStream_t stream);
+void attention_backward_cpu(const AttentionBackwardParams& p, DType dtype);
 
 }  // namespace llmk::detail

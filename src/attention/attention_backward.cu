@@ -1,0 +1,98 @@
+// Launcher of the attention backward (sm_80 instruction set; it runs on Hopper too): the tile
+// shapes of each head dim and the dispatch over dtype and head dim. Per call: the rows
+// kernel (D, accumulator zeroed), the main kernel (dk, dv, dq atomics), the rows kernel
+// again (dq converted); or, deterministic, the rows kernel (D), the main kernel without dq
+// and the dq kernel. Causal, varlen and GQA are run-time parameters of each kernel.
+#include <type_traits>
+
+#include "attention/attention_backward_kernel.cuh"
+#include "common/cuda_check.h"
+#include "common/device_types.cuh"
+#include "common/dispatch.h"
+
+namespace llmk::detail {
+
+namespace {
+
+// Main kernel: 8 warps, one block per SM (the dK/dV accumulators take most registers).
+// BackwardTile<D, kBlockM, kBlockN, kSWarpsM, kKvWarpsD, kQWarpsD, kStages>:
+//   D <= 128: every warp owns 16 whole key rows (S^T, dP^T, dK, dV), P^T and dS^T stay in
+//   registers for dV and dK; Q_i/dO_i double-buffered. FlashAttention 2's sm_80 shapes:
+//   128 x 128 at D <= 64, 64 query rows x 128 keys at D = 96, 128.
+//   D = 256: 64 x 64, the dK/dV tile split 2 (keys) x 4 (columns), P^T and dS^T through
+//   shared memory, one Q_i/dO_i buffer (shared memory: A100's 163 KB).
+// fp32 registers per thread for dK + dV / S^T + dP^T / dQ: D = 32: 32 / 128 / 16;
+// 64: 64 / 128 / 32; 96: 96 / 64 / 24; 128: 128 / 64 / 32; 256: 128 / 32 / 64.
+// Shared memory: 96 KB, 144 KB, 123 KB, 155 KB, 150 KB.
+template <int kHeadDim> struct BackwardTileOf;
+template <> struct BackwardTileOf<32> { using type = BackwardTile<32, 128, 128, 1, 1, 1, 2>; };
+template <> struct BackwardTileOf<64> { using type = BackwardTile<64, 128, 128, 1, 1, 2, 2>; };
+template <> struct BackwardTileOf<96> { using type = BackwardTile<96, 64, 128, 1, 1, 2, 2>; };
+template <> struct BackwardTileOf<128> { using type = BackwardTile<128, 64, 128, 1, 1, 4, 2>; };
+template <> struct BackwardTileOf<256> { using type = BackwardTile<256, 64, 64, 2, 4, 4, 1>; };
+
+// Deterministic dq kernel: 4 warps, the forward's shapes with S and dP in registers beside
+// the dQ accumulators (D = 32, 64: 32 rows per warp; 96, 128: 16; 256: 16 rows, 32 keys).
+// Shared memory: Q, dO and two K/V stages, 40 KB (D = 32) to 135 KB (D = 256).
+template <int kHeadDim> struct DqTileOf;
+template <> struct DqTileOf<32> { using type = DqTile<32, 128, 64>; };
+template <> struct DqTileOf<64> { using type = DqTile<64, 128, 64>; };
+template <> struct DqTileOf<96> { using type = DqTile<96, 64, 64>; };
+template <> struct DqTileOf<128> { using type = DqTile<128, 64, 64>; };
+template <> struct DqTileOf<256> { using type = DqTile<256, 64, 32>; };
+
+constexpr int kRowsPerBlock = 64;  // attention_backward_rows_kernel
+
+int blocks(int n, int per_block) { return (n + per_block - 1) / per_block; }
+
+template <class Kernel>
+void allow_smem(Kernel kernel, int bytes) {
+  LLMK_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+template <class T, int kHeadDim>
+void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
+  using Tile = typename BackwardTileOf<kHeadDim>::type;
+  using Dq = typename DqTileOf<kHeadDim>::type;
+  const AttentionParams& f = p.fwd;
+  const bool rows = f.seqlen_q > 0 && f.heads_q > 0 && f.batch > 0;
+  const dim3 row_grid(blocks(f.seqlen_q, kRowsPerBlock), f.heads_q, f.batch);
+  if (rows) {
+    attention_backward_rows_kernel<T, kHeadDim><<<row_grid, 128, 0, stream>>>(p, false);
+    LLMK_CHECK_LAUNCH("attention_backward_rows_kernel (D)", stream);
+  }
+  if (f.seqlen_k > 0 && p.heads_kv > 0 && f.batch > 0) {
+    auto kernel = &attention_backward_kernel<T, Tile>;
+    allow_smem(kernel, Tile::kSmemBytes);
+    kernel<<<dim3(blocks(f.seqlen_k, Tile::kBlockN), p.heads_kv, f.batch), Tile::kThreads, Tile::kSmemBytes,
+             stream>>>(p);
+    LLMK_CHECK_LAUNCH("attention_backward_kernel", stream);
+  }
+  if (!rows) return;
+  if (p.dq_accum) {
+    attention_backward_rows_kernel<T, kHeadDim><<<row_grid, 128, 0, stream>>>(p, true);
+    LLMK_CHECK_LAUNCH("attention_backward_rows_kernel (dq)", stream);
+    return;
+  }
+  auto kernel = &attention_backward_dq_kernel<T, Dq>;
+  allow_smem(kernel, Dq::kSmemBytes);
+  kernel<<<dim3(blocks(f.seqlen_q, Dq::kBlockM), f.heads_q, f.batch), Dq::kThreads, Dq::kSmemBytes, stream>>>(p);
+  LLMK_CHECK_LAUNCH("attention_backward_dq_kernel", stream);
+}
+
+}  // namespace
+
+void attention_backward_cuda(const AttentionBackwardParams& p, DType dtype, cudaStream_t stream) {
+  const char* op = "attention_backward";
+  LLMK_CHECK(dtype == DType::f16 || dtype == DType::bf16, op, ": dtype ", dtype_name(dtype),
+             " is not float16 or bfloat16");
+  dispatch_dtype(dtype, op, [&](auto tag) {
+    if constexpr (decltype(tag)::value != DType::f32) {
+      using T = device_type_t<decltype(tag)>;
+      for_compiled_head_dim(op, p.fwd.head_dim, [&](auto dim) { launch<T, decltype(dim)::value>(p, stream); });
+    }
+  });
+}
+
+}  // namespace llmk::detail

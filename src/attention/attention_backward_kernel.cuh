@@ -1,0 +1,599 @@
+// Attention backward on the sm_80 instruction set (mma.sync m16n8k16, ldmatrix, cp.async),
+// FlashAttention 2's algorithm, in three kernels per call (four launches at most):
+//
+//   rows kernel, pre:  D = rowsum(dout * out) per (row, query head), fp32; zeroes the fp32 dq
+//                      accumulator rows (not on the deterministic path)
+//   main kernel:       one block per (key tile of kBlockN keys, kv head, batch entry); dk, dv
+//                      of the tile in fp32 registers, dq into the accumulator by atomics
+//   rows kernel, post: dq = scale * accumulator, rounded to the dtype
+//   or, deterministic, the dq kernel: one block per (query tile, query head, batch entry)
+//
+// Main kernel, per block: K_j and V_j stay in shared memory; the block walks the query heads
+// of its kv head's group and, for each, the query tiles that see the key tile (causal: from
+// the diagonal on), Q_i and dO_i (with lse_i, D_i) double-buffered by cp.async:
+//
+//   S^T  = K_j Q_i^T                 [kBlockN x kBlockM]  (the transpose: rows are keys)
+//   P^T  = exp2(S^T * scale log2 e - lse_i log2 e), 0 where masked
+//   dP^T = V_j dO_i^T
+//   dV  += P^T dO_i                  P^T from registers (the accumulators are A fragments)
+//   dS^T = P^T * (dP^T - D_i)
+//   dK  += dS^T Q_i                  dS^T from registers
+//   dS^T -> shared memory; dQ_i = dS K_j (all warps' keys), red.global.add into fp32
+//
+// Computing S^T rather than S gives every warp whole key rows: the P^T and dS^T fragments
+// it computes are the A operands of its own dV and dK rows, with no shared-memory round
+// trip; only dS^T goes through shared memory, for dQ, whose sum runs over every warp's keys.
+// At head dim 256 the dK/dV accumulators of whole key rows would not fit the registers: the
+// warps split the tile's columns there, so P^T and dS^T both go through shared memory
+// (BackwardTile::kPInRegisters false). The lse of a row that sees no key is -inf (the
+// forward's convention); it is read as +inf, so that exp2(s - lse) = 0 and the row adds
+// nothing anywhere (FlashAttention's +inf works as it is).
+//
+// The dq kernel (deterministic) is the same algebra from the query side: a block owns a
+// query tile and walks the key tiles it sees (S, P, dP, dS in registers as in the forward)
+// and dQ += dS K_j accumulates in registers in a fixed order: no atomics, 3 of the 5 GEMMs
+// again (7 in all instead of 5), written once, no accumulator and no post pass.
+//
+// Roofline (H100 SXM): the backward is 5 GEMMs of seq_q * seq_k * D multiply-adds per (batch,
+// query head): 10 * seq_q * seq_k * D FLOPs, 2.5x the forward's, halved by a causal mask;
+// mma.sync peaks near 660 TFLOP/s dense bf16. Bytes: q, k, v, out, dout, dq, dk, dv once
+// each plus the dq accumulator's atomics, 4 * D bytes per (query row, key tile): at 16k
+// tokens x hidden 2048 (D = 128) ~1 GB of L2 reduction traffic per head group against
+// ~10 ms of tensor-core work, which the L2's atomic units sustain; the kernel is
+// compute-bound, with more non-GEMM work per FLOP than the forward (exp2 and the dS
+// elementwise on [kBlockN x kBlockM] per 5 GEMMs, and the atomics).
+// Registers and shared memory per head dim: the tile table in attention_backward.cu.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/attention_forward_kernel.cuh"
+#include "attention/attention_params.h"
+#include "common/ptx.cuh"
+#include "common/vec.cuh"
+
+namespace llmk::detail {
+
+// The tile of the main kernel: kBlockN keys per block, kBlockM query rows per step, 8 warps.
+// Each of its three GEMM shapes splits over the warps on its own grid:
+//   S^T, dP^T [kBlockN x kBlockM]:  (8 / kSWarpsM) x kSWarpsM warps
+//   dK, dV [kBlockN x D]:           (8 / kKvWarpsD) x kKvWarpsD warps
+//   dQ [kBlockM x D]:               (8 / kQWarpsD) x kQWarpsD warps
+// kPInRegisters when a warp's S^T rows are exactly its dK/dV rows (whole key rows each).
+// kStages: buffers of Q_i, dO_i (2: the next tile loads during this one's GEMMs).
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kSWarpsM_, int kKvWarpsD_, int kQWarpsD_, int kStages_>
+struct BackwardTile {
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
+  static constexpr int kWarps = 8, kThreads = kWarps * 32;
+  static constexpr int kPitch = kHeadDim + 8;  // Q, dO, K, V rows in shared memory (+16 bytes)
+  static constexpr int kSPitch = kBlockM + 8;  // P^T, dS^T rows: [kBlockN][kBlockM]
+
+  static constexpr int kSWarpsM = kSWarpsM_, kSWarpsN = kWarps / kSWarpsM;
+  static constexpr int kSRows = kBlockN / kSWarpsN, kSCols = kBlockM / kSWarpsM;
+  static constexpr int kSMTiles = kSRows / 16, kSNTiles = kSCols / 8;
+
+  static constexpr int kKvWarpsD = kKvWarpsD_, kKvWarpsN = kWarps / kKvWarpsD;
+  static constexpr int kKvRows = kBlockN / kKvWarpsN, kKvCols = kHeadDim / kKvWarpsD;
+  static constexpr int kKvMTiles = kKvRows / 16, kKvNTiles = kKvCols / 8;
+
+  static constexpr int kQWarpsD = kQWarpsD_, kQWarpsM = kWarps / kQWarpsD;
+  static constexpr int kQRows = kBlockM / kQWarpsM, kQCols = kHeadDim / kQWarpsD;
+  static constexpr int kQMTiles = kQRows / 16, kQNTiles = kQCols / 8;
+
+  static constexpr bool kPInRegisters = kSWarpsM == 1 && kKvWarpsD == 1;
+
+  // Shared memory, in elements of T: K, V [kBlockN][kPitch]; Q, dO [kStages][kBlockM][kPitch];
+  // dS^T and, unless kPInRegisters, P^T [kBlockN][kSPitch]; then float lse, D [kStages][kBlockM].
+  static constexpr int kSmemElems =
+      2 * kBlockN * kPitch + 2 * kStages * kBlockM * kPitch + (kPInRegisters ? 1 : 2) * kBlockN * kSPitch;
+  static constexpr int kSmemBytes = kSmemElems * 2 + 2 * kStages * kBlockM * 4;
+
+  static_assert(kSRows % 16 == 0 && kSCols % 16 == 0 && kKvRows % 16 == 0 && kQRows % 16 == 0);
+  static_assert(kKvNTiles % 2 == 0 && kQNTiles % 2 == 0 && kBlockN % 16 == 0 && kBlockM % 16 == 0);
+  static_assert(kStages == 1 || kStages == 2);
+  static_assert(kBlockM <= kThreads / 2, "one thread per lse and per D element of a tile");
+  static_assert(!kPInRegisters || kSRows == kKvRows, "whole key rows per warp");
+};
+
+// The deterministic dq kernel's tile: kBlockM query rows per block (4 warps of kBlockM / 4
+// rows), kBlockN keys per step, K_j and V_j double-buffered.
+template <int kHeadDim_, int kBlockM_, int kBlockN_>
+struct DqTile {
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_;
+  static constexpr int kWarps = 4, kThreads = kWarps * 32;
+  static constexpr int kMTiles = kBlockM / (16 * kWarps), kNTiles = kBlockN / 8, kDTiles = kHeadDim / 8;
+  static constexpr int kPitch = kHeadDim + 8;
+  // Q, dO [kBlockM][kPitch], then K, V [2][kBlockN][kPitch].
+  static constexpr int kSmemElems = (2 * kBlockM + 4 * kBlockN) * kPitch;
+  static constexpr int kSmemBytes = kSmemElems * 2;
+  static_assert(kBlockM % (16 * kWarps) == 0 && kBlockN % 16 == 0 && kDTiles % 2 == 0);
+};
+
+// A tile of `kRows` rows of a kernel's tile geometry, for load_rows / store_rows.
+template <class Tile, int kRows>
+struct RowsOf {
+  static constexpr int kHeadDim = Tile::kHeadDim, kThreads = Tile::kThreads, kPitch = Tile::kPitch;
+  static constexpr int kBlockM = kRows;
+  static_assert(kRows * (kHeadDim / 8) % kThreads == 0, "store_rows covers the tile in whole passes");
+};
+
+namespace bwd {
+
+// ldmatrix_x4 row addresses (element offsets) for a 16 x 16 block of 2 x 2 8x8 matrices
+// stored with `pitch` elements per row, the four matrices taken in column-major order
+// ((0,0), (1,0), (0,1), (1,1) in 8-row, 8-column blocks) or in row-major order.
+__device__ __forceinline__ int lane_blocks_col_major(int lane, int pitch) {
+  return ((lane & 7) + ((lane >> 3) & 1) * 8) * pitch + (lane >> 4) * 8;
+}
+__device__ __forceinline__ int lane_blocks_row_major(int lane, int pitch) {
+  return ((lane & 7) + (lane >> 4) * 8) * pitch + ((lane >> 3) & 1) * 8;
+}
+
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix(uint32_t (&r)[4], uint32_t addr) {
+  if constexpr (kTrans) ptx::ldmatrix_x4_trans(r, addr);
+  else ptx::ldmatrix_x4(r, addr);
+}
+
+// acc += A B over one k-step of 16: A as kMT fragments, B as kNT / 2 fragment pairs read by
+// ldmatrix from `b` (the k-step's first pair; pair np at b + np * kBStepN bytes).
+template <class T, bool kBTrans, uint32_t kBStepN, int kMT, int kNT>
+__device__ __forceinline__ void mma_k_step(float (&acc)[kMT][kNT][4], const uint32_t (&af)[kMT][4], uint32_t b) {
+#pragma unroll
+  for (int np = 0; np < kNT / 2; ++np) {
+    uint32_t bf[4];
+    ldmatrix<kBTrans>(bf, b + np * kBStepN);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      ptx::mma_16x8x16<T>(acc[mt][2 * np], af[mt], bf[0], bf[1]);
+      ptx::mma_16x8x16<T>(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+    }
+  }
+}
+
+// One warp's share of a GEMM: acc (kMT 16-row x kNT 8-column tiles) += A B over kK steps of
+// 16, both operands by ldmatrix from shared memory. `a` points at A(0, 0), A stored [rows][k]
+// (kATrans false: K of S^T = K Q^T) or [k][rows] (kATrans: dS^T read as dS); `b` at B(0, 0),
+// B stored [n][k] (Q of K Q^T) or, kBTrans, [k][n] (dO of P^T dO). An A fragment (a0..a3 =
+// rows 0-7 | 8-15 x k 0-7 | 8-15) is the blocks of [rows][k] in column-major order, of
+// [k][rows] transposed in row-major order; a pair of B fragments (b0, b1 of n-tile 2np, then
+// of 2np + 1) is the blocks of [n][k] in row-major order, of [k][n] transposed in
+// column-major order.
+template <class T, int kMT, int kNT, int kK, bool kATrans, int kAPitch, bool kBTrans, int kBPitch>
+__device__ __forceinline__ void mma_ss(float (&acc)[kMT][kNT][4], const T* a, const T* b, int lane) {
+  static_assert(kNT % 2 == 0, "B fragments come in pairs of 8-column tiles");
+  constexpr uint32_t kARow = kAPitch * sizeof(T), kBRow = kBPitch * sizeof(T);
+  constexpr uint32_t kAStepM = kATrans ? 32 : 16 * kARow, kAStepK = kATrans ? 16 * kARow : 32;
+  constexpr uint32_t kBStepN = kBTrans ? 32 : 16 * kBRow, kBStepK = kBTrans ? 16 * kBRow : 32;
+  const uint32_t a_lane = ptx::smem_address(
+      a + (kATrans ? lane_blocks_row_major(lane, kAPitch) : lane_blocks_col_major(lane, kAPitch)));
+  const uint32_t b_lane = ptx::smem_address(
+      b + (kBTrans ? lane_blocks_col_major(lane, kBPitch) : lane_blocks_row_major(lane, kBPitch)));
+#pragma unroll 1  // not unrolled: unrolled, ptxas hoists every k-step's fragments and spills at D = 64, 128, 256
+  for (int ks = 0; ks < kK; ++ks) {
+    uint32_t af[kMT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) ldmatrix<kATrans>(af[mt], a_lane + mt * kAStepM + ks * kAStepK);
+    mma_k_step<T, kBTrans, kBStepN>(acc, af, b_lane + ks * kBStepK);
+  }
+}
+
+// As mma_ss with A from the fp32 accumulators `p` of an earlier GEMM of this warp
+// (16 kMT rows x 16 kK columns: the accumulators of two adjacent 8-column tiles, rounded to
+// T and packed in pairs, are an A fragment).
+template <class T, int kMT, int kNT, int kK, bool kBTrans, int kBPitch>
+__device__ __forceinline__ void mma_rs(float (&acc)[kMT][kNT][4], const float (&p)[kMT][2 * kK][4], const T* b,
+                                       int lane) {
+  static_assert(kNT % 2 == 0, "B fragments come in pairs of 8-column tiles");
+  constexpr uint32_t kBRow = kBPitch * sizeof(T);
+  constexpr uint32_t kBStepN = kBTrans ? 32 : 16 * kBRow, kBStepK = kBTrans ? 16 * kBRow : 32;
+  const uint32_t b_lane = ptx::smem_address(
+      b + (kBTrans ? lane_blocks_col_major(lane, kBPitch) : lane_blocks_row_major(lane, kBPitch)));
+#pragma unroll
+  for (int ks = 0; ks < kK; ++ks) {
+    uint32_t af[kMT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      af[mt][0] = ptx::pack2<T>(p[mt][2 * ks][0], p[mt][2 * ks][1]);
+      af[mt][1] = ptx::pack2<T>(p[mt][2 * ks][2], p[mt][2 * ks][3]);
+      af[mt][2] = ptx::pack2<T>(p[mt][2 * ks + 1][0], p[mt][2 * ks + 1][1]);
+      af[mt][3] = ptx::pack2<T>(p[mt][2 * ks + 1][2], p[mt][2 * ks + 1][3]);
+    }
+    mma_k_step<T, kBTrans, kBStepN>(acc, af, b_lane + ks * kBStepK);
+  }
+}
+
+// Accumulators times `scale`, rounded to T, into shared memory at `smem` (the warp's tile
+// origin), `kPitch` elements per row: 4-byte stores, conflict-free for pitches of 16k + 8.
+template <class T, int kPitch, int kMT, int kNT>
+__device__ __forceinline__ void store_acc(T* smem, const float (&acc)[kMT][kNT][4], float scale, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      T* row = smem + (mt * 16 + half * 8 + lane / 4) * kPitch + 2 * (lane % 4);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+        *reinterpret_cast<uint32_t*>(row + nt * 8) =
+            ptx::pack2<T>(acc[mt][nt][2 * half] * scale, acc[mt][nt][2 * half + 1] * scale);
+    }
+}
+
+template <int kMT, int kNT>
+__device__ __forceinline__ void zero(float (&acc)[kMT][kNT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+}
+
+// The forward's lse as the exponent offset of exp2: lse * log2(e), with -inf (a row that
+// sees no key) read as +inf so that every probability of the row is exp2(-inf) = 0.
+__device__ __forceinline__ float lse_log2(float lse) {
+  return lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+}
+
+// 4 bytes global -> shared; `valid` false writes 0 and reads nothing.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+
+// p[0] += a, p[1] += b in global memory (fire and forget; p 8-byte aligned).
+__device__ __forceinline__ void red_add2(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+#endif
+}
+
+// The probabilities of one tile of scores in place: s = exp2(s * scale_log2 - lse2[col]) (the
+// accumulators of S^T, rows = keys, or of S, rows = queries), 0 where `masked(row, col)`
+// (row, col: the element's indices in the warp's tile); lse2_of(mt, half, nt, c) gives the
+// row's exponent offset. Then, with dp the dP tile: dp = s * (dp - delta_of(...)), dS.
+template <int kMT, int kNT, class Offset, class Masked>
+__device__ __forceinline__ void probabilities(float (&s)[kMT][kNT][4], float scale_log2, int lane, Offset&& lse2_of,
+                                              bool need_mask, Masked&& masked) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = mt * 16 + (i >> 1) * 8 + lane / 4, col = nt * 8 + 2 * (lane % 4) + (i & 1);
+        const float p = ptx::exp2_approx(fmaf(s[mt][nt][i], scale_log2, -lse2_of(mt, nt, i)));
+        s[mt][nt][i] = need_mask && masked(row, col) ? 0.0f : p;
+      }
+}
+
+// dS = P * (dP - D), in place of dP.
+template <int kMT, int kNT, class Delta>
+__device__ __forceinline__ void score_gradients(float (&dp)[kMT][kNT][4], const float (&p)[kMT][kNT][4],
+                                                Delta&& delta_of) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dp[mt][nt][i] = p[mt][nt][i] * (dp[mt][nt][i] - delta_of(mt, nt, i));
+}
+
+}  // namespace bwd
+
+// grid (ceil(seqlen_q / 64), heads_q, batch), 128 threads. `post` false: D[row] = dout . out
+// and, with an accumulator, its row zeroed; `post` true: dq = scale * accumulator. A row is
+// handled by kLanes threads (a power of two, 8 elements each; at D = 96, 16 lanes of which
+// 12 work) so that the dot product reduces by xor-shuffles within aligned lane groups.
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(128)
+    attention_backward_rows_kernel(const __grid_constant__ AttentionBackwardParams bp, bool post) {
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kLanes = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+  constexpr int kRowsPerPass = 128 / kLanes, kRows = 64;
+  const AttentionParams& p = bp.fwd;
+  const int head = static_cast<int>(blockIdx.y), batch = static_cast<int>(blockIdx.z);
+  const SequenceBounds seq = sequence_bounds(p, batch);
+  const int row0 = static_cast<int>(blockIdx.x) * kRows;
+  if (row0 >= seq.seqlen_q) return;
+  const int sub = static_cast<int>(threadIdx.x) % kLanes, col = sub * 8;
+  const int64_t first = batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start;
+  auto at = [&](const AttentionTensor& t, int64_t row) {
+    return static_cast<T*>(t.data) + batch * t.batch_stride + (seq.q_start + row) * t.row_stride +
+           head * t.head_stride + col;
+  };
+#pragma unroll
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const int row = row0 + pass * kRowsPerPass + static_cast<int>(threadIdx.x) / kLanes;
+    const bool valid = row < seq.seqlen_q && sub < kChunks;
+    float* accum = bp.dq_accum ? bp.dq_accum + (first + row) * kHeadDim + col : nullptr;
+    if (post) {
+      if (!valid) continue;
+      const float4 lo = reinterpret_cast<const float4*>(accum)[0], hi = reinterpret_cast<const float4*>(accum)[1];
+      const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      Vec<T, 8> out;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) out.v[c] = from_float<T>(v[c] * p.scale);
+      store_vec(at(bp.dq, row), out);
+      continue;
+    }
+    float dot = 0.0f;
+    if (valid) {
+      const Vec<T, 8> o = load_vec<T, 8>(at(p.out, row)), d = load_vec<T, 8>(at(bp.dout, row));
+#pragma unroll
+      for (int c = 0; c < 8; ++c) dot = fmaf(to_float(o.v[c]), to_float(d.v[c]), dot);
+      if (accum) {
+        reinterpret_cast<float4*>(accum)[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        reinterpret_cast<float4*>(accum)[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+    if (valid && sub == 0) bp.delta[first + row] = dot;
+  }
+}
+
+// grid (ceil(seqlen_k / kBlockN), heads_kv, batch), Tile::kThreads threads,
+// Tile::kSmemBytes of dynamic shared memory. Writes dk, dv of the block's key rows (0 for
+// keys no query row sees) and, with bp.dq_accum, adds its share of dq there.
+template <class T, class Tile>
+__global__ void __launch_bounds__(Tile::kThreads, 1)
+    attention_backward_kernel(const __grid_constant__ AttentionBackwardParams bp) {
+  using namespace bwd;
+  constexpr int D = Tile::kHeadDim, M = Tile::kBlockM, N = Tile::kBlockN;
+  constexpr int kPitch = Tile::kPitch, kSPitch = Tile::kSPitch;
+  const AttentionParams& p = bp.fwd;
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  T* sK = reinterpret_cast<T*>(smem_bytes);
+  T* sV = sK + N * kPitch;
+  T* sQ = sV + N * kPitch;               // [kStages][M][kPitch]
+  T* sdO = sQ + Tile::kStages * M * kPitch;  // [kStages][M][kPitch]
+  T* sdS = sdO + Tile::kStages * M * kPitch;  // [N][kSPitch]
+  T* sP = sdS + N * kSPitch;                  // [N][kSPitch], unless kPInRegisters
+  float* sLse = reinterpret_cast<float*>(smem_bytes + Tile::kSmemElems * sizeof(T));  // [kStages][M]
+  float* sDelta = sLse + Tile::kStages * M;                                             // [kStages][M]
+
+  const int n_block = static_cast<int>(blockIdx.x), kv_head = static_cast<int>(blockIdx.y);
+  const int batch = static_cast<int>(blockIdx.z);
+  const SequenceBounds seq = sequence_bounds(p, batch);
+  const int n0 = n_block * N;
+  if (n0 >= seq.seqlen_k) return;
+  const int kv_rows = min(N, seq.seqlen_k - n0);
+  const int shift = seq.seqlen_k - seq.seqlen_q;  // causal: row i sees key j <= i + shift
+  // Query tiles that see a key of this tile: causal, from the one holding row n0 - shift.
+  const int m_begin = p.causal ? max(0, n0 - shift) / M : 0;
+  const int m_end = (seq.seqlen_q + M - 1) / M;
+  const int per_head = max(0, m_end - m_begin);
+  const int n_iters = per_head * p.group;
+  const bool with_dq = bp.dq_accum != nullptr;
+
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int s_row0 = (warp / Tile::kSWarpsM) * Tile::kSRows, s_col0 = (warp % Tile::kSWarpsM) * Tile::kSCols;
+  const int kv_row0 = (warp / Tile::kKvWarpsD) * Tile::kKvRows, kv_col0 = (warp % Tile::kKvWarpsD) * Tile::kKvCols;
+  const int q_row0 = (warp / Tile::kQWarpsD) * Tile::kQRows, q_col0 = (warp % Tile::kQWarpsD) * Tile::kQCols;
+
+  auto head_offset = [&](const AttentionTensor& t, int head, int64_t row) {
+    return batch * t.batch_stride + row * t.row_stride + head * t.head_stride;
+  };
+  const int64_t k_row0 = seq.k_start + n0;
+  // Q_i, dO_i, lse_i and D_i of (query head, first row m0) into buffer `stage`.
+  auto load_query_tile = [&](int stage, int head, int m0) {
+    const int64_t row = seq.q_start + m0;
+    load_rows<T, Tile, M>(sQ + stage * M * kPitch, static_cast<const T*>(p.q.data) + head_offset(p.q, head, row),
+                          p.q.row_stride, seq.seqlen_q - m0);
+    load_rows<T, Tile, M>(sdO + stage * M * kPitch,
+                          static_cast<const T*>(bp.dout.data) + head_offset(bp.dout, head, row), bp.dout.row_stride,
+                          seq.seqlen_q - m0);
+    if (tid < 2 * M) {
+      const int i = tid % M;
+      const float* src = (tid < M ? p.lse : bp.delta) + batch * p.lse_batch_stride + head * p.lse_head_stride + row;
+      const bool valid = m0 + i < seq.seqlen_q;
+      cp_async_4(ptx::smem_address((tid < M ? sLse : sDelta) + stage * M + i), valid ? src + i : src, valid);
+    }
+  };
+
+  float dk[Tile::kKvMTiles][Tile::kKvNTiles][4], dv[Tile::kKvMTiles][Tile::kKvNTiles][4];
+  zero(dk);
+  zero(dv);
+  int head = kv_head * p.group, m_block = m_begin;
+  if (n_iters > 0) {
+    load_rows<T, Tile, N>(sK, static_cast<const T*>(p.k.data) + head_offset(p.k, kv_head, k_row0), p.k.row_stride,
+                          kv_rows);
+    load_rows<T, Tile, N>(sV, static_cast<const T*>(p.v.data) + head_offset(p.v, kv_head, k_row0), p.v.row_stride,
+                          kv_rows);
+    load_query_tile(0, head, m_block * M);
+    ptx::cp_async_commit();
+  }
+  for (int it = 0; it < n_iters; ++it) {
+    const int stage = Tile::kStages == 2 ? it & 1 : 0;
+    int next_head = head, next_m = m_block + 1;
+    if (next_m == m_end) {
+      next_m = m_begin;
+      ++next_head;
+    }
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // tile `it` visible; every warp is done with tile it - 1 and with dS^T
+    if (Tile::kStages == 2 && it + 1 < n_iters) {
+      load_query_tile(stage ^ 1, next_head, next_m * M);
+      ptx::cp_async_commit();
+    }
+    const int m0 = m_block * M;
+    const T* sQs = sQ + stage * M * kPitch;
+    const T* sdOs = sdO + stage * M * kPitch;
+    const float* lse = sLse + stage * M + s_col0;
+    const float* delta = sDelta + stage * M + s_col0;
+
+    // S^T = K Q^T and P^T, the warp's kSRows keys x kSCols query rows.
+    float s[Tile::kSMTiles][Tile::kSNTiles][4];
+    zero(s);
+    mma_ss<T, Tile::kSMTiles, Tile::kSNTiles, D / 16, false, kPitch, false, kPitch>(s, sK + s_row0 * kPitch,
+                                                                                   sQs + s_col0 * kPitch, lane);
+    const bool need_mask = n0 + N > seq.seqlen_k || m0 + M > seq.seqlen_q || (p.causal && n0 + N - 1 > m0 + shift);
+    probabilities(
+        s, p.scale_log2, lane, [&](int, int nt, int i) { return lse_log2(lse[nt * 8 + 2 * (lane % 4) + (i & 1)]); },
+        need_mask, [&](int row, int col) {
+          const int j = n0 + s_row0 + row, qi = m0 + s_col0 + col;
+          return j >= seq.seqlen_k || qi >= seq.seqlen_q || (p.causal && j > qi + shift);
+        });
+
+    // dV += P^T dO (before dP^T: fewer accumulators live at once); dP^T = V dO^T.
+    if constexpr (Tile::kPInRegisters) {
+      mma_rs<T, Tile::kKvMTiles, Tile::kKvNTiles, M / 16, true, kPitch>(dv, s, sdOs, lane);
+    } else {
+      store_acc<T, kSPitch>(sP + s_row0 * kSPitch + s_col0, s, 1.0f, lane);
+    }
+    float dp[Tile::kSMTiles][Tile::kSNTiles][4];
+    zero(dp);
+    mma_ss<T, Tile::kSMTiles, Tile::kSNTiles, D / 16, false, kPitch, false, kPitch>(dp, sV + s_row0 * kPitch,
+                                                                                   sdOs + s_col0 * kPitch, lane);
+    // dS^T = P^T (dP^T - D); dK += dS^T Q.
+    score_gradients(dp, s, [&](int, int nt, int i) { return delta[nt * 8 + 2 * (lane % 4) + (i & 1)]; });
+    if constexpr (Tile::kPInRegisters) mma_rs<T, Tile::kKvMTiles, Tile::kKvNTiles, M / 16, true, kPitch>(dk, dp, sQs, lane);
+    if (with_dq || !Tile::kPInRegisters) {
+      store_acc<T, kSPitch>(sdS + s_row0 * kSPitch + s_col0, dp, 1.0f, lane);
+      __syncthreads();  // dS^T (and P^T) visible to every warp
+    }
+    if constexpr (!Tile::kPInRegisters) {
+      mma_ss<T, Tile::kKvMTiles, Tile::kKvNTiles, M / 16, false, kSPitch, true, kPitch>(
+          dv, sP + kv_row0 * kSPitch, sdOs + kv_col0, lane);
+      mma_ss<T, Tile::kKvMTiles, Tile::kKvNTiles, M / 16, false, kSPitch, true, kPitch>(
+          dk, sdS + kv_row0 * kSPitch, sQs + kv_col0, lane);
+    }
+    if constexpr (Tile::kStages == 1) {
+      if constexpr (!Tile::kPInRegisters) __syncthreads();  // every warp is done with Q_i, dO_i
+      if (it + 1 < n_iters) {
+        load_query_tile(0, next_head, next_m * M);
+        ptx::cp_async_commit();
+      }
+    }
+    if (with_dq) {
+      // dQ_i = dS K over the tile's keys: dS^T read transposed as the A operand.
+      float dq[Tile::kQMTiles][Tile::kQNTiles][4];
+      zero(dq);
+      mma_ss<T, Tile::kQMTiles, Tile::kQNTiles, N / 16, true, kSPitch, true, kPitch>(dq, sdS + q_row0, sK + q_col0,
+                                                                                     lane);
+      float* accum = bp.dq_accum + D * (batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0);
+#pragma unroll
+      for (int mt = 0; mt < Tile::kQMTiles; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = q_row0 + mt * 16 + half * 8 + lane / 4;
+          if (m0 + row >= seq.seqlen_q) continue;
+#pragma unroll
+          for (int nt = 0; nt < Tile::kQNTiles; ++nt)
+            red_add2(accum + row * D + q_col0 + nt * 8 + 2 * (lane % 4), dq[mt][nt][2 * half], dq[mt][nt][2 * half + 1]);
+        }
+    }
+    head = next_head;
+    m_block = next_m;
+  }
+
+  // dk = scale * sum dS^T Q and dv through shared memory (K and V are no longer read), then
+  // 16-byte stores of the tile's keys.
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  store_acc<T, kPitch>(sK + kv_row0 * kPitch + kv_col0, dk, p.scale, lane);
+  store_acc<T, kPitch>(sV + kv_row0 * kPitch + kv_col0, dv, 1.0f, lane);
+  __syncthreads();
+  store_rows<T, RowsOf<Tile, N>>(static_cast<T*>(bp.dk.data) + head_offset(bp.dk, kv_head, k_row0), bp.dk.row_stride,
+                                 sK, kv_rows);
+  store_rows<T, RowsOf<Tile, N>>(static_cast<T*>(bp.dv.data) + head_offset(bp.dv, kv_head, k_row0), bp.dv.row_stride,
+                                 sV, kv_rows);
+}
+
+// grid (ceil(seqlen_q / kBlockM), heads_q, batch), Tile::kThreads threads, Tile::kSmemBytes
+// of dynamic shared memory: dq of one query tile, summed over the key tiles in order.
+template <class T, class Tile>
+__global__ void __launch_bounds__(Tile::kThreads)
+    attention_backward_dq_kernel(const __grid_constant__ AttentionBackwardParams bp) {
+  using namespace bwd;
+  constexpr int D = Tile::kHeadDim, M = Tile::kBlockM, N = Tile::kBlockN, kPitch = Tile::kPitch;
+  const AttentionParams& p = bp.fwd;
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  T* sQ = reinterpret_cast<T*>(smem_bytes);
+  T* sdO = sQ + M * kPitch;
+  T* sK = sdO + M * kPitch;  // [2][N][kPitch]
+  T* sV = sK + 2 * N * kPitch;  // [2][N][kPitch]
+
+  const int m_block = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // longest causal rows first
+  const int head = static_cast<int>(blockIdx.y), batch = static_cast<int>(blockIdx.z);
+  const SequenceBounds seq = sequence_bounds(p, batch);
+  const int m0 = m_block * M;
+  if (m0 >= seq.seqlen_q) return;
+  const int rows = min(M, seq.seqlen_q - m0);
+  const int kv_head = head / p.group;
+  const int shift = seq.seqlen_k - seq.seqlen_q;
+  const int key_end = static_cast<int>(visible_keys(seq, p.causal, m0 + M - 1));
+  const int n_blocks = (key_end + N - 1) / N;
+
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp_row0 = warp * Tile::kMTiles * 16;
+  auto at = [&](const AttentionTensor& t, int h, int64_t row) {
+    return static_cast<T*>(t.data) + batch * t.batch_stride + row * t.row_stride + h * t.head_stride;
+  };
+  // The exponent offset and D of each of the thread's rows (+inf and 0 past the end).
+  float lse2[Tile::kMTiles][2], delta[Tile::kMTiles][2];
+  const int64_t first = batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0;
+#pragma unroll
+  for (int mt = 0; mt < Tile::kMTiles; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp_row0 + mt * 16 + half * 8 + lane / 4;
+      lse2[mt][half] = row < rows ? lse_log2(p.lse[first + row]) : INFINITY;
+      delta[mt][half] = row < rows ? bp.delta[first + row] : 0.0f;
+    }
+
+  float dq[Tile::kMTiles][Tile::kDTiles][4];
+  zero(dq);
+  const T* k = at(p.k, kv_head, seq.k_start);
+  const T* v = at(p.v, kv_head, seq.k_start);
+  if (n_blocks > 0) {
+    load_rows<T, Tile, M>(sQ, at(p.q, head, seq.q_start + m0), p.q.row_stride, rows);
+    load_rows<T, Tile, M>(sdO, at(bp.dout, head, seq.q_start + m0), bp.dout.row_stride, rows);
+    load_rows<T, Tile, N>(sK, k, p.k.row_stride, seq.seqlen_k);
+    load_rows<T, Tile, N>(sV, v, p.v.row_stride, seq.seqlen_k);
+    ptx::cp_async_commit();
+  }
+  for (int j = 0; j < n_blocks; ++j) {
+    const int n0 = j * N, stage = j & 1;
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // K_j, V_j visible; every warp is done with K_{j-1}, V_{j-1}
+    if (j + 1 < n_blocks) {
+      const int next = n0 + N;
+      load_rows<T, Tile, N>(sK + (stage ^ 1) * N * kPitch, k + next * p.k.row_stride, p.k.row_stride,
+                            seq.seqlen_k - next);
+      load_rows<T, Tile, N>(sV + (stage ^ 1) * N * kPitch, v + next * p.v.row_stride, p.v.row_stride,
+                            seq.seqlen_k - next);
+      ptx::cp_async_commit();
+    }
+    const T* sKs = sK + stage * N * kPitch;
+    const T* sVs = sV + stage * N * kPitch;
+    float s[Tile::kMTiles][Tile::kNTiles][4];
+    zero(s);
+    mma_ss<T, Tile::kMTiles, Tile::kNTiles, D / 16, false, kPitch, false, kPitch>(s, sQ + warp_row0 * kPitch, sKs,
+                                                                                 lane);
+    const bool need_mask = n0 + N > seq.seqlen_k || (p.causal && n0 + N - 1 > m0 + shift);
+    probabilities(
+        s, p.scale_log2, lane, [&](int mt, int, int i) { return lse2[mt][i >> 1]; }, need_mask,
+        [&](int row, int col) {
+          const int qi = m0 + warp_row0 + row, kj = n0 + col;
+          return kj >= seq.seqlen_k || (p.causal && kj > qi + shift);
+        });
+    float dp[Tile::kMTiles][Tile::kNTiles][4];
+    zero(dp);
+    mma_ss<T, Tile::kMTiles, Tile::kNTiles, D / 16, false, kPitch, false, kPitch>(dp, sdO + warp_row0 * kPitch, sVs,
+                                                                                 lane);
+    score_gradients(dp, s, [&](int mt, int, int i) { return delta[mt][i >> 1]; });
+    mma_rs<T, Tile::kMTiles, Tile::kDTiles, N / 16, true, kPitch>(dq, dp, sKs, lane);
+  }
+
+  // dq = scale * sum dS K into this warp's own rows of sQ (only this warp read them), then
+  // the tile out with 16-byte stores.
+  ptx::cp_async_wait<0>();
+  __syncwarp();
+  store_acc<T, kPitch>(sQ + warp_row0 * kPitch, dq, p.scale, lane);
+  __syncthreads();
+  store_rows<T, RowsOf<Tile, M>>(at(bp.dq, head, seq.q_start + m0), bp.dq.row_stride, sQ, rows);
+}
+
+}  // namespace llmk::detail
