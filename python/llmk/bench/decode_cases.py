@@ -19,9 +19,10 @@ bf16 cache in the fp8 rows, K/V expanded to the 32 query heads) says so in the n
 
 Peers: torch.nn.functional.scaled_dot_product_attention with its backend forced by sdpa_kernel
 (``cudnn``: cuDNN's attention, ``flash``: FlashAttention 2) on the equivalent contiguous bf16
-cache in PyTorch's [batch, heads, seq, dim] layout (its own copy), with enable_gqa=True where
-the backend takes it (probed on each case); where it does not, K/V are expanded to 32 heads
-once, outside the timing, and the note says so. q_len 4: the peers run without a mask (their
+cache in PyTorch's [batch, heads, seq, dim] layout (its own copy). GQA, probed on each case in
+this order: enable_gqa=True (FlashAttention's way); the 8 kv heads without the flag (cuDNN has
+taken heads_kv dividing heads_q as they are, and refused the flag: pytorch/pytorch#139586); K/V
+expanded to 32 heads once, outside the timing. The note column says which, when not the first. q_len 4: the peers run without a mask (their
 causal mask aligns top-left; 3 of the >= 8192 keys differ, nothing measurable) and the note
 says so; llmk's call is causal. A peer that runs in neither form is left out with a note.
 
@@ -70,13 +71,18 @@ def _llmk(causal, k=K_CACHE, v=V_CACHE, paged=True, scaled=True):
     return run
 
 
-def _sdpa(backend, expanded):
-    """SDPA on the [batch, heads, seq, dim] copy (GQA natively, or K/V expanded), out as [B, L, H, D]."""
-    k, v = (K_X, V_X) if expanded else (K_T, V_T)
+# How a peer sees GQA, in the order tried: enable_gqa=True on the 8-head copy; the 8-head copy
+# without the flag (cuDNN has taken heads_kv dividing heads_q as they are); K/V expanded to 32 heads.
+GQA_MODES = ("enable_gqa", "heads_as_is", "expanded")
+
+
+def _sdpa(backend, mode):
+    """SDPA on the [batch, heads, seq, dim] copy, out as [B, L, H, D]."""
+    k, v = (K_X, V_X) if mode == "expanded" else (K_T, V_T)
 
     def run(*s):
         with sdpa_kernel(backend):
-            out = F.scaled_dot_product_attention(s[Q].transpose(1, 2), s[k], s[v], enable_gqa=not expanded)
+            out = F.scaled_dot_product_attention(s[Q].transpose(1, 2), s[k], s[v], enable_gqa=mode == "enable_gqa")
         return out.transpose(1, 2)
     return run
 
@@ -137,24 +143,26 @@ def decode_case(kind):
             impls["llmk_bf16"] = _llmk(True, K_BF16, V_BF16, scaled=False)
         sample = make()
         for name, backend in PEERS.items():
-            fn = _sdpa(backend, expanded=False)
-            if _runs(fn, sample):
-                impls[name] = fn
-                note = []
-            else:
-                expanded = list(sample)
-                expanded[K_X], expanded[V_X] = (t.repeat_interleave(HEADS_Q // HEADS_KV, 1)
+            for mode in GQA_MODES:
+                if mode == "expanded":
+                    sample = list(sample)
+                    sample[K_X], sample[V_X] = (t.repeat_interleave(HEADS_Q // HEADS_KV, 1)
                                                 for t in (sample[K_T], sample[V_T]))
-                fn = _sdpa(backend, expanded=True)
-                if not _runs(fn, expanded):
-                    _note_once(f"attention_decode on {device}: SDPA's {name} backend runs neither with enable_gqa nor "
-                               f"on expanded K/V ({batch} x {context}); left out")
-                    continue
-                del expanded
+                fn = _sdpa(backend, mode)
+                if _runs(fn, sample):
+                    break
+            else:
+                _note_once(f"attention_decode on {device}: SDPA's {name} backend runs neither with enable_gqa, nor "
+                           f"on {HEADS_KV} kv heads as they are, nor on K/V expanded ({batch} x {context}); left out")
+                continue
+            impls[name] = fn
+            note = []
+            if mode == "heads_as_is":
+                note.append(f"{HEADS_KV} kv heads without enable_gqa (refused with it)")
+            if mode == "expanded":
                 expand["needed"] = True
-                impls[name] = fn
-                note = [f"K/V expanded to {HEADS_Q} heads ({name} refuses enable_gqa): it reads 4x the bytes; gbs "
-                        f"counts the {HEADS_KV}-head cache"]
+                note.append(f"K/V expanded to {HEADS_Q} heads ({name} refuses {HEADS_KV} kv heads): it reads 4x the "
+                            f"bytes; gbs counts the {HEADS_KV}-head cache")
             if fp8:
                 note.append("reads the bf16 cache (2x the fp8 bytes); gbs counts the fp8 cache")
             if q_len > 1:
