@@ -1,6 +1,10 @@
-// torch.ops.llmk attention ops: attention and attention_varlen (forward; FlashAttention 2's
-// algorithm). Schemas, fakes and autograd: python/llmk/ops/attention.py.
+// torch.ops.llmk attention ops: attention and attention_varlen (FlashAttention 2's algorithm)
+// and their backwards, attention_backward and attention_varlen_backward. Schemas, fakes and
+// autograd: python/llmk/ops/attention.py.
+#include <torch/csrc/stable/ops.h>
+
 #include <cmath>
+#include <cstdint>
 
 #include "torch_bridge.h"
 
@@ -20,8 +24,9 @@ Tensor lse_for(const Tensor& q, bool want) {
   return empty(q, shape, ScalarType::Float);
 }
 
+// `deterministic` is the backward's (autograd saves it); the forward is deterministic.
 std::tuple<Tensor, Tensor> attention(Tensor q, Tensor k, Tensor v, bool causal, std::optional<double> scale,
-                                     bool return_lse) {
+                                     bool return_lse, bool /*deterministic*/) {
   const OpCall op("attention", q);
   Tensor out = output_like(q);
   Tensor lse = lse_for(q, return_lse);
@@ -32,7 +37,8 @@ std::tuple<Tensor, Tensor> attention(Tensor q, Tensor k, Tensor v, bool causal, 
 
 std::tuple<Tensor, Tensor> attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q,
                                             Tensor cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                                            bool causal, std::optional<double> scale, bool return_lse) {
+                                            bool causal, std::optional<double> scale, bool return_lse,
+                                            bool /*deterministic*/) {
   const OpCall op("attention_varlen", q);
   Tensor out = output_like(q);
   Tensor lse = lse_for(q, return_lse);
@@ -43,9 +49,60 @@ std::tuple<Tensor, Tensor> attention_varlen(Tensor q, Tensor k, Tensor v, Tensor
   return {out, lse};
 }
 
+// An upstream gradient as the kernels take it: the head dim contiguous, the other strides
+// whole 16-byte rows, the data 16-byte aligned; anything else (sum()'s expanded gradient
+// keeps stride 0 and passes) becomes a contiguous copy.
+Tensor attention_rows(const Tensor& t) {
+  bool ok = t.dim() > 0 && t.stride(-1) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int64_t i = 0; ok && i + 1 < t.dim(); ++i) ok = t.size(i) == 1 || t.stride(i) % 8 == 0;
+  return ok ? t : torch::stable::contiguous(t);
+}
+
+// dq, dk, dv (contiguous, like q, k, v) and, on the GPU, the float32 workspace.
+struct Gradients {
+  Tensor dq, dk, dv, workspace;
+  Gradients(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_rows, bool deterministic)
+      : dq(output_like(q)), dk(output_like(k)), dv(output_like(v)),
+        workspace(empty(q, {q.is_cuda() ? llmk::attention_backward_workspace_size(q_rows, q.size(-2), q.size(-1),
+                                                                                  deterministic)
+                                        : 0},
+                        ScalarType::Float)) {}
+};
+
+std::tuple<Tensor, Tensor, Tensor> attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                                      Tensor lse, bool causal, std::optional<double> scale,
+                                                      bool deterministic) {
+  const OpCall op("attention_backward", q);
+  dout = attention_rows(dout);
+  Gradients g(q, k, v, q.dim() == 4 ? q.size(0) * q.size(1) : 0, deterministic);
+  llmk::attention_backward(op.view(g.dq, "dq"), op.view(g.dk, "dk"), op.view(g.dv, "dv"), op.view(dout, "dout"),
+                           op.view(q, "q"), op.view(k, "k"), op.view(v, "v"), op.view(out, "out"),
+                           op.view(lse, "lse"), causal, scale_or_default(scale, q), deterministic,
+                           op.view_if(q.is_cuda(), g.workspace, "workspace"), op.stream());
+  return {g.dq, g.dk, g.dv};
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                                             Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+                                                             int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
+                                                             std::optional<double> scale, bool deterministic) {
+  const OpCall op("attention_varlen_backward", q);
+  dout = attention_rows(dout);
+  Gradients g(q, k, v, q.dim() == 3 ? q.size(0) : 0, deterministic);
+  llmk::attention_varlen_backward(
+      op.view(g.dq, "dq"), op.view(g.dk, "dk"), op.view(g.dv, "dv"), op.view(dout, "dout"), op.view(q, "q"),
+      op.view(k, "k"), op.view(v, "v"), op.view(out, "out"), op.view(lse, "lse"),
+      op.view(cu_seqlens_q, "cu_seqlens_q"), op.view(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
+      causal, scale_or_default(scale, q), deterministic, op.view_if(q.is_cuda(), g.workspace, "workspace"),
+      op.stream());
+  return {g.dq, g.dk, g.dv};
+}
+
 void register_attention(torch::stable::detail::StableLibrary& m) {
   m.impl("attention", TORCH_BOX(&attention));
   m.impl("attention_varlen", TORCH_BOX(&attention_varlen));
+  m.impl("attention_backward", TORCH_BOX(&attention_backward));
+  m.impl("attention_varlen_backward", TORCH_BOX(&attention_varlen_backward));
 }
 
 }  // namespace

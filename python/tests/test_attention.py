@@ -3,8 +3,8 @@ CUDA kernel against a float64 reference with the FlashAttention error rule (our 
 most 2x that of PyTorch's own attention in the same dtype against the same reference, plus a
 small atol), over head dims, causal masks (bottom-right when seq_q != seq_k, fully masked
 rows), GQA/MQA, lengths that are not multiples of the tiles, strided and transposed layouts,
-lse, packed variable-length batches; poisoned outputs, opcheck, torch.compile, the backward
-error, bad inputs.
+lse, packed variable-length batches; poisoned outputs, opcheck, torch.compile, bad inputs. The
+backward: test_attention_backward.py.
 
 The CUDA cases run on each forward path, LLMK_ATTENTION_PATH = sm80 (the mma.sync kernel),
 sm90 (the Hopper TMA + wgmma kernel) and auto, which the library reads on every call. A forced
@@ -216,13 +216,17 @@ def _packed(lens_q, lens_k, heads_q, heads_kv, dim, dtype, device):
     return q, k, v, cu_q, cu_k
 
 
+# (q lengths, k lengths) of packed batches, for the forward's and the backward's varlen tests.
+VARLEN_CASES = pytest.mark.parametrize("lens", [([1, 130, 0, 77, 300, 40], [1, 130, 5, 200, 250, 0]),
+                                                ([0, 7, 129, 0, 300, 1], [5, 7, 200, 0, 127, 0]),  # empty, no keys
+                                                ([7, 129], [0, 0])],  # no keys at all
+                                       ids=["mixed", "empty", "no_keys"])
+
+
 @pytest.mark.parametrize("device,path", TARGETS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dim", [64, 128])
-@pytest.mark.parametrize("lens", [([1, 130, 0, 77, 300, 40], [1, 130, 5, 200, 250, 0]),
-                                  ([0, 7, 129, 0, 300, 1], [5, 7, 200, 0, 127, 0]),  # empty first, between, no keys
-                                  ([7, 129], [0, 0])],  # no keys at all
-                         ids=["mixed", "empty", "no_keys"])
+@VARLEN_CASES
 def test_varlen_matches_each_sequence(monkeypatch, device, path, causal, dim, lens):
     needs_kernel(device, dim)
     use_path(monkeypatch, path)
@@ -269,14 +273,6 @@ def test_outputs_are_fully_written(monkeypatch, device, path, dim):
     out, lse = on_path(path, dim, llmk.attention, q, k, v, causal=True, scale=0.1, return_lse=True)
     assert not out.isnan().any() and not lse.isnan().any()
     assert_fa_rule(out, q, k, v, True, 0.1)
-
-
-def test_backward_raises():
-    q, k, v = make_qkv(1, 8, 8, 1, 1, 32, torch.bfloat16, "cpu")
-    q.requires_grad_()
-    out = llmk.attention(q, k, v)
-    with pytest.raises(NotImplementedError, match="backward pass is not implemented"):
-        out.sum().backward()
 
 
 @pytest.mark.parametrize("device", DEVICES)

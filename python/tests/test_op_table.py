@@ -29,14 +29,26 @@ def _rope_args(grad=False):
 
 
 def _qkv(grad=False):
-    return (_rows(1, 9, 4, 32, dtype=torch.bfloat16, grad=grad), _rows(1, 7, 2, 32, dtype=torch.bfloat16),
-            _rows(1, 7, 2, 32, dtype=torch.bfloat16))
+    return (_rows(1, 9, 4, 32, dtype=torch.bfloat16, grad=grad), _rows(1, 7, 2, 32, dtype=torch.bfloat16, grad=grad),
+            _rows(1, 7, 2, 32, dtype=torch.bfloat16, grad=grad))
 
 
-def _varlen():
-    q, k, v = (_rows(12, h, 32, dtype=torch.float16) for h in (4, 2, 2))
+def _varlen(grad=True):
+    q, k, v = (_rows(12, h, 32, dtype=torch.float16, grad=grad) for h in (4, 2, 2))
     cu = torch.tensor([0, 5, 12], dtype=torch.int32)
     return (q, k, v, cu, cu, 7, 7, True, 0.2, True)
+
+
+def _attention_backward():
+    q, k, v = _qkv()
+    out, lse = llmk.attention(q, k, v, causal=True, scale=0.125, return_lse=True)
+    return (torch.randn_like(out), q, k, v, out, lse, True, 0.125, False)
+
+
+def _attention_varlen_backward():
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, _ = _varlen(grad=False)
+    out, lse = llmk.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, return_lse=True)
+    return (torch.randn_like(out), q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, True)
 
 
 def _decode():
@@ -87,10 +99,15 @@ SAMPLES = {
                        "silu_mul"),
     "rmsnorm_linear": lambda: (_rows(2, 3, 64, dtype=torch.bfloat16, grad=True), _rows(64, grad=True),
                                _rows(32, 64, dtype=torch.bfloat16, grad=True), 1e-6),
-    "attention": lambda: (*_qkv(), True, 0.125, True),
+    "attention": lambda: (*_qkv(grad=True), True, 0.125, True),
     "attention_varlen": _varlen,
+    "attention_backward": _attention_backward,
+    "attention_varlen_backward": _attention_varlen_backward,
     "attention_decode": _decode,
 }
+
+
+INFERENCE_ONLY = {"attention_decode"}
 
 
 def test_every_op_has_a_sample():
@@ -105,9 +122,9 @@ def test_kernel_registered(name, key):
 
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_opcheck(name):
-    # The attention backward is a later issue: its autograd kernel raises on backward, which
+    # attention_decode is inference-only: its autograd kernel raises on backward, which
     # opcheck's autograd test would reach.
-    utils = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic") if name.startswith("attention") else \
+    utils = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic") if name in INFERENCE_ONLY else \
         ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     torch.library.opcheck(OPS[name], SAMPLES[name](), test_utils=utils)
 
@@ -135,7 +152,7 @@ def test_compile_fullgraph_matches_eager(name):
     for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
         torch.testing.assert_close(g, w, equal_nan=True)
     loss_got, loss_want = _loss(got), _loss(want)
-    if loss_got is not None and not name.startswith("attention"):
+    if loss_got is not None and name not in INFERENCE_ONLY:
         loss_got.backward()
         loss_want.backward()
     for a, f in zip(args, fresh):  # mutated inputs and gradients agree too

@@ -105,7 +105,7 @@ Validated validate(const char* op, const TensorView& out, const TensorView& q, c
     LLMK_CHECK(same, op, ": lse must be float32 ", packed ? "[heads_q, total_q]" : "[batch, heads_q, seq_q]",
                " = ", detail::dims_string(want.data(), static_cast<int>(want.size())), ", got ",
                detail::shape_string(*lse));
-    LLMK_CHECK(detail::is_contiguous(*lse), op, ": lse must be contiguous, got strides ",
+    LLMK_CHECK(lse->numel() == 0 || detail::is_contiguous(*lse), op, ": lse must be contiguous, got strides ",
                detail::dims_string(lse->strides(), lse->ndim()));
     LLMK_CHECK(detail::is_aligned(lse->data(), 4), op, ": lse data pointer ", lse->data(),
                " is not 4-byte aligned");

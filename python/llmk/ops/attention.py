@@ -1,5 +1,6 @@
-"""Attention forward (FlashAttention 2's algorithm; the backward is a later issue): attention,
-attention_varlen, and scaled_dot_product_attention in PyTorch's convention.
+"""Attention (FlashAttention 2's algorithm), forward and backward: attention, attention_varlen,
+and scaled_dot_product_attention in PyTorch's convention, with autograd through
+attention_backward / attention_varlen_backward (the forward saves out and lse).
 C++ kernels: python/src/ops_attention.cc over include/llmk/attention.h."""
 
 from typing import Optional
@@ -17,52 +18,115 @@ def _lse(q: Tensor, want: bool) -> Tensor:
     return q.new_empty(shape if want else (0,), dtype=torch.float32)
 
 
-def _no_setup(ctx, inputs, output):
-    pass
+def _gradients(dout, q, k, v, *unused):
+    """The fake of a backward's (dq, dk, dv): contiguous, like q, k and v."""
+    return like(q), like(k), like(v)
 
 
-def _no_backward(ctx, *grads):
-    raise NotImplementedError(
-        "llmk attention: the backward pass is not implemented yet (forward only); for training use "
-        "torch.nn.functional.scaled_dot_product_attention")
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _setup(ctx, inputs, output, extra=()):
+    """Saves what the backward needs: q, k, v, out and lse (None when the call did not compute it:
+    a direct torch.ops.llmk call with return_lse=False; the public functions always ask for it
+    when a gradient is needed), causal, scale, deterministic (or torch's deterministic mode)."""
+    q, k, v = inputs[:3]
+    causal, scale, return_lse, deterministic = inputs[-4:]
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse if return_lse else None, *extra)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
+
+
+def _attention_setup(ctx, inputs, output):
+    _setup(ctx, inputs, output)
+
+
+def _attention_grad(ctx, dout, unused_dlse):  # lse is a statistic: not differentiable
+    q, k, v, out, lse = ctx.saved_tensors
+    if lse is None:
+        lse = _attention(q, k, v, ctx.causal, ctx.scale, True, False)[1]
+    dq, dk, dv = attention_backward(dout, q, k, v, out, lse, ctx.causal, ctx.scale, ctx.deterministic)
+    return dq, dk, dv, None, None, None, None
+
+
+def _attention_varlen_setup(ctx, inputs, output):
+    ctx.max_seqlen = inputs[5:7]
+    _setup(ctx, inputs, output, extra=inputs[3:5])
+
+
+def _attention_varlen_grad(ctx, dout, unused_dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    max_q, max_k = ctx.max_seqlen
+    if lse is None:
+        lse = _attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, ctx.causal, ctx.scale, True, False)[1]
+    dq, dk, dv = attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, ctx.causal, ctx.scale,
+                                           ctx.deterministic)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 _attention = define(
-    "attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, bool return_lse=False) "
-    "-> (Tensor, Tensor)",
-    lambda q, k, v, causal, scale, return_lse: (like(q), _lse(q, return_lse)),
-    setup=_no_setup, backward=_no_backward, public=False)
+    "attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, bool return_lse=False, "
+    "bool deterministic=False) -> (Tensor, Tensor)",
+    lambda q, k, v, causal, scale, return_lse, deterministic: (like(q), _lse(q, return_lse)),
+    setup=_attention_setup, backward=_attention_grad, public=False)
 
 _attention_varlen = define(
     "attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
-    "int max_seqlen_k, bool causal=False, float? scale=None, bool return_lse=False) -> (Tensor, Tensor)",
-    lambda q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, return_lse: (like(q), _lse(q, return_lse)),
-    setup=_no_setup, backward=_no_backward, public=False)
+    "int max_seqlen_k, bool causal=False, float? scale=None, bool return_lse=False, bool deterministic=False) "
+    "-> (Tensor, Tensor)",
+    lambda q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, return_lse, deterministic: (like(q), _lse(q, return_lse)),
+    setup=_attention_varlen_setup, backward=_attention_varlen_grad, public=False)
+
+attention_backward = define(
+    "attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal=False, "
+    "float? scale=None, bool deterministic=False) -> (Tensor, Tensor, Tensor)",
+    _gradients,
+    doc="Gradients ``(dq, dk, dv)`` of :func:`attention` for the upstream gradient ``dout``, from the forward's "
+        "q, k, v, out and float32 lse ``[batch, heads_q, seq_q]`` (``return_lse=True``), causal and scale. dk and dv "
+        "sum each kv head's query group (GQA). Rows whose lse is -inf (they see no key) get dq = 0 and add nothing. "
+        "``deterministic``: bitwise-identical results run to run (dq from its own kernel instead of fp32 atomics; "
+        "slower). The CUDA kernel is the sm_80 one on every GPU.")
+
+attention_varlen_backward = define(
+    "attention_varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+    "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal=False, "
+    "float? scale=None, bool deterministic=False) -> (Tensor, Tensor, Tensor)",
+    _gradients,
+    doc="Gradients ``(dq, dk, dv)`` of :func:`attention_varlen` (packed sequences; lse ``[heads_q, total_q]``), as "
+        ":func:`attention_backward`.")
 
 
 @public
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None,
-              return_lse: bool = False):
+              return_lse: bool = False, deterministic: bool = False):
     """softmax(scale * q k^T) v over ``[batch, seq, heads, head_dim]`` q and k/v (FlashAttention's
     layout; heads_q a multiple of heads_kv for GQA/MQA), fp16 or bf16, head_dim 32/64/96/128/256.
     ``causal`` aligns the mask to the bottom-right corner when seq_q != seq_k (FlashAttention 2);
     rows that see no key give 0 (lse -inf). ``scale`` defaults to 1/sqrt(head_dim). Returns out,
-    or ``(out, lse)`` with lse float32 ``[batch, heads_q, seq_q]``. Forward only."""
-    out, lse = _attention(q, k, v, causal, scale, return_lse)
+    or ``(out, lse)`` with lse float32 ``[batch, heads_q, seq_q]`` (not differentiable).
+    Differentiable in q, k and v (:func:`attention_backward`; the forward then also computes lse,
+    which the backward reads). ``deterministic`` (or ``torch.use_deterministic_algorithms(True)``)
+    makes the gradients bitwise identical run to run, at the cost of a slower dq pass; the
+    default sums dq with fp32 atomics."""
+    out, lse = _attention(q, k, v, causal, scale, return_lse or _needs_grad(q, k, v), deterministic)
     return (out, lse) if return_lse else out
 
 
 @public
 def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                      max_seqlen_k: int, causal: bool = False, scale: Optional[float] = None,
-                     return_lse: bool = False):
+                     return_lse: bool = False, deterministic: bool = False):
     """:func:`attention` over packed variable-length sequences (FlashAttention's varlen API):
     q ``[total_q, heads_q, head_dim]``, k/v ``[total_k, heads_kv, head_dim]``, int32 prefix sums
     ``cu_seqlens_q``/``cu_seqlens_k`` of ``batch + 1`` entries, and the longest lengths. On the GPU
     the cu_seqlens are the caller's contract (start at 0, non-decreasing, end at the totals,
-    within the max lengths); the CPU backend checks them. lse is ``[heads_q, total_q]``."""
+    within the max lengths); the CPU backend checks them. lse is ``[heads_q, total_q]``.
+    Differentiable in q, k and v, ``deterministic`` as :func:`attention`'s."""
     out, lse = _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                                 return_lse)
+                                 return_lse or _needs_grad(q, k, v), deterministic)
     return (out, lse) if return_lse else out
 
 
@@ -71,13 +135,14 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
                                  enable_gqa: bool = False) -> Tensor:
     """``torch.nn.functional.scaled_dot_product_attention`` on ``[batch, heads, seq, head_dim]``
-    tensors, through :func:`attention` (no copies: the layouts are transposed views). Supports
+    tensors, through :func:`attention` (no copies: the layouts are transposed views), with its
+    gradients (deterministic under ``torch.use_deterministic_algorithms(True)``). Supports
     what the llmk kernel computes: no attn_mask, no dropout, is_causal with seq_q == seq_k
     (PyTorch aligns a causal mask top-left, llmk bottom-right; they agree only then)."""
     if attn_mask is not None:
         raise ValueError("llmk.scaled_dot_product_attention: attn_mask is not supported (use is_causal)")
     if dropout_p != 0.0:
-        raise ValueError("llmk.scaled_dot_product_attention: dropout_p must be 0 (forward inference kernel)")
+        raise ValueError("llmk.scaled_dot_product_attention: dropout_p must be 0 (the kernel has no dropout)")
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise ValueError("llmk.scaled_dot_product_attention: query, key and value must be [batch, heads, seq, head_dim]")
     if key.shape[1] != query.shape[1] and not enable_gqa:
