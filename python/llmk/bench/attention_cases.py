@@ -22,6 +22,17 @@ Trim with the harness's --tokens / --hidden, or pick the peers with
 LLMK_BENCH_ATTENTION_PEERS (comma-separated, of llmk_sm80 flash cudnn efficient; llmk always
 runs).
 
+The backward (ops attention_backward, attention_backward_causal; FlashAttention 2's protocol:
+the same 16k tokens x hidden 2048, head dims 64, 128 and 256): each input set holds q, k, v,
+dout and the llmk forward's out and lse; ``llmk`` is llmk.attention_backward (dq by fp32
+atomics), ``llmk_deterministic`` the same with deterministic=True (dq from its own kernel);
+the peers are autograd through SDPA with the backend pinned (flash, cudnn), the forward graph
+built once per input set and only torch.autograd.grad timed. The backward has one CUDA kernel
+(sm_80), so there is no llmk_sm80 row. FLOPs: 2.5x the forward's (5 GEMMs), halved when
+causal; bytes: q, k, v, out, dout read and dq, dk, dv written. The error column compares dq of
+the last 256 query rows of head 0 with a float64 reference. Peers picked by
+LLMK_BENCH_ATTENTION_PEERS as the forward's (of flash cudnn efficient llmk_deterministic).
+
 Without a GPU (the CPU backend): one batch of `seqlen` tokens, hidden 256; the SDPA backends
 that do not run on the CPU (cudnn, efficient) are skipped with a note, and so is llmk_sm80.
 Each case is case(seqlen, head_dim, dtype, device) -> (bytes moved, make, impls, reference,
@@ -34,6 +45,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import llmk
+from .activation_cases import grad_peer
 
 TOKENS_PER_BATCH = 16384
 HIDDEN = {"cuda": 2048, "cpu": 256}
@@ -44,7 +56,7 @@ PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTIO
 CHECK_ROWS = 256
 PATH_VARIABLE = "LLMK_ATTENTION_PATH"
 PEERS_VARIABLE = "LLMK_BENCH_ATTENTION_PEERS"
-_SKIPPED = set()  # (peer, device) already reported as not running
+_SKIPPED = set()  # (peer, device, op family) already reported as not running
 _NOTED = set()  # reasons already printed for leaving llmk_sm80 out
 
 
@@ -98,12 +110,19 @@ def _works(fn, sample):
         return False
 
 
+def _geometry(seqlen, head_dim, dtype, device, causal):
+    """(batch, heads, rows checked, element bytes, forward FLOPs) of a case: 16k tokens (one batch
+    entry on the CPU), the hidden size over the head dim; 4 * batch * heads * seq^2 * D FLOPs,
+    halved when causal."""
+    batch = TOKENS_PER_BATCH // seqlen if device == "cuda" else 1
+    heads = HIDDEN[device] // head_dim
+    flops = 4 * batch * heads * seqlen * seqlen * head_dim // (2 if causal else 1)
+    return batch, heads, min(CHECK_ROWS, seqlen), torch.tensor([], dtype=dtype).element_size(), flops
+
+
 def attention_case(causal):
     def case(seqlen, head_dim, dtype, device):
-        batch = TOKENS_PER_BATCH // seqlen if device == "cuda" else 1
-        heads, check_rows = HIDDEN[device] // head_dim, min(CHECK_ROWS, seqlen)
-        elt = torch.tensor([], dtype=dtype).element_size()
-        flops = 4 * batch * heads * seqlen * seqlen * head_dim // (2 if causal else 1)
+        batch, heads, check_rows, elt, flops = _geometry(seqlen, head_dim, dtype, device, causal)
 
         def make():
             return tuple(torch.randn(batch, seqlen, heads, head_dim, device=device, dtype=dtype) for _ in range(3))
@@ -118,15 +137,7 @@ def attention_case(causal):
                 _NOTED.add(why)
                 print(f"attention: llmk_sm80 left out where llmk is the sm_80 kernel already ({seqlen} x {head_dim}"
                       f" and others): {why}")
-        for name, backend in PEERS.items():
-            if not _wanted(name):
-                continue
-            fn = _sdpa(backend, causal)
-            if _works(fn, sample):
-                impls[name] = fn
-            elif (name, device) not in _SKIPPED:
-                _SKIPPED.add((name, device))
-                print(f"attention on {device}: SDPA's {name} backend does not run ({seqlen} x {head_dim}); skipped")
+        _peers(impls, PEERS, causal, sample, device, "attention")
         del sample
 
         def reference(q, k, v):
@@ -143,6 +154,67 @@ def attention_case(causal):
     return case
 
 
-OPS = {"attention": attention_case(False), "attention_causal": attention_case(True)}
-SWEEPS = {op: (SEQLENS, HEAD_DIMS) for op in OPS}
+BACKWARD_HEAD_DIMS = [64, 128, 256]
+BACKWARD_PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def _peers(impls, peers, causal, sample, device, what, wrap=lambda fn: fn):
+    """Adds each wanted SDPA backend that runs `sample` (else says once that it is skipped)."""
+    for name, backend in peers.items():
+        if not _wanted(name):
+            continue
+        fn = wrap(_sdpa(backend, causal))
+        if _works(fn, sample):
+            impls[name] = fn
+        elif (name, device, what) not in _SKIPPED:
+            _SKIPPED.add((name, device, what))
+            print(f"{what} on {device}: SDPA's {name} backend does not run ({sample[0].shape[1]} x "
+                  f"{sample[0].shape[-1]}); skipped")
+
+
+def _backward_peer(forward):
+    """Autograd through `forward` (q, k, v) for the set's dout, as grad_peer times it."""
+    peer = grad_peer(forward)
+    return lambda q, k, v, out, lse, dout: peer(q, k, v, dout)
+
+
+def attention_backward_case(causal):
+    def case(seqlen, head_dim, dtype, device):
+        batch, heads, check_rows, elt, forward_flops = _geometry(seqlen, head_dim, dtype, device, causal)
+        flops = forward_flops * 5 // 2  # 5 GEMMs to the forward's 2
+        scale = head_dim**-0.5
+
+        def make():
+            q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device=device, dtype=dtype) for _ in range(3))
+            out, lse = llmk.attention(q, k, v, causal=causal, return_lse=True)
+            return q, k, v, out, lse, torch.randn_like(out)
+
+        sample = make()
+        impls = {"llmk": lambda q, k, v, out, lse, dout: llmk.attention_backward(dout, q, k, v, out, lse, causal)}
+        if _wanted("llmk_deterministic"):
+            impls["llmk_deterministic"] = lambda q, k, v, out, lse, dout: llmk.attention_backward(
+                dout, q, k, v, out, lse, causal, None, True)
+        _peers(impls, BACKWARD_PEERS, causal, sample, device, "attention backward", _backward_peer)
+        del sample
+
+        def reference(q, k, v, out, lse, dout):
+            """dq of the last rows of head 0 (batch entry 0) from float64 math."""
+            rows = slice(seqlen - check_rows, seqlen)
+            qd, kd, vd, dod = q[0, rows, 0].double(), k[0, :, 0].double(), v[0, :, 0].double(), dout[0, rows, 0].double()
+            s = qd @ kd.T * scale
+            if causal:
+                i = torch.arange(seqlen - check_rows, seqlen, device=q.device)[:, None]
+                s = s.masked_fill(torch.arange(seqlen, device=q.device)[None, :] > i, float("-inf"))
+            p = torch.softmax(s, -1)
+            ds = p * (dod @ vd.T - (dod * (p @ vd)).sum(-1, keepdim=True))
+            return ds @ kd * scale, lambda dq: dq[0, rows, 0]
+
+        return 8 * batch * seqlen * heads * head_dim * elt, make, impls, reference, flops
+
+    return case
+
+
+OPS = {"attention": attention_case(False), "attention_causal": attention_case(True),
+       "attention_backward": attention_backward_case(False), "attention_backward_causal": attention_backward_case(True)}
+SWEEPS = {op: (SEQLENS, BACKWARD_HEAD_DIMS if "backward" in op else HEAD_DIMS) for op in OPS}
 CPU_SWEEPS = {op: ([64, 256], HEAD_DIMS) for op in OPS}  # without a GPU: the CPU backend at small shapes
