@@ -38,10 +38,10 @@
 // query head): 10 * seq_q * seq_k * D FLOPs, 2.5x the forward's, halved by a causal mask;
 // mma.sync peaks near 660 TFLOP/s dense bf16. Bytes: q, k, v, out, dout, dq, dk, dv once
 // each plus the dq accumulator's atomics, 4 * D bytes per (query row, key tile): at 16k
-// tokens x hidden 2048 (D = 128) ~1 GB of L2 reduction traffic per head group against
-// ~10 ms of tensor-core work, which the L2's atomic units sustain; the kernel is
-// compute-bound, with more non-GEMM work per FLOP than the forward (exp2 and the dS
-// elementwise on [kBlockN x kBlockM] per 5 GEMMs, and the atomics).
+// tokens (D = 128, 128-key tiles) ~1 GB of L2 reductions per head against ~1 ms of
+// tensor-core work per head, ~1 TB/s, which the L2 sustains (FlashAttention 2 does the
+// same); the kernel is compute-bound, with more non-GEMM work per FLOP than the forward
+// (exp2 and dS on every S^T element, and the atomics). Smaller key tiles would double them.
 // Registers and shared memory per head dim: the tile table in attention_backward.cu.
 #pragma once
 
