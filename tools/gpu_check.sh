@@ -57,7 +57,9 @@ if [ $run_tests -eq 1 ]; then
            "gated_activation_test GatedActivationGpu.TwoTensor*" "softmax_test SoftmaxGpu.Scales*" \
            "rope_test RopeGpu.*" "adamw_test AdamWGpu.*" "rmsnorm_swiglu_test RMSNormSwigluGpu.*" \
            "bias_gelu_test BiasGeluGpu.*" "attention_test AttentionGpu.GqaMqa*" "attention_test AttentionVarlen.*" \
-           "gemm_test GemmGpu.Epilogues*" "gemm_test GemmGpu.BatchedAndZeroK*" "rmsnorm_linear_test *Gpu*"; do
+           "gemm_test GemmGpu.Epilogues*" "gemm_test GemmGpu.BatchedAndZeroK*" "rmsnorm_linear_test *Gpu*" \
+           "attention_decode_test AttentionDecodeGpu.AppendAndRotary*" "attention_decode_test AttentionDecodeGpu.Fp8Cache*" \
+           "attention_decode_test AttentionDecodeGpu.PageSizes*"; do
     set -- $t
     compute-sanitizer --tool memcheck --error-exitcode 3 $BUILD/tests/cpp/$1 --gtest_filter="$2" >> "$OUT/sanitizer.log" 2>&1
     rc=$?
@@ -69,7 +71,7 @@ if [ $run_tests -eq 1 ]; then
   note "installed-package example: $($BUILD/example/rmsnorm_example 2>&1)"
   for t in "rmsnorm_backward_test RMSNormBackwardGpu.ManyRows*" "softmax_test SoftmaxGpu.Scales*" \
            "rmsnorm_swiglu_test RMSNormSwigluGpu.*" "attention_test AttentionVarlen.*" \
-           "gemm_test GemmGpu.Epilogues*"; do
+           "gemm_test GemmGpu.Epilogues*" "attention_decode_test AttentionDecodeGpu.AppendAndRotary*"; do
     set -- $t
     compute-sanitizer --tool racecheck --error-exitcode 3 $BUILD/tests/cpp/$1 --gtest_filter="$2" \
       >> "$OUT/sanitizer.log" 2>&1

@@ -3,6 +3,7 @@
 
 #include "llmk/activation.h"
 #include "llmk/attention.h"
+#include "llmk/attention_decode.h"
 #include "llmk/device_info.h"
 #include "llmk/dtype.h"
 #include "llmk/error.h"
