@@ -58,14 +58,15 @@ Tensor attention_rows(const Tensor& t) {
   return ok ? t : torch::stable::contiguous(t);
 }
 
-// dq, dk, dv (contiguous, like q, k, v) and, on the GPU, the float32 workspace.
+// dq, dk, dv (contiguous, like q, k, v) and, on the GPU, the float32 workspace for q's
+// `q_rows` rows (0 for a q of the wrong rank, which the C++ API then rejects by name).
 struct Gradients {
   Tensor dq, dk, dv, workspace;
   Gradients(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_rows, bool deterministic)
       : dq(output_like(q)), dk(output_like(k)), dv(output_like(v)),
-        workspace(empty(q, {q.is_cuda() ? llmk::attention_backward_workspace_size(q_rows, q.size(-2), q.size(-1),
-                                                                                  deterministic)
-                                        : 0},
+        workspace(empty(q, {q.is_cuda() && q_rows > 0 ? llmk::attention_backward_workspace_size(
+                                                            q_rows, q.size(-2), q.size(-1), deterministic)
+                                                      : 0},
                         ScalarType::Float)) {}
 };
 
