@@ -166,6 +166,7 @@ def test_all_ignored(device, chunk):
         hidden, weight, b, target = make(device, torch.bfloat16, (5,), 96, True, ignored=range(5))
         loss = llmk.fused_linear_cross_entropy(hidden, weight, target, b, reduction=reduction, chunk_size=chunk)
         want, _ = reference(hidden, weight, b, target, 0.0, 0.0, reduction)
+        want = want.cpu()
         assert torch.equal(loss.isnan().cpu(), want.isnan()) and torch.equal(loss.nan_to_num().double().cpu(),
                                                                              want.nan_to_num()), reduction
         loss.sum().backward()
@@ -218,7 +219,7 @@ def test_no_grad_computes_no_gradient(device, monkeypatch):
                                                 reduction=reduction, chunk_size=3)
         want, _ = reference(hidden, weight, b, target, 0.0, 0.0, reduction)
         assert plain.grad_fn is None and plain.shape == want.shape
-        torch.testing.assert_close(plain.double().cpu(), want.detach(), rtol=0.02, atol=0.05)
+        torch.testing.assert_close(plain.double().cpu(), want.detach().cpu(), rtol=0.02, atol=0.05)
     # reduction "none" saves the inputs and computes nothing more in the forward either
     llmk.fused_linear_cross_entropy(hidden, weight, target, b, reduction="none", chunk_size=3)
 

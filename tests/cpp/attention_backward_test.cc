@@ -81,15 +81,18 @@ Problem make_problem(const Shape& s, const Accessor& q, const Accessor& k, const
   return p;
 }
 
-// Reference gradients and the sizes of their terms.
+// Reference gradients and the sizes of their terms. A term's size is its magnitude before
+// any cancellation inside it (dS = P (dP - D) cancels when a row's probability sits on one
+// key: its rounding is relative to P (|dP| + |D|), not to the difference).
 struct Grad {
   std::vector<double> ref, abs, rss;
   explicit Grad(size_t n) : ref(n, 0.0), abs(n, 0.0), rss(n, 0.0) {}
-  void add(size_t i, double t) {
+  void add(size_t i, double t, double size) {
     ref[i] += t;
-    abs[i] += std::fabs(t);
-    rss[i] += t * t;
+    abs[i] += size;
+    rss[i] += size * size;
   }
+  void add(size_t i, double t) { add(i, t, std::fabs(t)); }
   void finish(double scale) {
     for (size_t i = 0; i < ref.size(); ++i) {
       ref[i] *= scale;
@@ -130,9 +133,10 @@ Oracle oracle(const Problem& p, bool causal, double scale) {
             dp += dout[c] * p.v[kr + c];
           }
           const double prob = std::exp(dot * scale - lse), ds = prob * (dp - delta);
+          const double ds_size = prob * (std::fabs(dp) + std::fabs(delta));
           for (int64_t c = 0; c < d; ++c) {
-            o.dq.add(p.qi(s.b, s.q0 + i, h) + c, ds * p.k[kr + c]);
-            o.dk.add(kr + c, ds * q[c]);
+            o.dq.add(p.qi(s.b, s.q0 + i, h) + c, ds * p.k[kr + c], ds_size * std::fabs(p.k[kr + c]));
+            o.dk.add(kr + c, ds * q[c], ds_size * std::fabs(q[c]));
             o.dv.add(kr + c, prob * dout[c]);
           }
         }
