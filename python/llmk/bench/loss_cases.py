@@ -150,10 +150,12 @@ def run_fused_linear_cross_entropy(device="cuda", failures=None, shapes=None, dt
 def _flce_rows(device, failures, shapes, dtype):
     rows = []
     for name, (tokens, hidden, vocab) in shapes.items():
-        torch.manual_seed(0)
-        h = torch.randn(tokens, hidden, device=device, dtype=dtype, requires_grad=True)
-        w = (torch.randn(vocab, hidden, device=device) * (2 * hidden**-0.5)).to(dtype).requires_grad_()
-        t = torch.randint(0, vocab, (tokens,), device=device)
+        # Drawn on the CPU: the sweep before may leave the CUDA generator marked as capturing
+        # (torch: "Offset increment outside graph capture").
+        gen = torch.Generator().manual_seed(0)
+        h = torch.randn(tokens, hidden, generator=gen, dtype=dtype).to(device).requires_grad_()
+        w = (torch.randn(vocab, hidden, generator=gen) * (2 * hidden**-0.5)).to(device, dtype).requires_grad_()
+        t = torch.randint(0, vocab, (tokens,), generator=gen).to(device)
         allow_tf32 = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = False
         try:  # the float32 reference (~16 GB at 8192 x 128256), kept on the GPU for the comparisons
