@@ -3,6 +3,7 @@
 #include "activation/bias_gelu_kernel.cuh"
 #include "activation/gated_launch.cuh"
 #include "common/column_reduce.cuh"
+#include "common/pdl_launch.h"
 
 namespace llmk::detail {
 
@@ -24,7 +25,7 @@ void bias_gelu_cuda(const BiasGeluParams& p, Activation act, DType dtype, bool v
     using T = device_type_t<decltype(tag)>;
     constexpr int N = decltype(width)::value;
     const GatedGeometry g = gated_geometry(p.rows, p.d / N);
-    bias_gelu_forward_kernel<T, N, decltype(act_constant)::value><<<g.grid, g.block, 0, stream>>>(p);
+    launch_pdl(bias_gelu_forward_kernel<T, N, decltype(act_constant)::value>, g.grid, g.block, 0, stream, p);
   });
   LLMK_CHECK_LAUNCH("bias_gelu", stream);
 }
@@ -40,7 +41,7 @@ void bias_gelu_backward_cuda(const BiasGeluBackwardParams& p, Activation act, DT
     GatedGeometry g = gated_geometry(p.rows, p.d / N);
     const int64_t partial_rows = bias_gelu_partial_rows(p.rows, g.block.y, sm_count);
     g.grid.y = static_cast<unsigned>(partial_rows);
-    bias_gelu_backward_kernel<T, N, decltype(act_constant)::value><<<g.grid, g.block, 0, stream>>>(p);
+    launch_pdl(bias_gelu_backward_kernel<T, N, decltype(act_constant)::value>, g.grid, g.block, 0, stream, p);
     if (partial_rows > 1) {
       LLMK_CHECK_LAUNCH("bias_gelu_backward", stream);
       launch_column_reduce(p.partial, static_cast<T*>(p.dbias), partial_rows, p.d, stream);

@@ -22,12 +22,14 @@
 #include "activation/bias_gelu_params.h"
 #include "activation/gated_kernel.cuh"
 #include "common/activation_math.cuh"
+#include "common/ptx.cuh"
 #include "common/vec.cuh"
 
 namespace llmk::detail {
 
 template <class T, int N, Activation A>
 __global__ void __launch_bounds__(256) bias_gelu_forward_kernel(BiasGeluParams p) {
+  ptx::pdl_start();
   const GatedCursor c = gated_cursor<N>();
   if (c.col >= p.d) return;
   const Vec<T, N> b = load_vec<T, N>(static_cast<const T*>(p.bias) + c.col);
@@ -43,6 +45,7 @@ __global__ void __launch_bounds__(256) bias_gelu_forward_kernel(BiasGeluParams p
 
 template <class T, int N, Activation A>
 __global__ void __launch_bounds__(256) bias_gelu_backward_kernel(BiasGeluBackwardParams p) {
+  ptx::pdl_start();
   __shared__ float sums[256 * N];  // [threadIdx.y][threadIdx.x * N + j]
   const GatedCursor c = gated_cursor<N>();
   float db[N];

@@ -20,6 +20,7 @@
 #include "activation/gated_params.h"
 #include "common/activation_math.cuh"
 #include "common/device_types.cuh"
+#include "common/ptx.cuh"
 #include "common/vec.cuh"
 
 namespace llmk::detail {
@@ -38,6 +39,7 @@ __device__ __forceinline__ GatedCursor gated_cursor() {
 
 template <class T, int N, Activation A>
 __global__ void __launch_bounds__(256) gated_forward_kernel(GatedParams p) {
+  ptx::pdl_start();
   const GatedCursor c = gated_cursor<N>();
   if (c.col >= p.d) return;
   for (int64_t row = c.first; row < p.rows; row += c.step) {
@@ -53,6 +55,7 @@ __global__ void __launch_bounds__(256) gated_forward_kernel(GatedParams p) {
 
 template <class T, int N, Activation A>
 __global__ void __launch_bounds__(256) gated_backward_kernel(GatedBackwardParams p) {
+  ptx::pdl_start();
   const GatedCursor c = gated_cursor<N>();
   if (c.col >= p.d) return;
   for (int64_t row = c.first; row < p.rows; row += c.step) {

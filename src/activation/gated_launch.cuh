@@ -8,6 +8,7 @@
 
 #include "activation/gated_kernel.cuh"
 #include "common/cuda_check.h"
+#include "common/pdl_launch.h"
 
 namespace llmk::detail {
 
@@ -56,8 +57,8 @@ void launch_gated(const char* op, const Params& p, Activation act, DType dtype, 
     constexpr int N = decltype(width)::value;
     constexpr Activation A = decltype(act_constant)::value;
     const GatedGeometry g = gated_geometry(p.rows, p.d / N);
-    if constexpr (kBackward) gated_backward_kernel<T, N, A><<<g.grid, g.block, 0, stream>>>(p);
-    else gated_forward_kernel<T, N, A><<<g.grid, g.block, 0, stream>>>(p);
+    if constexpr (kBackward) launch_pdl(gated_backward_kernel<T, N, A>, g.grid, g.block, 0, stream, p);
+    else launch_pdl(gated_forward_kernel<T, N, A>, g.grid, g.block, 0, stream, p);
   });
   LLMK_CHECK_LAUNCH(op, stream);
 }

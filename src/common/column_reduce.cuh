@@ -6,6 +6,8 @@
 #include <cstdint>
 
 #include "common/device_types.cuh"
+#include "common/pdl_launch.h"
+#include "common/ptx.cuh"
 
 namespace llmk::detail {
 
@@ -14,6 +16,7 @@ namespace llmk::detail {
 template <class W>
 __global__ void __launch_bounds__(512) column_reduce_kernel(const float* partial, W* out,
                                                             int64_t blocks, int64_t d) {
+  ptx::pdl_start();
   __shared__ float subtotal[16][33];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float acc = 0.0f;
@@ -31,7 +34,8 @@ __global__ void __launch_bounds__(512) column_reduce_kernel(const float* partial
 
 template <class W>
 void launch_column_reduce(const float* partial, W* out, int64_t blocks, int64_t d, cudaStream_t stream) {
-  column_reduce_kernel<W><<<static_cast<unsigned>((d + 31) / 32), dim3(32, 16), 0, stream>>>(partial, out, blocks, d);
+  launch_pdl(column_reduce_kernel<W>, dim3(static_cast<unsigned>((d + 31) / 32)), dim3(32, 16), 0, stream, partial, out,
+             blocks, d);
 }
 
 }  // namespace llmk::detail

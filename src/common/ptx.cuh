@@ -118,4 +118,11 @@ __device__ __forceinline__ void wait_for_prior_grid() {
 #endif
 }
 
+// The first statement of a kernel launched by launch_pdl (common/pdl_launch.h): the previous
+// kernel's outputs are visible after it, and the next kernel may start launching.
+__device__ __forceinline__ void pdl_start() {
+  wait_for_prior_grid();
+  launch_dependents();
+}
+
 }  // namespace llmk::detail::ptx

@@ -10,6 +10,7 @@
 
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
+#include "common/pdl_launch.h"
 #include "common/row_shape.h"
 #include "common/vec.cuh"
 
@@ -20,7 +21,7 @@ namespace llmk::detail {
 template <class Params>
 void launch_row_kernel(const void* kernel, int blocks, int threads, const Params& p, cudaStream_t stream) {
   void* args[] = {const_cast<Params*>(&p)};
-  LLMK_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(blocks), dim3(threads), args, 0, stream));
+  launch_pdl(kernel, dim3(blocks), dim3(threads), 0, stream, args);
 }
 
 // One block per row (grid-strided past kMaxRowBlocks) over p.rows rows of p.n columns.

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "common/device_types.cuh"
+#include "common/ptx.cuh"
 #include "common/vec.cuh"
 #include "loss/cross_entropy.h"
 #include "softmax/softmax_kernel.cuh"
@@ -27,6 +28,7 @@ namespace llmk::detail {
 
 template <class T, int N>
 __global__ void cross_entropy_backward_kernel(CrossEntropyBackwardParams p, int64_t chunks_per_row) {
+  ptx::pdl_start();
   const int64_t block = blockIdx.x;
   const int64_t row = block / chunks_per_row;
   const int64_t col = ((block % chunks_per_row) * blockDim.x + threadIdx.x) * N;

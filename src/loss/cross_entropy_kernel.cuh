@@ -40,6 +40,7 @@
 #include <cstdint>
 
 #include "common/device_types.cuh"
+#include "common/ptx.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 #include "loss/cross_entropy.h"
@@ -136,6 +137,7 @@ __device__ __forceinline__ Vec<T, N> grad_vec(const CrossEntropyRow<T>& r, const
 // With dlogits, rows that fit in registers: read once. The launcher picks VPT and the block.
 template <class T, int N, int VPT>
 __global__ void __launch_bounds__(512) cross_entropy_vec_kernel(CrossEntropyParams p) {
+  ptx::pdl_start();
   const int n = static_cast<int>(p.n);
   const RowScale<T> sc = RowScale<T>::unit();
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
@@ -173,6 +175,7 @@ __global__ void __launch_bounds__(512) cross_entropy_vec_kernel(CrossEntropyPara
 // aligned with it (two passes). N = 16-byte vectors or 1 (unaligned rows).
 template <class T, int N, bool kGrad>
 __global__ void __launch_bounds__(512) cross_entropy_loop_kernel(CrossEntropyParams p) {
+  ptx::pdl_start();
   const RowScale<T> sc = RowScale<T>::unit();
   const int64_t step = int64_t{blockDim.x} * N;
   const bool smoothing = p.label_smoothing != 0.0;

@@ -28,6 +28,7 @@
 
 #include "common/column_reduce.cuh"
 #include "common/device_types.cuh"
+#include "common/ptx.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 #include "norm/norm_kernel.cuh"
@@ -63,6 +64,7 @@ __device__ __forceinline__ void store_partial(float* dst, const float (&sums)[N]
 template <class T, class W, int N, int VPT, bool kCentered, bool kGate>
 __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardParams p,
                                                                 NormWorkspace ws) {
+  ptx::pdl_start();
   constexpr int R = VPT <= 2 ? 2 : 1;          // rows in flight per iteration
   constexpr int K = kCentered ? 3 : 2;         // per row: sum xc^2, sum g*xc, (sum g)
   const int d = static_cast<int>(p.d);
@@ -201,6 +203,7 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
 template <class T, class W, bool kCentered, bool kGate>
 __global__ void __launch_bounds__(512) norm_backward_loop_kernel(NormBackwardParams p,
                                                                  NormWorkspace ws) {
+  ptx::pdl_start();
   const W* weight = static_cast<const W*>(p.weight);
   const float inv_d = 1.0f / static_cast<float>(p.d);
   auto scale = [&](int64_t col) {
@@ -256,6 +259,7 @@ __global__ void __launch_bounds__(512) norm_backward_loop_kernel(NormBackwardPar
 // of dy * xhat (and dy). Grid: (ceil(d / blockDim.x), blocks).
 template <class T, bool kCentered, bool kGate>
 __global__ void norm_backward_columns_kernel(NormBackwardParams p, NormWorkspace ws) {
+  ptx::pdl_start();
   const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (col >= p.d) return;
   const int64_t chunk = (p.rows + p.blocks - 1) / p.blocks;

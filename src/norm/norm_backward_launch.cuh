@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/cuda_check.h"
+#include "common/pdl_launch.h"
 #include "norm/norm_backward_kernel.cuh"
 #include "norm/norm_launch.cuh"
 
@@ -34,8 +35,8 @@ inline int norm_backward_vectors_per_thread(int64_t n) {
 template <bool kCentered, bool kGate, class T, class W, int VPT>
 void launch_norm_backward_vec(const NormBackwardParams& p, const NormWorkspace& ws, int threads,
                               cudaStream_t stream) {
-  norm_backward_vec_kernel<T, W, kVec16<T>, VPT, kCentered, kGate>
-      <<<static_cast<int>(p.blocks), threads, 0, stream>>>(p, ws);
+  launch_pdl(norm_backward_vec_kernel<T, W, kVec16<T>, VPT, kCentered, kGate>, dim3(static_cast<unsigned>(p.blocks)),
+             dim3(threads), 0, stream, p, ws);
 }
 
 template <bool kCentered, bool kGate = false>
@@ -62,10 +63,10 @@ void launch_norm_backward(const char* op, const NormBackwardParams& params, DTyp
       case 4: launch_norm_backward_vec<kCentered, kGate, T, W, 4>(p, ws, threads, stream); break;
       default: {
         const int row_blocks = static_cast<int>(std::min(p.rows, kMaxRowBlocks));
-        norm_backward_loop_kernel<T, W, kCentered, kGate><<<row_blocks, 512, 0, stream>>>(p, ws);
+        launch_pdl(norm_backward_loop_kernel<T, W, kCentered, kGate>, dim3(row_blocks), dim3(512), 0, stream, p, ws);
         LLMK_CHECK_LAUNCH(op, stream);
         const dim3 grid(static_cast<unsigned>((p.d + 255) / 256), static_cast<unsigned>(p.blocks));
-        norm_backward_columns_kernel<T, kCentered, kGate><<<grid, 256, 0, stream>>>(p, ws);
+        launch_pdl(norm_backward_columns_kernel<T, kCentered, kGate>, grid, dim3(256), 0, stream, p, ws);
         break;
       }
     }

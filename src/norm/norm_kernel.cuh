@@ -33,6 +33,7 @@
 
 #include "common/activation_math.cuh"
 #include "common/device_types.cuh"
+#include "common/ptx.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 #include "norm/norm_params.h"
@@ -61,6 +62,7 @@ __device__ __forceinline__ float norm_sum(float v) {
 
 template <class T, class W, int N, int VPT, bool kAdd, bool kCentered, bool kGate>
 __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
+  ptx::pdl_start();
   // With few vectors per thread the weight is loaded with the row, before the reduction,
   // so that a lone row (decode) pays one memory round trip instead of two.
   constexpr bool kPrefetchWeight = VPT <= 4;
@@ -178,6 +180,7 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
 
 template <class T, class W, bool kAdd, bool kCentered, bool kGate>
 __global__ void __launch_bounds__(512) norm_loop_kernel(NormParams p) {
+  ptx::pdl_start();
   const W* weight = static_cast<const W*>(p.weight);
   const W* bias = static_cast<const W*>(p.bias);
   const float inv_d = 1.0f / static_cast<float>(p.d);

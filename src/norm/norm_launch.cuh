@@ -7,6 +7,7 @@
 
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
+#include "common/pdl_launch.h"
 #include "common/row_shape.h"
 #include "norm/norm_kernel.cuh"
 
@@ -49,10 +50,11 @@ void launch_norm(const char* op, const NormParams& p, DType act, DType affine, b
       grid = dim3(static_cast<unsigned>(std::min((p.rows + block.y - 1) / block.y, kMaxRowBlocks)));
     }
     const bool vector_launched = dispatch_vpt(shape.vpt, [&](auto v) {
-      norm_vec_kernel<T, W, N, decltype(v)::value, kAdd, kCentered, kGate><<<grid, block, 0, stream>>>(p);
+      launch_pdl(norm_vec_kernel<T, W, N, decltype(v)::value, kAdd, kCentered, kGate>, grid, block, 0, stream, p);
     });
     if (!vector_launched)
-      norm_loop_kernel<T, W, kAdd, kCentered, kGate><<<blocks, round_up_warp(std::min<int64_t>(p.d, 512)), 0, stream>>>(p);
+      launch_pdl(norm_loop_kernel<T, W, kAdd, kCentered, kGate>, dim3(blocks),
+                 dim3(round_up_warp(std::min<int64_t>(p.d, 512))), 0, stream, p);
   });
   LLMK_CHECK_LAUNCH(op, stream);
 }

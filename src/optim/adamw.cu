@@ -16,6 +16,8 @@
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
 #include "common/occupancy.h"
+#include "common/pdl_launch.h"
+#include "common/ptx.cuh"
 #include "common/vec.cuh"
 #include "optim/adamw_params.h"
 
@@ -112,6 +114,7 @@ __device__ __forceinline__ void adamw_chunk(const AdamWLaunch& L, int t, const A
 // empty wave (docs/kernels/adamw.md); the block-strided walk does not.
 template <class T>
 __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__ AdamWLaunch L) {
+  ptx::pdl_start();
   const int32_t chunks = L.chunk_end[L.count - 1];
   int current = -1;
   AdamWMath math(L.hyper, 1.0f);
@@ -143,7 +146,7 @@ void adamw_cuda(const AdamWLaunch& launch, DType dtype, cudaStream_t stream) {
     const auto kernel = adamw_kernel<device_type_t<decltype(tag)>>;
     const int wave = kernel_fit(reinterpret_cast<const void*>(kernel), kThreads, device).blocks_per_sm * sms;
     const int blocks = chunks < wave ? chunks : wave;
-    kernel<<<blocks, kThreads, 0, stream>>>(launch);
+    launch_pdl(kernel, dim3(blocks), dim3(kThreads), 0, stream, launch);
   });
   LLMK_CHECK_LAUNCH("adamw_kernel", stream);
 }

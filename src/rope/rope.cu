@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "common/cuda_check.h"
+#include "common/pdl_launch.h"
 #include "rope/rope_kernel.cuh"
 
 namespace llmk::detail {
@@ -37,8 +38,8 @@ void rope_cuda(const RopeParams& p, RopeStyle style, DType dtype, bool vector_ok
       LLMK_CHECK(blocks <= INT32_MAX, "rope: ", tokens, " tokens are more than one launch covers");
       const dim3 grid(static_cast<unsigned>(blocks));
       const size_t smem = p.cache ? 0 : sizeof(float2) * block.z * (p.rot_dim / 2);
-      rope_kernel<T, P, decltype(style_constant)::value, decltype(cache_constant)::value>
-          <<<grid, block, smem, stream>>>(p);
+      launch_pdl(rope_kernel<T, P, decltype(style_constant)::value, decltype(cache_constant)::value>, grid, block, smem,
+                 stream, p);
     };
     auto with_source = [&](auto width, auto style_constant) {
       if (p.cache) launch(width, style_constant, std::true_type{});

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "common/device_types.cuh"
+#include "common/ptx.cuh"
 #include "common/vec.cuh"
 #include "rope/rope_params.h"
 
@@ -95,6 +96,7 @@ struct PairChunk {
 
 template <class T, int P, RopeStyle S, bool kCache>
 __global__ void rope_kernel(const RopeParams p) {
+  ptx::pdl_start();
   extern __shared__ float2 angles[];  // theta: [blockDim.z tokens][rot_dim / 2] (cos, sin)
   const int half = p.rot_dim / 2;
   const int64_t tokens = p.batch * p.seq;

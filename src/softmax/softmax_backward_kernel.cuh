@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "common/device_types.cuh"
+#include "common/ptx.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 #include "softmax/softmax_params.h"
@@ -34,6 +35,7 @@ __device__ __forceinline__ float softmax_dx(float y, float dy, float dot, float 
 
 template <class T, int N, int VPT, bool kLog>
 __global__ void __launch_bounds__(512) softmax_backward_vec_kernel(SoftmaxBackwardParams p) {
+  ptx::pdl_start();
   const int n = static_cast<int>(p.n);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* y = static_cast<const T*>(p.y) + row * p.y_stride;
@@ -70,6 +72,7 @@ __global__ void __launch_bounds__(512) softmax_backward_vec_kernel(SoftmaxBackwa
 
 template <class T, int N, bool kLog>
 __global__ void __launch_bounds__(512) softmax_backward_loop_kernel(SoftmaxBackwardParams p) {
+  ptx::pdl_start();
   const int64_t step = int64_t{blockDim.x} * N;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* y = static_cast<const T*>(p.y) + row * p.y_stride;

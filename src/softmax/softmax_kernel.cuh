@@ -164,6 +164,7 @@ __device__ __forceinline__ MaxSum fold(MaxSum acc, const Vec<T, N>& v, const Row
 
 template <class T, int N, int VPT, bool kLog>
 __global__ void __launch_bounds__(512) softmax_vec_kernel(SoftmaxParams p) {
+  ptx::pdl_start();
   const int n = static_cast<int>(p.n);
   const RowScale<T> sc(p);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
@@ -188,6 +189,7 @@ __global__ void __launch_bounds__(512) softmax_vec_kernel(SoftmaxParams p) {
 
 template <class T, int N, bool kLog>
 __global__ void __launch_bounds__(512) softmax_loop_kernel(SoftmaxParams p) {
+  ptx::pdl_start();
   const RowScale<T> sc(p);
   const int64_t step = int64_t{blockDim.x} * N;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {

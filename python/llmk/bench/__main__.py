@@ -28,11 +28,11 @@ import sys
 import torch
 
 import llmk
-from . import (activation_cases, attention_cases, decode_cases, e2e_cases, gemm_cases, loss_cases, norm_cases,
-               optim_cases, overhead_cases, rope_cases, softmax_cases, timing)
+from . import (activation_cases, attention_cases, chain_cases, decode_cases, e2e_cases, gemm_cases, loss_cases,
+               norm_cases, optim_cases, overhead_cases, rope_cases, softmax_cases, timing)
 
 CASE_MODULES = (norm_cases, activation_cases, softmax_cases, rope_cases, optim_cases, loss_cases, attention_cases,
-                decode_cases)
+                decode_cases, chain_cases)
 OPS = {op: case for m in CASE_MODULES for op, case in m.OPS.items()}
 # Each op's default sweep per device: (tokens, hidden) lists; --tokens / --hidden override them.
 SWEEPS = {"cuda": {op: sweep for m in CASE_MODULES for op, sweep in m.SWEEPS.items()},

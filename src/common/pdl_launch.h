@@ -1,0 +1,40 @@
+// Programmatic dependent launch (PDL) of the memory-bound kernels: in a stream of llmk
+// kernels, each one's launch and prologue overlap the previous one's tail (what costs at
+// 1-16 tokens, where a kernel's own work is shorter than a launch). On sm_90 and newer the
+// launch carries the programmatic-stream-serialization attribute; the kernel begins with
+// ptx::pdl_start() (wait for the previous grid's memory, then let the next grid launch), so
+// no input is read and no output written before the previous kernel has completed. Without
+// a previous kernel, or on older GPUs, the wait returns at once. LLMK_PDL=0 turns it off.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "common/cuda_check.h"
+
+namespace llmk::detail {
+
+// Whether launches on the current device carry the PDL attribute (cached per device).
+bool pdl_enabled();
+
+// A kernel known by address with an argument array (cudaLaunchKernel's form), with the PDL
+// attribute where enabled.
+void launch_pdl(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void** args);
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where enabled.
+template <class... Params, class... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  std::tuple<std::remove_cv_t<Params>...> values(std::forward<Args>(args)...);
+  std::apply(
+      [&](auto&... v) {
+        void* pointers[] = {static_cast<void*>(&v)...};
+        launch_pdl(reinterpret_cast<const void*>(kernel), grid, block, smem, stream, pointers);
+      },
+      values);
+}
+
+}  // namespace llmk::detail
