@@ -18,17 +18,14 @@ namespace llmk::detail {
 namespace {
 
 // Shared memory per block: two blocks per SM up to D = 128, one at D = 256.
-#ifndef LLMK_DECODE_SMALL_BUDGET
-#define LLMK_DECODE_SMALL_BUDGET 110
-#endif
-constexpr int kTwoPerSm = LLMK_DECODE_SMALL_BUDGET * 1024, kOnePerSm = 220 * 1024;
+constexpr int kTwoPerSm = 110 * 1024, kOnePerSm = 220 * 1024;
 constexpr int kMaxSplits = 32 * kMaxSplitWords;  // what the merge kernel takes
 constexpr int kMinKeysPerSplit = 128;  // two stages: shorter pieces cost more in the merge than they save
 constexpr int kBlockCostKeys = 256;   // a block's fixed cost (ring fill, merge), in keys streamed
 
 constexpr int wide_mtiles(int head_dim) { return head_dim == 64 ? 4 : (head_dim == 256 ? 1 : 2); }
 int mtiles_for(int rows, int head_dim) { return rows <= 16 ? 1 : wide_mtiles(head_dim); }
-int blocks_per_sm(int head_dim) { return head_dim == 256 ? 1 : 220 / LLMK_DECODE_SMALL_BUDGET; }
+int blocks_per_sm(int head_dim) { return head_dim == 256 ? 1 : 2; }
 
 template <class T, class Cache, int kHeadDim, int kMTiles>
 using TileFor = DecodeTile<T, Cache, kHeadDim, kMTiles, kHeadDim == 256 ? kOnePerSm : kTwoPerSm>;
@@ -58,21 +55,6 @@ template <class Cache>
 struct CacheTag {
   using type = Cache;
 };
-
-template <class F>
-void dispatch_decode_head_dim(int head_dim, F&& f) {
-  auto compiled = [&](auto dim) {
-    if constexpr (head_dim_compiled(decltype(dim)::value)) f(dim);
-    else throw_error("attention_decode: head_dim ", decltype(dim)::value, " has no CUDA kernel in this build");
-  };
-  switch (head_dim) {
-    case 64: return compiled(std::integral_constant<int, 64>{});
-    case 96: return compiled(std::integral_constant<int, 96>{});
-    case 128: return compiled(std::integral_constant<int, 128>{});
-    case 256: return compiled(std::integral_constant<int, 256>{});
-  }
-  throw_error("attention_decode: head_dim ", head_dim, " is not supported (64, 96, 128, 256)");
-}
 
 }  // namespace
 
@@ -112,11 +94,15 @@ void attention_decode_cuda(const DecodeParams& p, DType dtype, DType cache_dtype
       using T = device_type_t<decltype(tag)>;
       auto with_cache = [&](auto cache) {
         using Cache = typename std::decay_t<decltype(cache)>::type;
-        dispatch_decode_head_dim(p.head_dim, [&](auto dim) {
+        for_compiled_head_dim("attention_decode", p.head_dim, [&](auto dim) {
           constexpr int D = decltype(dim)::value;
           constexpr int kWide = wide_mtiles(D);
-          if (mtiles == 1) return launch<T, TileFor<T, Cache, D, 1>>(p, row_blocks, stream);
-          if constexpr (kWide > 1) return launch<T, TileFor<T, Cache, D, kWide>>(p, row_blocks, stream);
+          if constexpr (D == 32) {
+            throw_error("attention_decode: head_dim 32 is not supported (64, 96, 128, 256)");
+          } else {
+            if (mtiles == 1) return launch<T, TileFor<T, Cache, D, 1>>(p, row_blocks, stream);
+            if constexpr (kWide > 1) return launch<T, TileFor<T, Cache, D, kWide>>(p, row_blocks, stream);
+          }
         });
       };
       if (cache_dtype == DType::f8e4m3) with_cache(CacheTag<Fp8E4M3>{});

@@ -38,22 +38,6 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
   attention_forward_kernel<T, Tile><<<grid, Tile::kThreads, smem, stream>>>(p);
 }
 
-template <class F>
-void dispatch_head_dim(int head_dim, F&& f) {
-  auto compiled = [&](auto dim) {
-    if constexpr (head_dim_compiled(decltype(dim)::value)) f(dim);
-    else throw_error("attention: head_dim ", decltype(dim)::value, " has no CUDA kernel in this build");
-  };
-  switch (head_dim) {
-    case 32: return compiled(std::integral_constant<int, 32>{});
-    case 64: return compiled(std::integral_constant<int, 64>{});
-    case 96: return compiled(std::integral_constant<int, 96>{});
-    case 128: return compiled(std::integral_constant<int, 128>{});
-    case 256: return compiled(std::integral_constant<int, 256>{});
-  }
-  throw_error("attention: head_dim ", head_dim, " is not supported");
-}
-
 }  // namespace
 
 void attention_forward_cuda(const AttentionParams& p, DType dtype, cudaStream_t stream) {
@@ -78,7 +62,7 @@ void attention_forward_sm80(const AttentionParams& p, DType dtype, cudaStream_t 
   dispatch_dtype(dtype, op, [&](auto tag) {
     if constexpr (decltype(tag)::value != DType::f32) {
       using T = device_type_t<decltype(tag)>;
-      dispatch_head_dim(p.head_dim, [&](auto dim) {
+      for_compiled_head_dim("attention", p.head_dim, [&](auto dim) {
         launch<T, typename TileOf<decltype(dim)::value>::type>(p, stream);
       });
     }
