@@ -1,10 +1,9 @@
 // CPU reference of the attention forward: the naive algorithm in double (all scores of
 // a row, their max, the exponentials, the weighted sum of V), one rounding per output.
-#include <cmath>
-#include <limits>
 #include <vector>
 
 #include "attention/attention_params.h"
+#include "attention/attention_row_host.h"
 #include "common/host_types.h"
 
 namespace llmk::detail {
@@ -13,10 +12,9 @@ void attention_forward_cpu(const AttentionParams& p, DType dtype) {
   dispatch_dtype(dtype, "attention", [&](auto tag) {
     using T = host_type_t<decltype(tag)>;
     const int d = p.head_dim;
-    std::vector<double> scores, acc(d);
+    std::vector<double> scores, acc;
     for (int b = 0; b < p.batch; ++b) {
       const SequenceBounds seq = sequence_bounds(p, b);
-      scores.resize(seq.seqlen_k);
       for (int h = 0; h < p.heads_q; ++h) {
         const int kv_head = h / p.group;
         auto row = [&](const AttentionTensor& t, int64_t start, int64_t i, int head) {
@@ -25,31 +23,18 @@ void attention_forward_cpu(const AttentionParams& p, DType dtype) {
         };
         for (int64_t i = 0; i < seq.seqlen_q; ++i) {
           const T* q = row(p.q, seq.q_start, i, h);
-          const int64_t keys = visible_keys(seq, p.causal, i);
-          double max_score = -std::numeric_limits<double>::infinity();
-          for (int64_t j = 0; j < keys; ++j) {
-            const T* k = row(p.k, seq.k_start, j, kv_head);
-            double dot = 0;
-            for (int c = 0; c < d; ++c) dot += double(to_float(q[c])) * double(to_float(k[c]));
-            scores[j] = dot * p.scale;
-            max_score = std::max(max_score, scores[j]);
-          }
-          double sum = 0;
-          std::fill(acc.begin(), acc.end(), 0.0);
-          for (int64_t j = 0; j < keys; ++j) {
-            const double w = std::exp(scores[j] - max_score);
-            sum += w;
-            const T* v = row(p.v, seq.k_start, j, kv_head);
-            for (int c = 0; c < d; ++c) acc[c] += w * double(to_float(v[c]));
-          }
+          const double lse = attend_row_host(
+              visible_keys(seq, p.causal, i), d, p.scale,
+              [&](int64_t j) {
+                const T* k = row(p.k, seq.k_start, j, kv_head);
+                double dot = 0;
+                for (int c = 0; c < d; ++c) dot += double(to_float(q[c])) * double(to_float(k[c]));
+                return dot;
+              },
+              [&](int64_t j, int c) { return double(to_float(row(p.v, seq.k_start, j, kv_head)[c])); }, scores, acc);
           T* out = row(p.out, seq.q_start, i, h);
-          for (int c = 0; c < d; ++c)
-            out[c] = from_float<T>(keys > 0 ? static_cast<float>(acc[c] / sum) : 0.0f);
-          if (p.lse) {
-            p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + seq.q_start + i] =
-                keys > 0 ? static_cast<float>(max_score + std::log(sum))
-                         : -std::numeric_limits<float>::infinity();
-          }
+          for (int c = 0; c < d; ++c) out[c] = from_float<T>(static_cast<float>(acc[c]));
+          if (p.lse) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + seq.q_start + i] = static_cast<float>(lse);
         }
       }
     }

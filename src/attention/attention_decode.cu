@@ -12,6 +12,7 @@
 #include "common/device_types.cuh"
 #include "common/dispatch.h"
 #include "common/occupancy.h"
+#include "common/pdl_launch.h"
 
 namespace llmk::detail {
 
@@ -38,16 +39,8 @@ void launch(const DecodeParams& p, int row_blocks, cudaStream_t stream) {
   attention_decode_kernel<T, Tile><<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
   if (p.splits > 1) {
     const int64_t rows = static_cast<int64_t>(p.batch) * p.q_len * p.heads_q;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>((rows + 3) / 4));
-    config.blockDim = dim3(128);
-    config.stream = stream;
-    cudaLaunchAttribute early;
-    early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    early.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &early;
-    config.numAttrs = 1;
-    LLMK_CUDA_CHECK(cudaLaunchKernelEx(&config, attention_decode_merge_kernel<T, Tile::kHeadDim>, p));
+    launch_pdl(attention_decode_merge_kernel<T, Tile::kHeadDim>, dim3(static_cast<unsigned>((rows + 3) / 4)), dim3(128),
+               0, stream, p);
   }
 }
 
@@ -58,9 +51,7 @@ struct CacheTag {
 
 }  // namespace
 
-int decode_splits_for(int batch, int heads_kv, int q_len, int group, int head_dim, int capacity, DType cache_dtype,
-                      int device) {
-  (void)cache_dtype;  // fp8 tiles keep the same blocks per SM
+int decode_splits_for(int batch, int heads_kv, int q_len, int group, int head_dim, int capacity, int device) {
   const int rows = q_len * group, row_rows = 16 * mtiles_for(rows, head_dim);
   const int64_t pairs = static_cast<int64_t>(batch) * heads_kv * ((rows + row_rows - 1) / row_rows);
   const int64_t slots = static_cast<int64_t>(sm_count_of(device)) * blocks_per_sm(head_dim);

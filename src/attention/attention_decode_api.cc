@@ -21,7 +21,7 @@ namespace llmk {
 
 using detail::DecodeCacheTensor;
 using detail::DecodeParams;
-using detail::DecodeTokens;
+using detail::AttentionTensor;
 
 namespace {
 
@@ -49,7 +49,7 @@ void check_rows_aligned(const char* arg, const TensorView& t) {
 }
 
 // q, out, k_new or v_new: [batch, q_len, heads, head_dim] in fp16 or bf16.
-DecodeTokens check_tokens(const char* arg, const TensorView& t) {
+AttentionTensor check_tokens(const char* arg, const TensorView& t) {
   LLMK_CHECK(t.ndim() == 4, kOp, ": ", arg, " must be [batch, q_len, heads, head_dim], got ",
              detail::shape_string(t));
   LLMK_CHECK(t.dtype() == DType::f16 || t.dtype() == DType::bf16, kOp, ": ", arg,
@@ -57,7 +57,7 @@ DecodeTokens check_tokens(const char* arg, const TensorView& t) {
   LLMK_CHECK(supported_head_dim(t.size(3)), kOp, ": ", arg, " has head_dim ", t.size(3),
              "; supported head dims are 64, 96, 128 and 256");
   check_rows_aligned(arg, t);
-  DecodeTokens r;
+  AttentionTensor r;
   r.data = t.data();
   r.batch_stride = t.stride(0);
   r.row_stride = t.stride(1);
@@ -255,8 +255,7 @@ int64_t workspace_elements(const DecodeParams& p, int splits) {
 
 int splits_for(const Validated& r, int device) {
   const DecodeParams& p = r.p;
-  return detail::decode_splits_for(p.batch, p.heads_kv, p.q_len, p.group, p.head_dim, p.capacity, r.cache_dtype,
-                                   device);
+  return detail::decode_splits_for(p.batch, p.heads_kv, p.q_len, p.group, p.head_dim, p.capacity, device);
 }
 
 }  // namespace
@@ -285,7 +284,7 @@ void attention_decode(const TensorView& out, const TensorView& q, const DecodeCa
   p.cache_seqlens = static_cast<const int32_t*>(cache_seqlens.data());
 
   if (append) {
-    for (const auto& [arg, t, dst] : {std::tuple<const char*, const TensorView*, DecodeTokens*>{
+    for (const auto& [arg, t, dst] : {std::tuple<const char*, const TensorView*, AttentionTensor*>{
                                           "k_new", &append->k_new, &p.k_new},
                                       {"v_new", &append->v_new, &p.v_new}}) {
       *dst = check_tokens(arg, *t);

@@ -12,12 +12,11 @@
 // The caller (attention_decode_api.cc) has checked the contract: lengths within the capacity,
 // the pages a sequence uses within the cache, rotary positions within the cos/sin cache.
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
 #include "attention/attention_decode_params.h"
+#include "attention/attention_row_host.h"
 #include "common/host_types.h"
 #include "rope/rope_host.h"
 
@@ -27,7 +26,7 @@ namespace {
 
 // Row i of sequence b of q, out, k_new or v_new, at head h.
 template <class T>
-T* token_row(const DecodeTokens& t, int b, int i, int h) {
+T* token_row(const AttentionTensor& t, int b, int i, int h) {
   return static_cast<T*>(t.data) + b * t.batch_stride + i * t.row_stride + h * t.head_stride;
 }
 
@@ -84,11 +83,10 @@ void decode(const DecodeParams& p) {
     }
 
   // 2-3. Attention of every q token over the cache.
-  std::vector<double> scores, acc(d);
+  std::vector<double> scores, acc;
   std::vector<int64_t> k_rows, v_rows;
   for (int b = 0; b < p.batch; ++b) {
     const int seqlen_k = decode_seqlen_k(p, b);
-    scores.resize(seqlen_k);
     k_rows.resize(seqlen_k);
     v_rows.resize(seqlen_k);
     for (int j = 0; j < seqlen_k; ++j) {
@@ -102,26 +100,17 @@ void decode(const DecodeParams& p) {
         const int kv_head = h / p.group;
         std::copy_n(token_row<T>(p.q, b, i, h), d, x.begin());
         if (rotary) rope_rotate_host(x.data(), p.rotary_dim, style, cos_v.data(), sin_v.data());
-        double max_score = -std::numeric_limits<double>::infinity();
-        for (int j = 0; j < keys; ++j) {
-          double dot = 0;
-          for (int c = 0; c < d; ++c) dot += double(to_float(x[c])) * cache_value<C>(p.k, k_rows[j], kv_head, c);
-          scores[j] = dot * p.scale;
-          max_score = std::max(max_score, scores[j]);
-        }
-        double sum = 0;
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int j = 0; j < keys; ++j) {
-          const double w = std::exp(scores[j] - max_score);
-          sum += w;
-          for (int c = 0; c < d; ++c) acc[c] += w * cache_value<C>(p.v, v_rows[j], kv_head, c);
-        }
+        const double lse = attend_row_host(
+            keys, d, p.scale,
+            [&](int64_t j) {
+              double dot = 0;
+              for (int c = 0; c < d; ++c) dot += double(to_float(x[c])) * cache_value<C>(p.k, k_rows[j], kv_head, c);
+              return dot;
+            },
+            [&](int64_t j, int c) { return cache_value<C>(p.v, v_rows[j], kv_head, c); }, scores, acc);
         T* out = token_row<T>(p.out, b, i, h);
-        for (int c = 0; c < d; ++c) out[c] = from_float<T>(keys > 0 ? static_cast<float>(acc[c] / sum) : 0.0f);
-        if (p.lse) {
-          p.lse[(int64_t{b} * p.heads_q + h) * p.q_len + i] =
-              keys > 0 ? static_cast<float>(max_score + std::log(sum)) : -std::numeric_limits<float>::infinity();
-        }
+        for (int c = 0; c < d; ++c) out[c] = from_float<T>(static_cast<float>(acc[c]));
+        if (p.lse) p.lse[(int64_t{b} * p.heads_q + h) * p.q_len + i] = static_cast<float>(lse);
       }
     }
   }

@@ -6,16 +6,11 @@
 
 #include <cstdint>
 
+#include "attention/attention_params.h"
 #include "common/host_device.h"
 #include "llmk/dtype.h"
 
 namespace llmk::detail {
-
-// q, out, k_new, v_new: [batch, q_len, heads, head_dim]; strides in elements.
-struct DecodeTokens {
-  void* data = nullptr;
-  int64_t batch_stride = 0, row_stride = 0, head_stride = 0;
-};
 
 // The K or V cache. A contiguous cache is one page per sequence (page b holds sequence b,
 // page_size = max_len, no block table).
@@ -29,7 +24,7 @@ struct DecodeCacheTensor {
 // a copy would do); an fp8 cache stores e4m3(value / scale) of that rounded value, the
 // division in fp32, rounded to nearest even and saturated to +-448 (NaN stays NaN).
 struct DecodeParams {
-  DecodeTokens q, out, k_new, v_new;  // k_new.data null: no append
+  AttentionTensor q, out, k_new, v_new;  // [batch, q_len, heads, head_dim]; k_new.data null: no append
   DecodeCacheTensor k, v;
   const int32_t* cache_seqlens = nullptr;  // [batch]
   const int32_t* block_table = nullptr;    // [batch, max_pages] (row stride block_table_stride); null: contiguous
@@ -97,8 +92,7 @@ LLMK_HOST_DEVICE inline int decode_visible_keys(const DecodeParams& p, int seqle
 // The CUDA launcher (split choice, main kernel, merge) and the CPU reference, called after
 // the arguments are validated. `splits_for` is the host-side choice the workspace size
 // query and the launcher share.
-int decode_splits_for(int batch, int heads_kv, int q_len, int group, int head_dim, int capacity,
-                      DType cache_dtype, int device);
+int decode_splits_for(int batch, int heads_kv, int q_len, int group, int head_dim, int capacity, int device);
 void attention_decode_cuda(const DecodeParams& p, DType dtype, DType cache_dtype, cudaStream_t stream);
 void attention_decode_cpu(const DecodeParams& p, DType dtype, DType cache_dtype);
 
