@@ -100,6 +100,12 @@ def needs_kernel(device, *dims):
             pytest.skip(f"head_dim {dim} not in this build's LLMK_HEAD_DIMS")
 
 
+def rows_without_keys(seq_q, seq_k, causal):
+    """The leading query rows that see no key: all of them without keys, seq_q - seq_k when a
+    causal mask (aligned bottom-right) starts past the first rows."""
+    return seq_q if seq_k == 0 else seq_q - seq_k if causal and seq_q > seq_k else 0
+
+
 def make_qkv(batch, seq_q, seq_k, heads_q, heads_kv, dim, dtype, device):
     q = torch.randn(batch, seq_q, heads_q, dim, dtype=dtype, device=device)
     k = torch.randn(batch, seq_k, heads_kv, dim, dtype=dtype, device=device)
@@ -141,7 +147,7 @@ def test_sequence_lengths(monkeypatch, device, path, seqs, causal, dim, dtype):
     seq_q, seq_k = seqs
     q, k, v = make_qkv(2, seq_q, seq_k, 2, 1, dim, dtype, device)
     out, lse = on_path(path, dim, llmk.attention, q, k, v, causal=causal, scale=0.1, return_lse=True)
-    hidden = seq_q if seq_k == 0 else seq_q - seq_k if causal and seq_q > seq_k else 0
+    hidden = rows_without_keys(seq_q, seq_k, causal)
     if hidden:  # the rows that see no key: exactly 0, lse -inf
         assert torch.all(out[:, :hidden] == 0) and torch.all(lse[:, :, :hidden] == float("-inf"))
     if seq_k == 0:

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 import llmk
 from conftest import DEVICES, assert_flash_rule, poison_allocator, requires_cuda
-from test_attention import HALF_DTYPES, TARGETS, VARLEN_CASES, _packed, make_qkv, needs_kernel, on_path, use_path
+from test_attention import (HALF_DTYPES, TARGETS, VARLEN_CASES, _packed, make_qkv, needs_kernel, on_path,
+                            rows_without_keys, use_path)
 
 ATOL_EPS = 1  # the rule's slack: one rounding step of the dtype at max|reference gradient|
 
@@ -118,7 +119,7 @@ def test_sequence_lengths(monkeypatch, device, path, seqs, causal, dim, dtype):
     q, k, v = leaves(*make_qkv(2, seq_q, seq_k, 2, 1, dim, dtype, device))
     dout = torch.randn_like(q)
     got = on_path(path, dim, grads_of, lambda *t: llmk.attention(*t, causal=causal, scale=0.1), (q, k, v), dout)
-    hidden = seq_q if seq_k == 0 else seq_q - seq_k if causal and seq_q > seq_k else 0
+    hidden = rows_without_keys(seq_q, seq_k, causal)
     assert torch.all(got[0][:, :hidden] == 0), "dq of rows that see no key"
     if seq_q == 0:
         assert torch.all(got[1] == 0) and torch.all(got[2] == 0), "dk, dv without queries"
