@@ -3,16 +3,19 @@ the unfused float64 composition (F.linear in float64, then F.cross_entropy plus 
 and CUDA, every reduction, ignored rows, an all-ignored batch, label smoothing, z-loss, chunk sizes
 that do and do not divide the tokens (1, 3, tokens - 1, tokens, the default), a single token, a
 vocabulary that is a multiple of 8 (llmk's GEMM kernels for every product) and one that is not
-(the backward's products on dlogits go to torch), fp16 and bf16, batched hidden; the chunking
-against llmk's own unfused composition; the no-gradient path; the default chunk size; bad
-arguments. Shapes are small (H 32, V 96/101, 13 tokens) so the CPU run takes a few seconds; the
-CUDA cases add the GEMM kernels' sizes and a peak-memory check.
+(the backward's products on dlogits go to torch), fp16 and bf16, batched hidden, the weight's
+gradient summed in float32 and in its own dtype (weight_grad_dtype); the chunking against llmk's
+own unfused composition; the sum in the weight's dtype bit for bit; the in-place backward of that
+mode; the no-gradient path; the default chunk size; bad arguments. Shapes are small (H 32,
+V 96/101, 13 tokens) so the CPU run takes a few seconds; the CUDA cases add the GEMM kernels'
+sizes and peak-memory checks.
 
 Tolerances. llmk rounds three times where the float64 composition does not, each rounding to the
 dtype with unit roundoff u (2^-8 bf16, 2^-11 fp16): the logits z (|dz| <= u Z, Z the row's
 max|z|), the logits' gradient g (u |g|), and the products (u |result|; the weight's gradient
 once per chunk before its float32 sum, and once more when the backward scales a saved gradient
-by the upstream one). Propagated to first order (error_bounds below):
+by the upstream one; summed in the weight's dtype, the running sum S_c after each chunk c instead
+of the product). Propagated to first order (error_bounds below):
 
 - a row's loss moves by at most u Z (2 + 2 z_loss |lse| + z_loss u Z) (lse and the target logit
   each by u Z); mean / sum / none reduce those bounds like the losses;
@@ -20,13 +23,18 @@ by the upstream one). Propagated to first order (error_bounds below):
   moves by s u Z p_j (2 |1 + 2 z_loss lse| + 2 z_loss) through z, plus its own rounding u |g_j|:
   E, elementwise;
 - dhidden = g · W moves by E · |W| + 2 u |dhidden|; dweight = Σ_chunks g_cᵀ h_c by Eᵀ · |h| +
-  u Σ_chunks |g_cᵀ h_c| + 2 u |dweight|; dbias by the column sums of E + 2 u |dbias|.
+  u Σ_chunks |g_cᵀ h_c| + 2 u |dweight| (summed in its dtype: u Σ_{c<n} |S_c| in place of the
+  products' term, the last sum's rounding being the final one); dbias by the column sums of E +
+  2 u |dbias|.
 
 The test allows twice these elementwise bounds (second-order terms, the kernels' float32
 arithmetic) plus 1e-6 of the largest reference value; over 40 seeds the worst error was 0.4 of
-that allowance. A lost row moves an element by about s |h| (or s |W|), far beyond it: dropping one
-row per chunk from dweight, or scaling a gradient by 1.01-1.02, failed 54 to 72 of 108 of these
-cases in a hand run (every one where the mutation applies, for the dropped row)."""
+that allowance (with the sum in the weight's dtype, 0.4 over 20 seeds). A lost row moves an
+element by about s |h| (or s |W|), far beyond it: dropping one row per chunk from dweight, or
+scaling a gradient by 1.01-1.02, failed 54 to 72 of 108 of these cases in a hand run (every one
+where the mutation applies, for the dropped row); with the sum in the weight's dtype, dropping
+one row per chunk failed 48 of 120 cases (every one where the mutation applies: chunks of more
+than one row that are not the whole batch) and ignoring the running sum 72."""
 
 import pytest
 import torch
@@ -70,9 +78,11 @@ def reference(hidden, weight, bias, target, label_smoothing, z_loss, reduction):
     return rows.sum() / (t != -100).sum(), leaves
 
 
-def error_bounds(hidden, weight, bias, target, label_smoothing, z_loss, reduction, dloss, chunk):
+def error_bounds(hidden, weight, bias, target, label_smoothing, z_loss, reduction, dloss, chunk, sum_rounded=False):
     """Elementwise bounds on |llmk - float64| (the module docstring's derivation): the loss, then
-    dhidden, dweight, dbias."""
+    dhidden, dweight, dbias. `sum_rounded`: the weight's gradient is summed in its dtype (the
+    running sum rounded after each chunk but the last, whose rounding is the final one) instead
+    of each chunk's product rounded before a float32 sum."""
     finfo = torch.finfo(hidden.dtype)
     u, tiny = finfo.eps / 2, finfo.smallest_normal * finfo.eps / 2  # relative, and subnormal, rounding
     vocab = weight.shape[0]
@@ -97,8 +107,13 @@ def error_bounds(hidden, weight, bias, target, label_smoothing, z_loss, reductio
     else:
         loss = loss_rows.sum() / (n if reduction == "mean" else 1)
     dh = e @ w.abs() + 2 * (u * (g @ w).abs() + tiny)
-    starts = range(0, len(t), chunk)
-    per_chunk = sum(u * (g[i:i + chunk].t() @ h[i:i + chunk]).abs() + tiny for i in starts) if len(starts) > 1 else 0
+    products = [g[i:i + chunk].t() @ h[i:i + chunk] for i in range(0, len(t), chunk)]
+    if len(products) == 1:
+        per_chunk = 0
+    elif sum_rounded:  # the running sums S_1 .. S_{n-1}, each rounded once
+        per_chunk = (u * torch.stack(products[:-1]).cumsum(0).abs() + tiny).sum(0)
+    else:  # each chunk's product, rounded once
+        per_chunk = sum(u * p.abs() + tiny for p in products)
     dw = e.t() @ h.abs() + per_chunk + 2 * (u * (g.t() @ h).abs() + tiny)
     db = e.sum(0) + 2 * (u * g.sum(0).abs() + tiny)
     return loss, dh.view(hidden.shape), dw, db
@@ -114,18 +129,22 @@ def assert_within(got, want, bound, what):
                            f"worst err / allowed {(err / allowed).nan_to_num(float('inf')).max().item():.3g}")
 
 
-def check(device, dtype, shape, vocab, reduction, chunk, bias, label_smoothing, z_loss, ignored=(2, 7), size=H):
+def check(device, dtype, shape, vocab, reduction, chunk, bias, label_smoothing, z_loss, ignored=(2, 7), size=H,
+          weight_grad_dtype=None):
     hidden, weight, b, target = make(device, dtype, shape, vocab, bias, ignored, size)
     loss = llmk.fused_linear_cross_entropy(hidden, weight, target, b, label_smoothing=label_smoothing,
-                                           reduction=reduction, z_loss=z_loss, chunk_size=chunk)
+                                           reduction=reduction, z_loss=z_loss, chunk_size=chunk,
+                                           weight_grad_dtype=weight_grad_dtype)
     want, leaves = reference(hidden, weight, b, target, label_smoothing, z_loss, reduction)
     assert loss.dtype == torch.float32
     dloss = torch.randn(want.shape, device=device)
     loss.backward(dloss)
     want.backward(dloss.double())
     tokens = target.numel()
-    effective = chunk or _flce_chunk_size(tokens, size, vocab, True)
-    bounds = error_bounds(hidden, weight, b, target, label_smoothing, z_loss, reduction, dloss, effective)
+    sum_rounded = weight_grad_dtype == dtype
+    effective = chunk or _flce_chunk_size(tokens, size, vocab, True, 2 if sum_rounded else 4)
+    bounds = error_bounds(hidden, weight, b, target, label_smoothing, z_loss, reduction, dloss, effective,
+                          sum_rounded)
     assert_within(loss, want, bounds[0], "loss")
     for name, got, ref, bound in zip(("dhidden", "dweight", "dbias"), (hidden, weight, b), leaves, bounds[1:]):
         if got is not None:
@@ -139,8 +158,10 @@ def check(device, dtype, shape, vocab, reduction, chunk, bias, label_smoothing, 
 @pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize("vocab", [96, 101])
 @pytest.mark.parametrize("options", list(OPTIONS))
-def test_matches_float64(device, dtype, reduction, chunk, vocab, options):
-    check(device, dtype, (TOKENS,), vocab, reduction, chunk, *OPTIONS[options])
+@pytest.mark.parametrize("weight_grad", ["float32", "weight_dtype"])
+def test_matches_float64(device, dtype, reduction, chunk, vocab, options, weight_grad):
+    check(device, dtype, (TOKENS,), vocab, reduction, chunk, *OPTIONS[options],
+          weight_grad_dtype=dtype if weight_grad == "weight_dtype" else None)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -243,11 +264,13 @@ def test_only_some_inputs_need_gradients(device):
         assert_within(got.grad, ref.grad, bounds[1 if trains == "hidden" else 2], trains)
 
 
-@pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_backward_twice(reduction):
-    """retain_graph: a second backward gives the same gradients (the saved ones are not scaled in place)."""
+@pytest.mark.parametrize(("reduction", "weight_grad_dtype"), [("mean", None), ("none", None), ("none", torch.bfloat16)])
+def test_backward_twice(reduction, weight_grad_dtype):
+    """retain_graph: a second backward gives the same gradients (the saved ones are not scaled in
+    place; "none" computes them in the backward, whatever the accumulator)."""
     hidden, weight, b, target = make("cpu", torch.bfloat16, (TOKENS,), 96, True)
-    loss = llmk.fused_linear_cross_entropy(hidden, weight, target, b, reduction=reduction, chunk_size=4).sum()
+    loss = llmk.fused_linear_cross_entropy(hidden, weight, target, b, reduction=reduction, chunk_size=4,
+                                           weight_grad_dtype=weight_grad_dtype).sum()
     loss.backward(torch.tensor(0.5), retain_graph=True)
     first = [t.grad.clone() for t in (hidden, weight, b)]
     for t in (hidden, weight, b):
@@ -255,6 +278,84 @@ def test_backward_twice(reduction):
     loss.backward(torch.tensor(0.5))
     for f, t in zip(first, (hidden, weight, b)):
         assert torch.equal(f, t.grad)
+
+
+def round_once(x, dtype):
+    """float64 x rounded to dtype once, as llmk's CPU GEMM rounds its float64 sums: to float32 by
+    round-to-odd (truncated toward zero, the last bit set when inexact), after which the rounding
+    to dtype (to nearest) gives the correctly rounded value; torch's float64 -> bfloat16 rounds
+    twice (through float32 to nearest)."""
+    f = x.float()
+    truncated = torch.where(f.double().abs() > x.abs(), torch.nextafter(f, torch.zeros_like(f)), f)
+    odd = (truncated.view(torch.int32) | 1).view(torch.float32)
+    return torch.where(truncated.double() == x, truncated, odd).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("chunk", [1, 3, 12, 13])
+def test_weight_dtype_sum_rounds_once_per_chunk(dtype, chunk):
+    """CPU, weight_grad_dtype = the weight's dtype: dweight is the running sum S_c = round(S_{c-1} +
+    g_cᵀ h_c), one rounding per chunk (llmk's GEMM adds the residual S_{c-1} to its float64 product
+    before it rounds), bit for bit, g_c being llmk's logits gradient of the chunk's rows (rows are
+    independent: those of the whole batch). A float32 accumulator, or a product rounded before it
+    is added, gives other bits (a hand run: both fail every case but the single chunk). The loss,
+    dhidden and dbias are those of the float32 mode, bit for bit."""
+    hidden, weight, b, target = make("cpu", dtype, (TOKENS,), 96, True)
+    args = dict(label_smoothing=0.1, z_loss=0.01, reduction="sum")  # upstream 1: the backward scales exactly
+    results = []
+    for weight_grad_dtype in (None, dtype):
+        loss = llmk.fused_linear_cross_entropy(hidden, weight, target, b, chunk_size=chunk,
+                                               weight_grad_dtype=weight_grad_dtype, **args)
+        loss.backward()
+        results.append([loss] + [t.grad for t in (hidden, weight, b)])
+        for t in (hidden, weight, b):
+            t.grad = None
+    (loss32, dh32, _, db32), (loss, dh, dw, db) = results
+    assert torch.equal(loss, loss32) and torch.equal(dh, dh32) and torch.equal(db, db32)
+    dz = torch.autograd.functional.vjp(lambda z: llmk.cross_entropy(z, target, **args),
+                                       llmk.linear(hidden, weight, b).detach())[1].double()
+    h = hidden.detach().double()
+    want = torch.zeros_like(weight)
+    for i in range(0, TOKENS, chunk):
+        want = round_once(want.double() + dz[i:i + chunk].t() @ h[i:i + chunk], dtype)
+    assert dw.dtype == dtype and torch.equal(dw, want)
+
+
+def test_weight_dtype_backward_scales_in_place():
+    """weight_grad_dtype = the weight's dtype, "mean": the backward scales the gradients the forward
+    saved in place and hands those buffers on (no second [V, H] while it runs): the leaves'
+    gradients are the saved tensors themselves. A second backward (retain_graph) is refused and
+    changes nothing; the float32 mode allows it (test_backward_twice)."""
+    hidden, weight, b, target = make("cpu", torch.bfloat16, (TOKENS,), 96, True)
+    flce = llmk.fused_linear_cross_entropy
+    loss = flce(hidden, weight, target, b, chunk_size=4, weight_grad_dtype=torch.bfloat16)
+    saved = [t.data_ptr() for t in loss.grad_fn.saved_tensors]
+    want = [g * 0.5 for g in loss.grad_fn.saved_tensors]
+    loss.backward(torch.tensor(0.5))
+    for w, t, ptr in zip(want, (hidden, weight, b), saved):
+        assert t.grad.data_ptr() == ptr and torch.equal(t.grad, w)
+    for t in (hidden, weight, b):
+        t.grad = None
+    loss = flce(hidden, weight, target, b, chunk_size=4, weight_grad_dtype=torch.bfloat16)
+    loss.backward(retain_graph=True)
+    first = [t.grad.clone() for t in (hidden, weight, b)]
+    with pytest.raises(RuntimeError, match=r"fused_linear_cross_entropy: with weight_grad_dtype=torch.bfloat16 .* "
+                                           r"a second backward through it \(retain_graph=True\) needs "
+                                           r"weight_grad_dtype=None"):
+        loss.backward()
+    for f, t in zip(first, (hidden, weight, b)):
+        assert torch.equal(f, t.grad)
+
+
+def test_float32_accumulator_is_the_default():
+    hidden, weight, b, target = make("cpu", torch.bfloat16, (TOKENS,), 96, True)
+    grads = []
+    for weight_grad_dtype in (None, torch.float32):
+        llmk.fused_linear_cross_entropy(hidden, weight, target, b, chunk_size=3,
+                                        weight_grad_dtype=weight_grad_dtype).backward()
+        grads.append(weight.grad)
+        weight.grad = None
+    assert torch.equal(*grads)
 
 
 def test_default_chunk_size():
@@ -266,6 +367,9 @@ def test_default_chunk_size():
     assert _flce_chunk_size(8192, 4096, 128256, True) == 1024
     assert _flce_chunk_size(4096, 3584, 152064, False) == 128
     assert _flce_chunk_size(4096, 3584, 152064, True) == 512
+    # accumulating in bf16 (2 bytes an element) halves that floor: H / 8
+    assert _flce_chunk_size(8192, 4096, 128256, True, 2) == 512
+    assert _flce_chunk_size(4096, 3584, 152064, True, 2) == 256
     # short inputs: one chunk (at least 2^25 logits); never more than the tokens
     assert _flce_chunk_size(16, 4096, 128256, True) == 16
     assert _flce_chunk_size(1, 32, 101, False) == 1
@@ -300,6 +404,11 @@ def test_bad_arguments():
         flce(hidden, weight, target.float())
     with pytest.raises(ValueError, match="chunk_size must be a positive int"):
         flce(hidden, weight, target, chunk_size=0)
+    for dtype in (torch.float16, torch.float64, "bfloat16"):
+        with pytest.raises(ValueError, match=r"fused_linear_cross_entropy: weight_grad_dtype must be None or "
+                                             r"torch.float32 \(a float32 accumulator\) or the weight's dtype "
+                                             rf"\(torch.bfloat16: the gradient itself\), got {dtype!r}"):
+            flce(hidden, weight, target, weight_grad_dtype=dtype)
     with pytest.raises(RuntimeError, match=r"cross_entropy: target\[0\] = 96 is out of range"):
         flce(hidden, weight, torch.full_like(target, 96))
 
@@ -309,10 +418,13 @@ def test_bad_arguments():
 @requires_cuda
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize("chunk", [None, 64, 100, 257])
-def test_cuda_gemm_sizes(reduction, chunk):
+@pytest.mark.parametrize("weight_grad_dtype", [None, torch.bfloat16])
+def test_cuda_gemm_sizes(reduction, chunk, weight_grad_dtype):
     """Chunks of more and fewer than 64 rows (llmk.linear's split-K and tiled kernels), a vocabulary
-    over the tiles (1032) and slices of the weight's gradient."""
-    check("cuda", torch.bfloat16, (257,), 1032, reduction, chunk, True, 0.1, 1e-3, size=128)
+    over the tiles (1032) and slices of the weight's gradient (with the bf16 sum: the GEMM's
+    residual)."""
+    check("cuda", torch.bfloat16, (257,), 1032, reduction, chunk, True, 0.1, 1e-3, size=128,
+          weight_grad_dtype=weight_grad_dtype)
 
 
 @requires_cuda
@@ -331,3 +443,31 @@ def test_cuda_peak_memory_is_a_chunk():
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     assert peak < 0.25 * tokens * vocab * 2, f"peak {peak / 2**20:.1f} MiB"
+
+
+@requires_cuda
+def test_cuda_peak_memory_weight_dtype():
+    """weight_grad_dtype=bfloat16, 4096 tokens x H 1024 x V 32000, chunk 512. Above the inputs the
+    forward holds the bf16 dweight (65.5 MB: the result itself), dhidden (8.4 MB) and one chunk's
+    buffers (its logits, their gradient and a dweight product slice: 32.8 + 32.8 + 16.4 MB, not all
+    at once; counted as 3 x 32.8 MB): about 140 MB, bound 173 MB. The float32 accumulator alone is
+    131 MB (the float32 mode's peak: about 205 MB). The backward scales the saved gradients in
+    place and hands them on: it allocates nothing of their size (out of place: 74 MB more)."""
+    tokens, size, vocab, chunk = 4096, 1024, 32000, 512
+    hidden = torch.randn(tokens, size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    weight = (torch.randn(vocab, size, device="cuda") * 0.05).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(0, vocab, (tokens,), device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    loss = llmk.fused_linear_cross_entropy(hidden, weight, target, chunk_size=chunk, weight_grad_dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    forward_peak = torch.cuda.max_memory_allocated() - base
+    torch.cuda.reset_peak_memory_stats()
+    before_backward = torch.cuda.memory_allocated()
+    loss.backward()
+    torch.cuda.synchronize()
+    backward_peak = torch.cuda.max_memory_allocated() - before_backward
+    gradients = 2 * (vocab * size + tokens * size)
+    assert forward_peak <= gradients + 3 * chunk * vocab * 2 + 2**20, f"forward peak {forward_peak / 2**20:.1f} MiB"
+    assert backward_peak <= 2**20, f"backward peak {backward_peak / 2**20:.1f} MiB"

@@ -92,69 +92,90 @@ def _pow2_floor(n: int) -> int:
     return 1 if n <= 1 else 1 << (n.bit_length() - 1)
 
 
-def _flce_chunk_size(tokens: int, hidden: int, vocab: int, weight_grad: bool) -> int:
+def _flce_chunk_size(tokens: int, hidden: int, vocab: int, weight_grad: bool, accumulator_bytes: int = 4) -> int:
     """The default chunk (tokens per chunk):
 
     - Liger-Kernel's rule: ceil(tokens / ceil(vocab / hidden)) rounded up to a power of 2, so that
       one chunk of logits is about the size of the hidden states;
     - at least 2^25 / vocab tokens (a power of 2): a chunk of 32 Mi logits (64 MiB bf16), so that
       short inputs run in one or a few chunks rather than one token at a time;
-    - when the weight's gradient is accumulated, at least hidden / 4 tokens (a power of 2): every
-      chunk then costs a pass over the float32 dweight accumulator (10 bytes per weight element:
-      read it and the chunk's product, write it back: 5.3 GB at V=128256, H=4096), and that
-      accumulator (4 V H bytes) is in memory anyway: the chunk's logits and their
-      gradient (2 x chunk x V x 2 bytes) are then at most a quarter of it;
+    - when the weight's gradient is accumulated (`accumulator_bytes` per element: 4 for the
+      float32 accumulator, 2 for one in the weight's dtype), at least accumulator_bytes x hidden
+      / 16 tokens (a power of 2; hidden / 4 for float32, hidden / 8 for bf16): every chunk costs
+      a pass over the accumulator (float32: read it and the chunk's product, write it back, 10
+      bytes per weight element, 5.3 GB at V=128256, H=4096; bf16: the GEMM reads it and writes
+      the sum, which is copied back, 8 bytes), and that accumulator (accumulator_bytes x V x H)
+      is in memory anyway: the chunk's logits and their gradient (2 x chunk x V x 2 bytes) are
+      then at most a quarter of it;
     - at most the token count."""
     chunk = _pow2_ceil(_cdiv(tokens, _cdiv(vocab, hidden)))
     chunk = max(chunk, _pow2_floor(_MIN_CHUNK_LOGITS // vocab))
     if weight_grad:
-        chunk = max(chunk, _pow2_floor(hidden // 4))
+        chunk = max(chunk, _pow2_floor(accumulator_bytes * hidden // 16))
     return max(1, min(tokens, chunk))
 
 
-def _gemm(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    """``a · bᵀ + bias``: llmk.linear where its kernels take the operands (16-byte aligned rows), else
-    torch's F.linear (a vocabulary or hidden size that is not a multiple of 8 elements), as
-    llmk.linear's own backward does. On the CPU that F.linear runs in float32 and rounds once, as
-    llmk's CPU reference does (torch's CPU float16 GEMM rounds its partial sums)."""
+def _gemm(a: Tensor, b: Tensor, bias: Optional[Tensor] = None, residual: Optional[Tensor] = None) -> Tensor:
+    """``a · bᵀ + bias + residual`` (bias or residual, not both), rounded once to a's dtype:
+    llmk.linear where its kernels take the operands (16-byte aligned rows), else torch (a
+    vocabulary or hidden size that is not a multiple of 8 elements), as llmk.linear's own backward
+    does. On the CPU torch runs in float32 and rounds once, as llmk's CPU reference does (torch's
+    CPU float16 GEMM rounds its partial sums); on the GPU F.linear, or addmm for a residual
+    (cuBLAS adds it in float32 before its one rounding)."""
     if _aligned(a) and _aligned(b):
-        return linear(a, b, bias, None, "none")
+        return linear(a, b, bias, residual, "none")
     if a.device.type == "cpu":
-        return F.linear(a.float(), b.float(), None if bias is None else bias.float()).to(a.dtype)
-    return F.linear(a, b, bias)
+        out = F.linear(a.float(), b.float(), None if bias is None else bias.float())
+        return (out if residual is None else out + residual.float()).to(a.dtype)
+    return F.linear(a, b, bias) if residual is None else torch.addmm(residual, a, b.t())
 
 
 class _WeightGrad:
-    """The weight's gradient summed over the chunks in float32: ``Σ_chunks dlogitsᵀ · hidden``, one
-    llmk.linear per chunk and vocabulary slice (its product rounded once to the weight's dtype, then
-    added to the float32 slice). The vocabulary is cut into slices of about one chunk of logits, so
-    that the product in the weight's dtype (the GEMM's output) is never the whole [V, H]; and at the
-    end each slice is rounded to the weight's dtype and freed in turn, so that the float32
-    accumulator and the result are not both whole in memory (the peak stays about 4 V H bytes)."""
+    """The weight's gradient summed over the chunks, ``Σ_chunks dlogitsᵀ · hidden``, one llmk.linear
+    per chunk and vocabulary slice. The vocabulary is cut into slices of about one chunk of logits,
+    so that a GEMM's output is never a second whole [V, H]. Two accumulators (`dtype`):
 
-    def __init__(self, weight: Tensor, chunk: int):
+    - float32: each slice's product is rounded once to the weight's dtype (the GEMM's output),
+      then added to the float32 slice; at the end each slice is rounded to the weight's dtype and
+      freed in turn, so that the float32 accumulator and the result are not both whole in memory
+      (the peak stays about 4 V H bytes);
+    - the weight's dtype: the result itself. The GEMM adds the running sum as its residual (in
+      float32, one rounding of the new sum per chunk) into the slice-sized output, which is
+      copied back (the op allocates its output: it cannot write the residual in place)."""
+
+    def __init__(self, weight: Tensor, chunk: int, dtype: torch.dtype):
         vocab, hidden = weight.shape
         # About one chunk of logits per slice, at most a quarter of the vocabulary (the rounding at
         # the end then holds 4 V H + V H / 2 bytes at most); multiples of 8 rows: aligned slices.
         rows = max(8, min(chunk * vocab // hidden, _cdiv(vocab, 4)) // 8 * 8)
         rows = _cdiv(_cdiv(vocab, _cdiv(vocab, rows)), 8) * 8  # the same number of slices, balanced
         self.slices = [(v, min(v + rows, vocab)) for v in range(0, vocab, rows)]
-        self.acc = [weight.new_zeros((v1 - v0, hidden), dtype=torch.float32) for v0, v1 in self.slices]
+        self.dtype = weight.dtype
+        self.whole = weight.new_zeros(weight.shape) if dtype == weight.dtype else None
+        if self.whole is None:
+            self.acc = [weight.new_zeros((v1 - v0, hidden), dtype=torch.float32) for v0, v1 in self.slices]
+        else:
+            self.acc = [self.whole[v0:v1] for v0, v1 in self.slices]
 
     def add(self, dlogits: Tensor, hidden: Tensor):
         for (v0, v1), acc in zip(self.slices, self.acc):
-            acc += _gemm(dlogits[:, v0:v1].t(), hidden.t())
+            if self.whole is None:
+                acc += _gemm(dlogits[:, v0:v1].t(), hidden.t())
+            else:
+                acc.copy_(_gemm(dlogits[:, v0:v1].t(), hidden.t(), residual=acc))
 
-    def result(self, dtype: torch.dtype) -> Tensor:
+    def result(self) -> Tensor:
+        if self.whole is not None:
+            return self.whole
         parts = []
         for i in range(len(self.acc)):
-            parts.append(self.acc[i].to(dtype))
+            parts.append(self.acc[i].to(self.dtype))
             self.acc[i] = None
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _flce_chunks(hidden, weight, bias, target, args, chunk, needs=(False, False, False), dloss=None, lse=None,
-                 loss_out=None, lse_out=None):
+                 loss_out=None, lse_out=None, weight_grad_dtype=torch.float32):
     """One pass over the tokens (hidden [tokens, H], target [tokens]), `chunk` rows at a time:
     logits = hidden · weightᵀ + bias (llmk.linear), then
 
@@ -162,15 +183,15 @@ def _flce_chunks(hidden, weight, bias, target, args, chunk, needs=(False, False,
     - with `dloss` (the rows' upstream gradient, float32 [tokens]): the logits' gradient
       (cross_entropy_backward, from `lse` or the chunk's own), from which the gradients that
       `needs` = (hidden, weight, bias) asks for: dhidden rows = dlogits · weight, dweight +=
-      dlogitsᵀ · hidden (float32, _WeightGrad; one chunk: the product itself), dbias += the
-      column sums of dlogits (float32).
+      dlogitsᵀ · hidden (in `weight_grad_dtype`, _WeightGrad; one chunk: the product itself),
+      dbias += the column sums of dlogits (float32).
 
     Returns (dhidden, dweight, dbias), None where not asked for."""
     tokens, vocab = hidden.shape[0], weight.shape[0]
     need_h, need_w, need_b = needs
     dh = torch.empty_like(hidden) if need_h else None
     db = hidden.new_zeros(vocab, dtype=torch.float32) if need_b else None
-    acc = _WeightGrad(weight, chunk) if need_w and tokens > chunk else None
+    acc = _WeightGrad(weight, chunk, weight_grad_dtype) if need_w and tokens > chunk else None
     dw = None
     for start in range(0, tokens, chunk):
         end = min(start + chunk, tokens)
@@ -201,7 +222,7 @@ def _flce_chunks(hidden, weight, bias, target, args, chunk, needs=(False, False,
             db += dlogits.sum(0, dtype=torch.float32)
         del dlogits
     if need_w:
-        dw = acc.result(weight.dtype) if acc is not None else dw if dw is not None else torch.zeros_like(weight)
+        dw = acc.result() if acc is not None else dw if dw is not None else torch.zeros_like(weight)
     return dh, dw, db.to(bias.dtype) if db is not None else None
 
 
@@ -218,14 +239,19 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     reduced, or [tokens] for "none").
 
     "mean" / "sum": the forward computes the gradients too (the upstream gradient of a reduced
-    loss is one scalar, which the backward multiplies in); the backward only scales them.
+    loss is one scalar, which the backward multiplies in); the backward only scales them: into
+    new tensors with the float32 accumulator (a second backward with retain_graph scales the
+    saved ones again), in place with the weight's dtype (`in_place`: no second [V, H] in memory
+    while the backward runs; a second backward is refused).
     "none": the forward computes the loss rows and their lse (saved, 4 bytes a token); the
     backward recomputes the logits chunk by chunk with the per-row upstream gradient."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, args, reduction, chunk):
+    def forward(ctx, hidden, weight, target, bias, args, reduction, chunk, weight_grad_dtype):
         ctx.needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3])
-        ctx.args, ctx.reduction, ctx.chunk = args, reduction, chunk
+        ctx.args, ctx.reduction, ctx.chunk, ctx.weight_grad_dtype = args, reduction, chunk, weight_grad_dtype
+        ctx.in_place = weight_grad_dtype != torch.float32
+        ctx.scaled = False
         loss = hidden.new_empty(hidden.shape[0], dtype=torch.float32)
         if reduction == "none":
             lse = torch.empty_like(loss)
@@ -238,7 +264,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         else:
             scale = hidden.new_ones((), dtype=torch.float32)
         grads = _flce_chunks(hidden, weight, bias, target, args, chunk, ctx.needs,
-                             dloss=scale.expand(hidden.shape[0]), loss_out=loss)
+                             dloss=scale.expand(hidden.shape[0]), loss_out=loss, weight_grad_dtype=weight_grad_dtype)
         ctx.save_for_backward(*grads)
         return loss.sum() / count if reduction == "mean" else loss.sum()  # mean: NaN when every row is ignored
 
@@ -248,16 +274,24 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         if ctx.reduction == "none":
             hidden, weight, bias, target, lse = ctx.saved_tensors
             dh, dw, db = _flce_chunks(hidden, weight, bias, target, ctx.args, ctx.chunk, ctx.needs,
-                                      dloss=dloss.to(torch.float32), lse=lse)
+                                      dloss=dloss.to(torch.float32), lse=lse, weight_grad_dtype=ctx.weight_grad_dtype)
+        elif ctx.in_place:
+            if ctx.scaled:
+                raise RuntimeError(f"{_FLCE}: with weight_grad_dtype={ctx.weight_grad_dtype} the backward scales the "
+                                   "gradients saved by the forward in place, so it runs once per loss: a second "
+                                   "backward through it (retain_graph=True) needs weight_grad_dtype=None")
+            ctx.scaled = True
+            dh, dw, db = (g if g is None else g.mul_(dloss) for g in ctx.saved_tensors)
         else:
             dh, dw, db = (g if g is None else g * dloss for g in ctx.saved_tensors)
-        return dh, dw, None, db, None, None, None
+        return dh, dw, None, db, None, None, None, None
 
 
 @public
 def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor] = None,
                                ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean",
-                               z_loss: float = 0.0, chunk_size: Optional[int] = None) -> Tensor:
+                               z_loss: float = 0.0, chunk_size: Optional[int] = None,
+                               weight_grad_dtype: Optional[torch.dtype] = None) -> Tensor:
     """``cross_entropy(linear(hidden, weight, bias), target, ...)`` (an LM head and its loss) without
     the ``[tokens, vocab]`` logits in memory: the tokens go through in chunks of ``chunk_size`` rows
     (llmk.linear for the logits, llmk's cross-entropy kernels for the loss and the logits'
@@ -274,20 +308,40 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, b
     Gradients (hidden, weight, bias) are computed during the forward for ``reduction="mean"`` and
     ``"sum"`` (Liger-Kernel's approach: the backward only multiplies them by the upstream
     gradient): per chunk, ``dhidden = dlogits · weight``, ``dweight += dlogitsᵀ · hidden`` (summed
-    in float32: the weight's dtype would round the running sum once per chunk), ``dbias`` += the
-    column sums of dlogits. ``reduction="none"`` computes the loss rows in the forward (saving
-    their lse, 4 bytes a token) and the gradients in the backward, which recomputes the logits
-    chunk by chunk with the per-row upstream gradient. Without a gradient to track (torch.no_grad,
-    or no input requiring one) only the loss is computed.
+    in ``weight_grad_dtype``, below), ``dbias`` += the column sums of dlogits.
+    ``reduction="none"`` computes the loss rows in the forward (saving their lse, 4 bytes a token)
+    and the gradients in the backward, which recomputes the logits chunk by chunk with the per-row
+    upstream gradient. Without a gradient to track (torch.no_grad, or no input requiring one) only
+    the loss is computed.
+
+    ``weight_grad_dtype``: what the weight's gradient is summed in over the chunks.
+
+    - ``None`` or ``torch.float32`` (the default): a float32 accumulator, 4 x V x H bytes (2.0 GiB
+      at V 128256, H 4096), rounded to the weight's dtype once at the end; each chunk's product
+      is rounded once before it is added. Rounding error: at most u (Σ_chunks |product| +
+      |dweight|), u the dtype's unit roundoff (2^-8 bf16, 2^-11 fp16), close to the unfused
+      GEMM's one rounding.
+    - the weight's dtype: the sum is the returned gradient itself: each chunk's GEMM adds the
+      running sum in float32 and rounds the new sum once. No float32 accumulator (4 V H bytes
+      less; Liger-Kernel sums in the weight's dtype too), and the backward of "mean" / "sum"
+      scales the saved gradients in place (no second [V, H] while it runs), so it runs once per
+      loss: a second backward (``retain_graph=True``) raises. Rounding error: at most u Σ_c |S_c|
+      (S_c the sum after chunk c, the last one dweight): up to n u |dweight| over n chunks where
+      the products agree in sign, about sqrt(n) u |dweight| where their roundings are
+      independent. A smaller ``chunk_size`` means more chunks, more roundings.
+
+    Other dtypes are rejected. With a single chunk both give the same gradients (there is no sum).
 
     ``chunk_size`` (rows per chunk): by default Liger's ceil(tokens / ceil(V / H)) rounded up to a
     power of 2 (a chunk of logits about the size of hidden), at least 2^25 / V rows (a power of 2;
-    32 Mi logits), and when the weight's gradient is accumulated at least H / 4 rows (a power of 2;
-    each chunk costs a pass over the float32 accumulator). Memory beyond the inputs and the
-    returned gradients: the chunk's logits and their gradient (2 x chunk x V in the dtype), a
-    product slice of about the same size, and, when the weight's gradient spans several chunks,
-    the float32 accumulator (4 x V x H bytes). torch.compile traces it (the chunk loop unrolled)
-    but the tests do not cover it."""
+    32 Mi logits), and when the weight's gradient is accumulated at least H / 4 rows with the
+    float32 accumulator and H / 8 rows with the weight's dtype (a power of 2: each chunk costs a
+    pass over the accumulator, and the chunk's logits and their gradient are then at most a
+    quarter of the accumulator's bytes). Memory beyond the inputs and the returned gradients: the
+    chunk's logits and their gradient (2 x chunk x V in the dtype), a product slice of about the
+    same size, and, when the weight's gradient spans several chunks, the float32 accumulator
+    (4 x V x H bytes; none with the weight's dtype). torch.compile traces it (the chunk loop
+    unrolled) but the tests do not cover it."""
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{_FLCE}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
     if hidden.dtype not in (torch.float16, torch.bfloat16):
@@ -308,6 +362,10 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, b
         raise TypeError(f"{_FLCE}: target is {target.dtype}, expected int64 or int32")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"{_FLCE}: chunk_size must be a positive int or None, got {chunk_size!r}")
+    accumulator = torch.float32 if weight_grad_dtype is None else weight_grad_dtype
+    if accumulator not in (torch.float32, weight.dtype):
+        raise ValueError(f"{_FLCE}: weight_grad_dtype must be None or torch.float32 (a float32 accumulator) or the "
+                         f"weight's dtype ({weight.dtype}: the gradient itself), got {weight_grad_dtype!r}")
     h2 = hidden.reshape(-1, hidden.shape[-1])
     if h2.stride(-1) != 1:
         h2 = h2.contiguous()
@@ -315,9 +373,10 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, b
     tokens, (vocab, size) = h2.shape[0], weight.shape
     args = (ignore_index, label_smoothing, z_loss)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
-    chunk = chunk_size or _flce_chunk_size(tokens, size, vocab, grad and weight.requires_grad)
+    chunk = chunk_size or _flce_chunk_size(tokens, size, vocab, grad and weight.requires_grad,
+                                           torch.finfo(accumulator).bits // 8)
     if grad:
-        loss = _FusedLinearCrossEntropy.apply(h2, weight, t1, bias, args, reduction, chunk)
+        loss = _FusedLinearCrossEntropy.apply(h2, weight, t1, bias, args, reduction, chunk, accumulator)
     else:
         rows = h2.new_empty(tokens, dtype=torch.float32)
         _flce_chunks(h2, weight, bias, t1, args, chunk, loss_out=rows)
