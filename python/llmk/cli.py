@@ -7,7 +7,8 @@ import sys
 from . import _C
 
 ATTENTION_HEAD_DIMS = (32, 64, 96, 128, 256)
-ATTENTION_SM90_HEAD_DIMS = (64, 128, 256)  # what the Hopper attention kernel takes (fp16/bf16)
+ATTENTION_SM90_HEAD_DIMS = (64, 128, 256)  # what the Hopper attention forward takes (fp16/bf16)
+ATTENTION_BACKWARD_SM90_HEAD_DIMS = (64, 128)  # what the Hopper attention backward's main kernel takes
 
 
 def _runs_on(arch: str, major: int, minor: int) -> bool:
@@ -47,15 +48,17 @@ def _info() -> int:
                                    if hopper else "no Hopper kernel here (needs sm_90 and an sm_90a build),")
               + " small-M weight-streaming kernel for M <= 64, mma.sync kernel for the rest"
               " (LLMK_GEMM_PATH=sm90|small_m|sm80 forces one)")
-        print("  attention: " + _attention_paths(hopper))
+        print("  attention: " + _attention_paths(hopper, ATTENTION_SM90_HEAD_DIMS))
+        print("  attention backward: " + _attention_paths(hopper, ATTENTION_BACKWARD_SM90_HEAD_DIMS))
     return 0
 
 
-def _attention_paths(hopper: bool) -> str:
-    """Which attention forward kernel takes which calls on a device (`hopper`: sm_90 and an
-    sm_90a build), as far as this build's LLMK_HEAD_DIMS compiled the head dims."""
+def _attention_paths(hopper: bool, sm90_dims) -> str:
+    """Which attention kernel (forward, or the backward's main kernel) takes which calls on a
+    device (`hopper`: sm_90 and an sm_90a build; `sm90_dims`: the head dims its Hopper kernel
+    takes), as far as this build's LLMK_HEAD_DIMS compiled the head dims."""
     dims = [d for d in ATTENTION_HEAD_DIMS if _C.attention_head_dim_compiled(d)]
-    wgmma = [d for d in dims if hopper and d in ATTENTION_SM90_HEAD_DIMS]
+    wgmma = [d for d in dims if hopper and d in sm90_dims]
     mma = [d for d in dims if d not in wgmma]
     if wgmma:
         line = (f"Hopper TMA + wgmma kernel for fp16/bf16 head dims {_join(wgmma)}, mma.sync (sm_80) kernel for "

@@ -35,11 +35,12 @@ def use_path(monkeypatch, path):
         monkeypatch.setenv("LLMK_ATTENTION_PATH", path)
 
 
-def sm90_must_take(dim):
+def sm90_must_take(dim, backward=False):
     """Whether the Hopper kernel must take a call of head dim `dim` on this device (every call of
-    these tests is fp16/bf16 with 16-byte aligned strides and data)."""
+    these tests is fp16/bf16 with 16-byte aligned strides and data): the forward's head dims 64,
+    128 and 256, the backward's 64 and 128."""
     return (torch.cuda.get_device_capability() == (9, 0) and "90a" in llmk._C.build_cuda_archs().split(";")
-            and dim in (64, 128, 256) and llmk._C.attention_head_dim_compiled(dim))
+            and dim in ((64, 128) if backward else (64, 128, 256)) and llmk._C.attention_head_dim_compiled(dim))
 
 
 def on_path(path, dim, fn, *args, **kwargs):
@@ -51,7 +52,7 @@ def on_path(path, dim, fn, *args, **kwargs):
         msg = str(e)
         if path != "sm90" or "cannot take this call" not in msg:
             raise
-        if sm90_must_take(dim) and "this build" not in msg:
+        if sm90_must_take(dim, backward="attention_backward" in msg) and "this build" not in msg:
             pytest.fail(f"LLMK_ATTENTION_PATH=sm90 declined a call the Hopper kernel must take: {msg}")
         pytest.skip(f"note: {msg}")
 
@@ -316,18 +317,23 @@ def test_bad_inputs(device):
 
 
 def test_info_names_the_attention_paths(monkeypatch):
-    """`llmk info`'s attention line: the Hopper kernel's head dims on an sm_90 device with an
-    sm_90a build, the sm_80 kernel for the rest; a forced path is shown."""
+    """`llmk info`'s attention lines (forward, backward): the Hopper kernel's head dims on an sm_90
+    device with an sm_90a build, the sm_80 kernel for the rest; a forced path is shown."""
     from llmk import cli
 
     monkeypatch.setattr(llmk._C, "attention_head_dim_compiled", lambda dim: True)
     monkeypatch.delenv("LLMK_ATTENTION_PATH", raising=False)
-    assert cli._attention_paths(True).startswith("Hopper TMA + wgmma kernel for fp16/bf16 head dims 64, 128, 256, "
-                                                 "mma.sync (sm_80) kernel for head dims 32, 96 and calls")
-    assert cli._attention_paths(False).startswith("mma.sync (sm_80) kernel for head dims 32, 64, 96, 128, 256 "
-                                                  "(no Hopper kernel here")
+    forward, backward = cli.ATTENTION_SM90_HEAD_DIMS, cli.ATTENTION_BACKWARD_SM90_HEAD_DIMS
+    assert cli._attention_paths(True, forward).startswith(
+        "Hopper TMA + wgmma kernel for fp16/bf16 head dims 64, 128, 256, mma.sync (sm_80) kernel for head dims 32, 96 "
+        "and calls")
+    assert cli._attention_paths(True, backward).startswith(
+        "Hopper TMA + wgmma kernel for fp16/bf16 head dims 64, 128, mma.sync (sm_80) kernel for head dims 32, 96, 256 "
+        "and calls")
+    assert cli._attention_paths(False, forward).startswith(
+        "mma.sync (sm_80) kernel for head dims 32, 64, 96, 128, 256 (no Hopper kernel here")
     monkeypatch.setattr(llmk._C, "attention_head_dim_compiled", lambda dim: dim == 64)
     monkeypatch.setenv("LLMK_ATTENTION_PATH", "sm80")
-    line = cli._attention_paths(True)
+    line = cli._attention_paths(True, forward)
     assert "head dims 64, mma.sync (sm_80) kernel for calls" in line
     assert "no kernel for head dims 32, 96, 128, 256 in this build" in line and "set to sm80 here" in line

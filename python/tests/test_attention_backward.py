@@ -9,8 +9,8 @@ sequences; deterministic runs bitwise equal; a directional-derivative (gradcheck
 through the CPU path; torch.compile over forward and backward; a few training steps of a tiny
 attention model against the same model on PyTorch's attention; bad inputs.
 
-The CUDA cases run the forward on each path (LLMK_ATTENTION_PATH = sm80, sm90, auto, as
-test_attention.py's); the backward has one (sm_80) kernel and runs under each setting."""
+The CUDA cases run the forward and the backward on each path (LLMK_ATTENTION_PATH = sm80, sm90,
+auto, as test_attention.py's; the Hopper backward takes head dims 64 and 128)."""
 
 import math
 

@@ -1,8 +1,9 @@
-// Launcher of the attention backward (sm_80 instruction set; it runs on Hopper too): the tile
-// shapes of each head dim and the dispatch over dtype and head dim. Per call: the rows
-// kernel (D, accumulator zeroed), the main kernel (dk, dv, dq atomics), the rows kernel
-// again (dq converted); or, deterministic, the rows kernel (D), the main kernel without dq
-// and the dq kernel. Causal, varlen and GQA are run-time parameters of each kernel.
+// Launcher of the attention backward: the sm_80 kernels' tile shapes of each head dim and the
+// dispatch over path, dtype and head dim. Per call: the rows kernel (D, accumulator zeroed),
+// the main kernel (dk, dv, dq atomics: the Hopper one, attention_backward_sm90.cu, where it
+// takes the call, else the sm_80 one), the rows kernel again (dq converted); or,
+// deterministic, the rows kernel (D), the main kernel without dq and the dq kernel. Causal,
+// varlen and GQA are run-time parameters of each kernel.
 #include <type_traits>
 
 #include "attention/attention_backward_kernel.cuh"
@@ -52,7 +53,7 @@ void allow_smem(Kernel kernel, int bytes) {
 }
 
 template <class T, int kHeadDim>
-void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
+void launch(const AttentionBackwardParams& p, bool hopper, DType dtype, cudaStream_t stream) {
   using Tile = typename BackwardTileOf<kHeadDim>::type;
   using Dq = typename DqTileOf<kHeadDim>::type;
   const AttentionParams& f = p.fwd;
@@ -62,7 +63,9 @@ void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
     attention_backward_rows_kernel<T, kHeadDim><<<row_grid, 128, 0, stream>>>(p, false);
     LLMK_CHECK_LAUNCH("attention_backward_rows_kernel (D)", stream);
   }
-  if (f.seqlen_k > 0 && p.heads_kv > 0 && f.batch > 0) {
+  if (hopper) {
+    attention_backward_sm90(p, dtype, stream);
+  } else if (f.seqlen_k > 0 && p.heads_kv > 0 && f.batch > 0) {
     auto kernel = &attention_backward_kernel<T, Tile>;
     allow_smem(kernel, Tile::kSmemBytes);
     kernel<<<dim3(blocks(f.seqlen_k, Tile::kBlockN), p.heads_kv, f.batch), Tile::kThreads, Tile::kSmemBytes,
@@ -87,10 +90,21 @@ void attention_backward_cuda(const AttentionBackwardParams& p, DType dtype, cuda
   const char* op = "attention_backward";
   LLMK_CHECK(dtype == DType::f16 || dtype == DType::bf16, op, ": dtype ", dtype_name(dtype),
              " is not float16 or bfloat16");
+  const AttentionPath path = attention_path(op);
+  bool hopper = false;
+  if (path != AttentionPath::sm80) {
+    int device = 0;
+    LLMK_CUDA_CHECK(cudaGetDevice(&device));
+    const char* why = "";
+    hopper = attention_backward_sm90_takes(p, dtype, device, &why);
+    LLMK_CHECK(hopper || path == AttentionPath::automatic, op, ": LLMK_ATTENTION_PATH=sm90 cannot take this call: ",
+               why);
+  }
   dispatch_dtype(dtype, op, [&](auto tag) {
     if constexpr (decltype(tag)::value != DType::f32) {
       using T = device_type_t<decltype(tag)>;
-      for_compiled_head_dim(op, p.fwd.head_dim, [&](auto dim) { launch<T, decltype(dim)::value>(p, stream); });
+      for_compiled_head_dim(op, p.fwd.head_dim,
+                            [&](auto dim) { launch<T, decltype(dim)::value>(p, hopper, dtype, stream); });
     }
   });
 }

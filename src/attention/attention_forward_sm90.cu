@@ -6,11 +6,11 @@
 // leaves out, and strides TMA cannot address take the sm_80 kernel (attention_forward.cu).
 #include "attention/attention_forward_sm90_kernel.cuh"
 #include "attention/attention_params.h"
+#include "attention/attention_sm90_maps.h"
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
 #include "common/occupancy.h"
 #include "common/sm90/kernel_support.h"
-#include "common/sm90/tma.h"
 
 namespace llmk::detail {
 
@@ -19,34 +19,6 @@ namespace {
 template <class T, int kHeadDim>
 const void* kernel_for() {
   return reinterpret_cast<const void*>(sm90::attention_forward_sm90_kernel<T, kHeadDim>);
-}
-
-bool tma_tensor_ok(const AttentionTensor& t, bool varlen) {
-  const auto aligned = [](int64_t stride) { return (stride * 2) % 16 == 0; };
-  return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && aligned(t.row_stride) && aligned(t.head_stride) &&
-         (varlen || aligned(t.batch_stride));
-}
-
-// q, k or v as [batch, heads, rows, D] (dense) or [1, heads, total, D] (varlen), in boxes
-// of box_rows rows x 64 columns.
-CUtensorMap map_of(const AttentionTensor& t, DType dtype, int head_dim, int heads, int64_t rows, int batch,
-                   uint32_t box_rows) {
-  sm90::TmaShape s{};
-  s.base = t.data;
-  s.dtype = dtype;
-  s.rank = 4;
-  s.dims[0] = static_cast<uint64_t>(head_dim);
-  s.dims[1] = static_cast<uint64_t>(rows);
-  s.dims[2] = static_cast<uint64_t>(heads);
-  s.dims[3] = static_cast<uint64_t>(batch);
-  s.strides[1] = static_cast<uint64_t>(t.row_stride);
-  s.strides[2] = static_cast<uint64_t>(t.head_stride);
-  s.strides[3] = static_cast<uint64_t>(t.batch_stride);
-  s.box[0] = 64;
-  s.box[1] = box_rows;
-  s.box[2] = 1;
-  s.box[3] = 1;
-  return sm90::make_tma("attention", s);
 }
 
 template <class T, int kHeadDim>
@@ -58,11 +30,11 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   const int batch = varlen ? 1 : p.batch;
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   if (rows_q == 0) return;
-  maps.q = map_of(p.q, dtype, kHeadDim, p.heads_q, rows_q, batch, Tile::kBlockM);
+  maps.q = attention_tma_map(p.q, dtype, kHeadDim, p.heads_q, rows_q, batch, Tile::kBlockM);
   // Without keys no block reads K or V (n_blocks is 0): q's map stands in for theirs, as
   // TMA has no map of 0 rows.
-  maps.k = rows_k > 0 ? map_of(p.k, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
-  maps.v = rows_k > 0 ? map_of(p.v, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
+  maps.k = rows_k > 0 ? attention_tma_map(p.k, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
+  maps.v = rows_k > 0 ? attention_tma_map(p.v, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
   const void* kernel = kernel_for<T, kHeadDim>();
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
   // Persistent (one block per SM walks the tiles) where the tiles cost the same; causal
@@ -88,7 +60,7 @@ bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, con
         (p.head_dim == 256 && head_dim_compiled(256))))
     return *why = "the Hopper kernel is built for head dims 64, 128 and 256 (as far as LLMK_HEAD_DIMS builds them)",
            false;
-  if (!tma_tensor_ok(p.q, varlen) || !tma_tensor_ok(p.k, varlen) || !tma_tensor_ok(p.v, varlen))
+  if (!attention_tma_ok(p.q, varlen) || !attention_tma_ok(p.k, varlen) || !attention_tma_ok(p.v, varlen))
     return *why = "q, k and v need 16-byte aligned data pointers and strides for TMA", false;
   if (reinterpret_cast<uintptr_t>(p.out.data) % 4 != 0 || p.out.row_stride % 2 != 0)
     return *why = "out needs 4-byte aligned rows", false;

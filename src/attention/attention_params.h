@@ -119,10 +119,16 @@ void for_compiled_head_dim(const char* op, int head_dim, F&& f) {
   LLMK_CHECK(found, op, ": head_dim ", head_dim, " is not supported");
 }
 
+// LLMK_ATTENTION_PATH, read on every forward and backward call: auto (or unset) runs the
+// Hopper kernel where it takes the call and the sm_80 kernel elsewhere; sm80 forces the
+// sm_80 kernel; sm90 the Hopper one (an error naming the reason where it cannot take the
+// call). Another value is an error naming `op`.
+enum class AttentionPath { automatic, sm80, sm90 };
+AttentionPath attention_path(const char* op);
+
 // The CUDA launcher and the CPU reference, called after the arguments are validated.
 // attention_forward_cuda picks the path: the Hopper kernel when attention_sm90_takes,
-// else the sm_80 kernel; LLMK_ATTENTION_PATH=sm80|sm90 forces one (sm90 raises an error
-// naming the reason when it cannot take the call), auto (or unset) picks.
+// else the sm_80 kernel (attention_path).
 void attention_forward_cuda(const AttentionParams& p, DType dtype, cudaStream_t stream);
 void attention_forward_sm80(const AttentionParams& p, DType dtype, cudaStream_t stream);
 
@@ -133,10 +139,17 @@ bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, con
 void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t stream);
 void attention_forward_cpu(const AttentionParams& p, DType dtype);
 
-// The backward: preprocess (D, zeroing the accumulator), the sm_80 main kernel (dk, dv and
-// the dq atomics), then the dq conversion or, deterministic, the dq kernel
+// The backward: preprocess (D, zeroing the accumulator), the main kernel (dk, dv and the dq
+// atomics: the Hopper one when attention_backward_sm90_takes, else the sm_80 one, as
+// attention_path says), then the dq conversion or, deterministic, the dq kernel
 // (attention_backward.cu); the double reference (attention_backward_cpu.cc).
 void attention_backward_cuda(const AttentionBackwardParams& p, DType dtype, cudaStream_t stream);
+
+// The Hopper main kernel (attention_backward_sm90.cu): an sm_90 device with an sm_90a build,
+// head dims 64 and 128, q, k, v and dout TMA-addressable (16-byte strides). Returns false,
+// with the reason in `why`, for calls it does not take.
+bool attention_backward_sm90_takes(const AttentionBackwardParams& p, DType dtype, int device, const char** why);
+void attention_backward_sm90(const AttentionBackwardParams& p, DType dtype, cudaStream_t stream);
 void attention_backward_cpu(const AttentionBackwardParams& p, DType dtype);
 
 }  // namespace llmk::detail

@@ -6,8 +6,8 @@
 // fused-qkv layouts (NaN gaps in the gradients' storage stay NaN), variable-length batches
 // with empty sequences; deterministic runs bitwise equal; bad inputs and workspaces.
 //
-// Each GPU case runs the forward on every path of LLMK_ATTENTION_PATH (sm80, sm90, auto; the
-// variable stays set for the backward, which has one kernel and must run under each) and
+// Each GPU case runs the forward and the backward on every path of LLMK_ATTENTION_PATH (sm80,
+// sm90, auto; the Hopper backward must take head dims 64 and 128, the forward 256 as well) and
 // feeds the backward that path's out and lse; the oracle is recomputed from them.
 //
 // Tolerance. The oracle gives each gradient element its reference value r and the absolute
@@ -293,7 +293,7 @@ struct Workspace {
 // equal to the first deterministic run. Fresh NaN gradients and workspace every run.
 template <class Call>
 void gpu_runs(const Inputs& in, DType dt, const Oracle& o, const Problem& p, bool causal, int64_t ws_size, int repeats,
-              Call&& call) {
+              const char* path, const std::string& what, bool may_decline, Call&& call) {
   const char* names[3] = {"dq", "dk", "dv"};
   HostTensor first[3];
   for (int run = 0; run < 2 + repeats; ++run) {
@@ -301,7 +301,9 @@ void gpu_runs(const Inputs& in, DType dt, const Oracle& o, const Problem& p, boo
     SCOPED_TRACE(deterministic ? "deterministic" : "default (dq by atomics)");
     Gradients g{in.grad_q(dt), in.grad_kv(dt), in.grad_kv(dt)};
     Workspace ws(ws_size);
-    call(g, deterministic, ws.view(ws_size));
+    if (!run_on_path(path, p.dim, what + " backward", [&] { call(g, deterministic, ws.view(ws_size)); }, may_decline,
+                     sm90_backward_must_take))
+      return;
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const HostTensor got[3] = {g.dq->download(), g.dk->download(), g.dv->download()};
     if (run <= 1) expect_gradients(g, got[0], got[1], got[2], o, p, causal, dt, false);
@@ -353,8 +355,8 @@ void check_backward(DType dt, const Shape& s, bool causal, const Layout& layout 
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const HostTensor out_got = out.download(), lse_got = lse.device->download();
     const Problem p = make_problem(s, in.q_of(), in.k_of(), in.v_of(), of(*in.dout), of(out, out_got), lse_got);
-    gpu_runs(in, dt, oracle(p, causal, float(scale)), p, causal, ws_size, repeats,
-             [&](Gradients& g, bool deterministic, const TensorView& ws) {
+    gpu_runs(in, dt, oracle(p, causal, float(scale)), p, causal, ws_size, repeats, path, what,
+             layout.odd_batch_stride, [&](Gradients& g, bool deterministic, const TensorView& ws) {
                attention_backward(in.restride(g.dq->gpu()), in.restride(g.dk->gpu()), in.restride(g.dv->gpu()),
                                   in.restride(in.dout->gpu()), q, k, v, in.restride(out.gpu()), lse.gpu(), causal,
                                   scale, deterministic, ws);
@@ -604,7 +606,7 @@ void check_varlen_backward(DType dt, const std::vector<int64_t>& lens_q, const s
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const HostTensor out_got = out.download(), lse_got = lse.device->download();
     const Problem p = make_problem(s, of(*in.q), of(*in.k), of(*in.v), of(*in.dout), of(out, out_got), lse_got, seqs);
-    gpu_runs(in, dt, oracle(p, causal, float(scale)), p, causal, ws_size, 1,
+    gpu_runs(in, dt, oracle(p, causal, float(scale)), p, causal, ws_size, 1, path, m.str(), false,
              [&](Gradients& g, bool deterministic, const TensorView& ws) {
                attention_varlen_backward(g.dq->gpu(true), g.dk->gpu(true), g.dv->gpu(true), in.dout->gpu(true),
                                          in.q->gpu(true), in.k->gpu(true), in.v->gpu(true), out.gpu(true), lse.gpu(),

@@ -66,6 +66,10 @@ inline bool sm90_must_take(int64_t head_dim) {
          attention_head_dim_compiled(head_dim);
 }
 
+// A backward call the Hopper backward kernel must take: as sm90_must_take, head dims 64
+// and 128 only.
+inline bool sm90_backward_must_take(int64_t head_dim) { return head_dim != 256 && sm90_must_take(head_dim); }
+
 // Prints a note once per distinct text (on a device without the Hopper kernel every case
 // declines for the same reason).
 inline void note_once(const std::string& what, const std::string& msg) {
@@ -79,7 +83,8 @@ inline void note_once(const std::string& what, const std::string& msg) {
 
 // Runs `gpu_call` with LLMK_ATTENTION_PATH = `path`; true when it ran. False, and nothing
 // to compare, when the path legitimately did not run it:
-// - sm90 declined ("cannot take this call") a call it need not take, or blamed "this build"
+// - sm90 declined ("cannot take this call") a call it need not take (`must_take`: the
+//   forward's sm90_must_take, or sm90_backward_must_take for a backward call), or blamed "this build"
 //   (no sm_90a code, a head dim left out): a note. A decline of a call that sm90_must_take
 //   is a failure, unless `may_decline` (a stride the Hopper kernel need not take).
 // - a head dim that this build's LLMK_HEAD_DIMS left out: the sm_80 kernel must refuse it
@@ -87,7 +92,7 @@ inline void note_once(const std::string& what, const std::string& msg) {
 // Any other error is a failure.
 template <class F>
 inline bool run_on_path(const char* path, int64_t head_dim, const std::string& what, F&& gpu_call,
-                 bool may_decline = false) {
+                        bool may_decline = false, bool (*must_take)(int64_t) = sm90_must_take) {
   const std::string p = path;
   const bool compiled = attention_head_dim_compiled(head_dim);
   try {
@@ -96,7 +101,7 @@ inline bool run_on_path(const char* path, int64_t head_dim, const std::string& w
   } catch (const Error& e) {
     const std::string msg = e.what();
     if (p == "sm90" && contains(msg, "cannot take this call")) {
-      if (sm90_must_take(head_dim) && !may_decline && !contains(msg, "this build"))
+      if (must_take(head_dim) && !may_decline && !contains(msg, "this build"))
         ADD_FAILURE() << "LLMK_ATTENTION_PATH=sm90 declined a call the Hopper kernel must take (" << what
                       << "): " << msg;
       else

@@ -25,13 +25,13 @@ runs).
 The backward (ops attention_backward, attention_backward_causal; FlashAttention 2's protocol:
 the same 16k tokens x hidden 2048, head dims 64, 128 and 256): each input set holds q, k, v,
 dout and the llmk forward's out and lse; ``llmk`` is llmk.attention_backward (dq by fp32
-atomics), ``llmk_deterministic`` the same with deterministic=True (dq from its own kernel);
-the peers are autograd through SDPA with the backend pinned (flash, cudnn), the forward graph
-built once per input set and only torch.autograd.grad timed. The backward has one CUDA kernel
-(sm_80), so there is no llmk_sm80 row. FLOPs: 2.5x the forward's (5 GEMMs), halved when
+atomics; the Hopper main kernel where it takes the call), ``llmk_sm80`` the same on the sm_80
+kernels (as the forward's), ``llmk_deterministic`` the default path with deterministic=True (dq
+from its own kernel); the peers are autograd through SDPA with the backend pinned (flash,
+cudnn), the forward graph built once per input set and only torch.autograd.grad timed. FLOPs: 2.5x the forward's (5 GEMMs), halved when
 causal; bytes: q, k, v, out, dout read and dq, dk, dv written. The error column compares dq of
 the last 256 query rows of head 0 with a float64 reference. Peers picked by
-LLMK_BENCH_ATTENTION_PEERS as the forward's (of flash cudnn efficient llmk_deterministic).
+LLMK_BENCH_ATTENTION_PEERS as the forward's (of llmk_sm80 flash cudnn efficient llmk_deterministic).
 
 Without a GPU (the CPU backend): one batch of `seqlen` tokens, hidden 256; the SDPA backends
 that do not run on the CPU (cudnn, efficient) are skipped with a note, and so is llmk_sm80.
@@ -87,6 +87,20 @@ def _sm90_declines(fn, sample):
         raise
 
 
+def _add_sm80(impls, sample, device, what, seqlen, head_dim):
+    """impls["llmk_sm80"]: impls["llmk"] on the sm_80 kernels, where the Hopper kernel takes the
+    case (else llmk is the sm_80 kernel already: the reason is printed once)."""
+    if device != "cuda" or not _wanted("llmk_sm80"):
+        return
+    why = _sm90_declines(impls["llmk"], sample)
+    if why is None:
+        impls["llmk_sm80"] = _on_path("sm80", impls["llmk"])
+    elif why not in _NOTED:
+        _NOTED.add(why)
+        print(f"{what}: llmk_sm80 left out where llmk is the sm_80 kernel already ({seqlen} x {head_dim}"
+              f" and others): {why}")
+
+
 def _wanted(name):
     names = [n.strip() for n in os.environ.get(PEERS_VARIABLE, "").split(",") if n.strip()]
     return not names or name in names
@@ -129,14 +143,7 @@ def attention_case(causal):
 
         sample = make()
         impls = {"llmk": lambda q, k, v: llmk.attention(q, k, v, causal=causal)}
-        if device == "cuda" and _wanted("llmk_sm80"):
-            why = _sm90_declines(impls["llmk"], sample)
-            if why is None:
-                impls["llmk_sm80"] = _on_path("sm80", impls["llmk"])
-            elif why not in _NOTED:
-                _NOTED.add(why)
-                print(f"attention: llmk_sm80 left out where llmk is the sm_80 kernel already ({seqlen} x {head_dim}"
-                      f" and others): {why}")
+        _add_sm80(impls, sample, device, "attention", seqlen, head_dim)
         _peers(impls, PEERS, causal, sample, device, "attention")
         del sample
 
@@ -191,6 +198,7 @@ def attention_backward_case(causal):
 
         sample = make()
         impls = {"llmk": lambda q, k, v, out, lse, dout: llmk.attention_backward(dout, q, k, v, out, lse, causal)}
+        _add_sm80(impls, sample, device, "attention backward", seqlen, head_dim)
         if _wanted("llmk_deterministic"):
             impls["llmk_deterministic"] = lambda q, k, v, out, lse, dout: llmk.attention_backward(
                 dout, q, k, v, out, lse, causal, None, True)

@@ -25,21 +25,33 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                : "memory");
 }
 
+// This lane's row address for stmatrix of 16-column group c of the boxes at `boxes`.
+__device__ __forceinline__ uint32_t swizzled_row_address(uint32_t boxes, int c) {
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+  const int matrix = lane / 8;  // this lane gives a row address of matrix `matrix`
+  const int row = 16 * warp + (matrix % 2) * 8 + lane % 8;
+  const int col = 16 * c + (matrix / 2) * 8;
+  const int chunk = (col % 64) / 8;
+  return boxes + (col / 64) * 8192 + row * 128 + ((chunk ^ (row % 8)) * 16);
+}
+
 // Writes d[0 .. kCols/2) of this thread (warp w of the warpgroup holds rows 16w..16w+15)
 // into the boxes at shared address `boxes`.
 template <class T, int kCols>
 __device__ __forceinline__ void store_accumulators_swizzled(uint32_t boxes, const float* d) {
-  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
-  const int matrix = lane / 8;  // this lane gives a row address of matrix `matrix`
-  const int row = 16 * warp + (matrix % 2) * 8 + lane % 8;
 #pragma unroll
-  for (int c = 0; c < kCols / 16; ++c) {
-    const int col = 16 * c + (matrix / 2) * 8;
-    const int chunk = (col % 64) / 8;
-    const uint32_t addr = boxes + (col / 64) * 8192 + row * 128 + ((chunk ^ (row % 8)) * 16);
-    stmatrix_x4(addr, ptx::pack2<T>(d[8 * c], d[8 * c + 1]), ptx::pack2<T>(d[8 * c + 2], d[8 * c + 3]),
-                ptx::pack2<T>(d[8 * c + 4], d[8 * c + 5]), ptx::pack2<T>(d[8 * c + 6], d[8 * c + 7]));
-  }
+  for (int c = 0; c < kCols / 16; ++c)
+    stmatrix_x4(swizzled_row_address(boxes, c), ptx::pack2<T>(d[8 * c], d[8 * c + 1]),
+                ptx::pack2<T>(d[8 * c + 2], d[8 * c + 3]), ptx::pack2<T>(d[8 * c + 4], d[8 * c + 5]),
+                ptx::pack2<T>(d[8 * c + 6], d[8 * c + 7]));
+}
+
+// The same from accumulators already rounded and packed as wgmma A fragments (a[c]: the 16
+// columns of group c, the register order of an m64k16 A fragment is stmatrix's).
+template <int kCols>
+__device__ __forceinline__ void store_fragments_swizzled(uint32_t boxes, const uint32_t (&a)[kCols / 16][4]) {
+#pragma unroll
+  for (int c = 0; c < kCols / 16; ++c) stmatrix_x4(swizzled_row_address(boxes, c), a[c][0], a[c][1], a[c][2], a[c][3]);
 }
 
 template <class T>
@@ -56,15 +68,10 @@ __device__ __forceinline__ float2 unpack_pair(uint32_t v) {
 // very fragments stmatrix would write.
 template <class T, int kCols>
 __device__ __forceinline__ void add_swizzled(uint32_t boxes, float* d) {
-  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
-  const int matrix = lane / 8;
-  const int row = 16 * warp + (matrix % 2) * 8 + lane % 8;
 #pragma unroll
   for (int c = 0; c < kCols / 16; ++c) {
-    const int col = 16 * c + (matrix / 2) * 8;
-    const int chunk = (col % 64) / 8;
     uint32_t r[4];
-    ptx::ldmatrix_x4(r, boxes + (col / 64) * 8192 + row * 128 + ((chunk ^ (row % 8)) * 16));
+    ptx::ldmatrix_x4(r, swizzled_row_address(boxes, c));
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const float2 v = unpack_pair<T>(r[q]);

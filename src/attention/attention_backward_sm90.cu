@@ -1,0 +1,83 @@
+// Launcher of the Hopper attention backward main kernel (attention_backward_sm90_kernel.cuh):
+// which calls it takes, the TMA maps over q, k, v, dout, the grid. The rows kernels before
+// and after it, and the deterministic dq kernel, are the sm_80 path's (attention_backward.cu).
+//
+// Instantiations (the only list): {bf16, fp16} x head dim {64, 128}. Head dims 32, 96 (rows
+// that are not whole 128-byte swizzle chunks) and 256 (whose dK + dV accumulators of 64 keys
+// take 256 registers per thread), head dims LLMK_HEAD_DIMS leaves out, and strides TMA
+// cannot address take the sm_80 main kernel.
+#include "attention/attention_backward_sm90_kernel.cuh"
+#include "attention/attention_params.h"
+#include "attention/attention_sm90_maps.h"
+#include "common/cuda_check.h"
+#include "common/device_types.cuh"
+#include "common/sm90/kernel_support.h"
+
+namespace llmk::detail {
+
+namespace {
+
+template <class T, int kHeadDim>
+const void* kernel_for() {
+  return reinterpret_cast<const void*>(sm90::attention_backward_sm90_kernel<T, kHeadDim>);
+}
+
+template <class T, int kHeadDim>
+void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream) {
+  using Tile = sm90::AttentionBackwardSm90Tile<kHeadDim>;
+  const AttentionParams& p = bp.fwd;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int batch = varlen ? 1 : p.batch;
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  if (rows_k == 0 || bp.heads_kv == 0 || p.batch == 0) return;
+  sm90::AttentionBackwardSm90Maps maps{};
+  maps.k = attention_tma_map(p.k, dtype, kHeadDim, bp.heads_kv, rows_k, batch, Tile::kBlockN);
+  maps.v = attention_tma_map(p.v, dtype, kHeadDim, bp.heads_kv, rows_k, batch, Tile::kBlockN);
+  // Without query rows no block loads Q or dO (it only writes dk = dv = 0): k's map stands
+  // in for theirs, as TMA has no map of 0 rows.
+  maps.q = rows_q > 0 ? attention_tma_map(p.q, dtype, kHeadDim, p.heads_q, rows_q, batch, Tile::kBlockM) : maps.k;
+  maps.dout =
+      rows_q > 0 ? attention_tma_map(bp.dout, dtype, kHeadDim, p.heads_q, rows_q, batch, Tile::kBlockM) : maps.k;
+  const void* kernel = kernel_for<T, kHeadDim>();
+  LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
+  // Key blocks in order: causal blocks with the first keys see the most query tiles and
+  // start first.
+  const dim3 grid((p.seqlen_k + Tile::kBlockN - 1) / Tile::kBlockN, bp.heads_kv, p.batch);
+  sm90::attention_backward_sm90_kernel<T, kHeadDim><<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(maps, bp);
+}
+
+}  // namespace
+
+bool attention_backward_sm90_takes(const AttentionBackwardParams& bp, DType dtype, int device, const char** why) {
+  const AttentionParams& p = bp.fwd;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  if (dtype != DType::f16 && dtype != DType::bf16) return *why = "the dtype is not float16 or bfloat16", false;
+  if (!((p.head_dim == 64 && head_dim_compiled(64)) || (p.head_dim == 128 && head_dim_compiled(128))))
+    return *why = "the Hopper backward is built for head dims 64 and 128 (as far as LLMK_HEAD_DIMS builds them)",
+           false;
+  if (!attention_tma_ok(p.q, varlen) || !attention_tma_ok(p.k, varlen) || !attention_tma_ok(p.v, varlen) ||
+      !attention_tma_ok(bp.dout, varlen))
+    return *why = "q, k, v and dout need 16-byte aligned data pointers and strides for TMA", false;
+  for (const AttentionTensor* t : {&bp.dk, &bp.dv})
+    if (reinterpret_cast<uintptr_t>(t->data) % 4 != 0 || t->row_stride % 2 != 0)
+      return *why = "dk and dv need 4-byte aligned rows", false;
+  if (!sm90::sm90a_kernel_runs(kernel_for<__nv_bfloat16, head_dim_compiled(128) ? 128 : 64>(), device))
+    return *why = "the device is not sm_90 or this build has no sm_90a code", false;
+  return true;
+}
+
+void attention_backward_sm90(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream) {
+  auto with_type = [&](auto tag) {
+    using T = device_type_t<decltype(tag)>;
+    if (bp.fwd.head_dim == 64) {
+      if constexpr (head_dim_compiled(64)) launch<T, 64>(bp, dtype, stream);
+    } else if constexpr (head_dim_compiled(128)) {
+      launch<T, 128>(bp, dtype, stream);
+    }
+  };
+  if (dtype == DType::bf16) with_type(DTypeTag<DType::bf16>{});
+  else with_type(DTypeTag<DType::f16>{});
+  LLMK_CHECK_LAUNCH("attention_backward_sm90_kernel", stream);
+}
+
+}  // namespace llmk::detail

@@ -1,0 +1,330 @@
+// Attention backward main kernel on Hopper (sm_90a): TMA + wgmma, warp-specialized. The
+// algorithm is the sm_80 main kernel's (attention_backward_kernel.cuh: the same rows kernel
+// before it for D = rowsum(dO * O), the same dq conversion or deterministic dq kernel after
+// it); one block owns kBlockN = 128 keys of one (kv head, batch entry) and walks the query
+// tiles of every query head of the kv head's group that see them:
+//
+//   warpgroup 0, the producer (24 registers): thread 0 loads K_j and V_j once, then Q_i and
+//     dO_i of each query tile into a 2-stage ring (Q and dO on their own barriers); warp 1
+//     writes lse_i log2(e) and D_i of the tile's rows beside them (+inf and 0 past the
+//     sequence end, so those columns of P and dS are 0 without a mask) and arrives on Q's
+//     barrier;
+//   warpgroups 1 and 2, the consumers (240 registers), 64 keys each:
+//     S^T  = K Q_i^T        wgmma SS, m64 n(kBlockM), both K-major
+//     dP^T = V dO_i^T       wgmma SS, issued before S^T's softmax so the two overlap
+//     P^T  = exp2(S^T scale log2 e - lse_i log2 e), masked at the sequence end and diagonal
+//     dV  += P^T dO_i       wgmma RS (P^T is the accumulator of S^T: already an A fragment),
+//                           dO_i MN-major
+//     dS^T = P^T (dP^T - D_i)
+//     dK  += dS^T Q_i       wgmma RS
+//     dS^T -> shared memory (stmatrix, swizzled), both consumers meet (named barrier), then
+//     dQ_i = dS K            wgmma SS, A = dS^T read MN-major, B = K MN-major; each consumer
+//                           takes 64 x 64 of the kBlockM x D tile, added to the fp32
+//                           accumulator by red.global.add
+//   dK (times scale) and dV rounded and stored from registers at the end.
+// The key block's K and V stay in shared memory for the whole walk; Q_i/dO_i of the next
+// tile load while this one computes. Without dq_accum (the deterministic path) the dS^T
+// store and the dQ GEMM are skipped.
+//
+// The ring's barriers order warp 1's ordinary stores of lse and D against the consumers' reads
+// (release by mbarrier arrive, acquire by its wait; every consumer warp arrives on `empty`).
+// compute-sanitizer racecheck does not follow mbarrier ordering and reports these accesses as
+// hazards; staging them in the consumers instead, ordered by __syncwarp or a named barrier
+// that racecheck follows, measured 8% slower (hd 128, 16k tokens: 347 against 378 TFLOP/s).
+//
+// Tiles: kBlockM = 128 query rows at D = 64, 64 at D = 128 (FlashAttention 3's shapes).
+// Registers per consumer thread: dK + dV D, S^T + dP^T kBlockM, dQ 32. Shared memory: K, V
+// 2 x 128 x D x 2 bytes; Q, dO 2 stages x 2 x kBlockM x D x 2; dS^T 2 buffers x 128 x kBlockM
+// x 2: 160 KB at D = 64 and D = 128. Roofline: 10 seq_q seq_k D FLOPs per (batch, query head)
+// (2.5x the forward), tensor-bound; wgmma's dense bf16 peak ~990 TFLOP/s, with exp2 and dS on
+// every S^T element and 4 D bytes of dq atomics per (query row, key block).
+#pragma once
+
+#include <cuda.h>
+
+#include "attention/attention_backward_kernel.cuh"
+#include "attention/attention_params.h"
+#include "common/ptx.cuh"
+#include "common/sm90/mbarrier.cuh"
+#include "common/sm90/store_tile.cuh"
+#include "common/sm90/tma.cuh"
+#include "common/sm90/warpgroup.cuh"
+#include "common/sm90/wgmma.cuh"
+
+namespace llmk::detail::sm90 {
+
+template <int kHeadDim_>
+struct AttentionBackwardSm90Tile {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = 128, kBlockM = kHeadDim <= 64 ? 128 : 64, kStages = 2, kConsumers = 2;
+  static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
+  static constexpr int kChunks = kHeadDim / 64;  // 64-column swizzle chunks of a row
+  static constexpr uint32_t kKvChunkBytes = kBlockN * 128, kKvBytes = kChunks * kKvChunkBytes;
+  static constexpr uint32_t kQChunkBytes = kBlockM * 128, kQBytes = kChunks * kQChunkBytes;
+  // dS^T: per consumer (64 keys), kBlockM / 64 boxes of 64 keys x 64 query columns.
+  static constexpr uint32_t kDsHalfBytes = (kBlockM / 64) * 8192, kDsBytes = 2 * kDsHalfBytes;
+  static constexpr uint32_t kK = 0, kV = kKvBytes, kQ = 2 * kKvBytes, kDo = kQ + kStages * kQBytes;
+  static constexpr uint32_t kDs = kDo + kStages * kQBytes;  // two buffers
+  static constexpr uint32_t kRows = kDs + 2 * kDsBytes;
+  static constexpr uint32_t kBarriers = kRows + 2 * kStages * kBlockM * 4;  // float lse2, D [kStages][kBlockM]
+  static constexpr int kSharedBytes = kBarriers + (1 + 3 * kStages) * 8 + 1024;
+  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "D = 64 or 128: whole swizzle chunks, dK + dV in registers");
+};
+
+// Maps over q, dout (boxes of kBlockM rows) and k, v (kBlockN rows) as 4-d [batch, heads,
+// rows, D] (dense) or [1, heads, total, D] (varlen), 64 columns per box.
+struct AttentionBackwardSm90Maps {
+  CUtensorMap q, k, v, dout;
+};
+
+// grid (ceil(seqlen_k / kBlockN), heads_kv, batch). Writes dk, dv of the block's keys (0
+// for keys no query row sees) and, with bp.dq_accum, adds its share of dq there.
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads, 1)
+    attention_backward_sm90_kernel(const __grid_constant__ AttentionBackwardSm90Maps maps,
+                                   const __grid_constant__ AttentionBackwardParams bp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tile = AttentionBackwardSm90Tile<kHeadDim>;
+  constexpr int M = Tile::kBlockM, N = Tile::kBlockN, D = kHeadDim;
+  const AttentionParams& p = bp.fwd;
+  const int n_block = static_cast<int>(blockIdx.x), kv_head = static_cast<int>(blockIdx.y);
+  const int batch = static_cast<int>(blockIdx.z);
+  const SequenceBounds seq = sequence_bounds(p, batch);
+  const int n0 = n_block * N;
+  if (n0 >= seq.seqlen_k) return;
+  const int shift = seq.seqlen_k - seq.seqlen_q;  // causal: row i sees key j <= i + shift
+  const int m_begin = p.causal ? max(0, n0 - shift) / M : 0;
+  const int m_end = (seq.seqlen_q + M - 1) / M;
+  const int per_head = max(0, m_end - m_begin);
+  const int n_iters = per_head * p.group;
+  const bool with_dq = bp.dq_accum != nullptr;
+  const int32_t map_batch = p.cu_seqlens_q != nullptr ? 0 : batch;
+
+  extern __shared__ uint8_t shared_raw[];
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
+  float* row_lse2 = reinterpret_cast<float*>(base + Tile::kRows);  // [kStages][M]
+  float* row_delta = row_lse2 + Tile::kStages * M;                  // [kStages][M]
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(base + Tile::kBarriers);
+  uint64_t* q_full = kv_full + 1;  // Q_i's bytes and warp 1's arrival (lse2, D written)
+  uint64_t* do_full = q_full + Tile::kStages;
+  uint64_t* q_empty = do_full + Tile::kStages;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(kv_full, 1);
+    for (int s = 0; s < Tile::kStages; ++s) {
+      mbarrier_init(&q_full[s], 2);
+      mbarrier_init(&do_full[s], 1);
+      mbarrier_init(&q_empty[s], Tile::kConsumers * 4);  // every consumer warp
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  // The walk: query head kv_head * group + it / per_head, query tile m_begin + it % per_head.
+  auto tile_of = [&](int it, int& head, int& m0) {
+    head = kv_head * p.group + it / per_head;
+    m0 = (m_begin + it % per_head) * M;
+  };
+
+  const int wg = warpgroup_index();
+  if (wg == 0) {
+    warpgroup_release_registers<24>();
+    RingState<Tile::kStages> ring;
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+    if (warp == 1) {
+      for (int it = 0; it < n_iters; ++it) {
+        int head, m0;
+        tile_of(it, head, m0);
+        const int64_t first = batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0;
+        mbarrier_wait(&q_empty[ring.stage], ring.phase ^ 1u);
+        for (int r = lane; r < M; r += 32) {
+          const bool valid = m0 + r < seq.seqlen_q;
+          row_lse2[ring.stage * M + r] = valid ? bwd::lse_log2(p.lse[first + r]) : INFINITY;
+          row_delta[ring.stage * M + r] = valid ? bp.delta[first + r] : 0.0f;
+        }
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(&q_full[ring.stage]);
+        ring.advance();
+      }
+    }
+    if (threadIdx.x == 0) {
+      if (n_iters > 0) {
+        mbarrier_arrive_expect_tx(kv_full, 2 * Tile::kKvBytes);
+        const int32_t k_row = static_cast<int32_t>(seq.k_start + n0);
+        for (int ch = 0; ch < Tile::kChunks; ++ch) {
+          tma_load_4d(base + Tile::kK + ch * Tile::kKvChunkBytes, &maps.k, kv_full, 64 * ch, k_row, kv_head, map_batch);
+          tma_load_4d(base + Tile::kV + ch * Tile::kKvChunkBytes, &maps.v, kv_full, 64 * ch, k_row, kv_head, map_batch);
+        }
+      }
+      for (int it = 0; it < n_iters; ++it) {
+        int head, m0;
+        tile_of(it, head, m0);
+        const int32_t q_row = static_cast<int32_t>(seq.q_start + m0);
+        mbarrier_wait(&q_empty[ring.stage], ring.phase ^ 1u);
+        mbarrier_arrive_expect_tx(&q_full[ring.stage], Tile::kQBytes);
+        for (int ch = 0; ch < Tile::kChunks; ++ch)
+          tma_load_4d(base + Tile::kQ + ring.stage * Tile::kQBytes + ch * Tile::kQChunkBytes, &maps.q,
+                      &q_full[ring.stage], 64 * ch, q_row, head, map_batch);
+        mbarrier_arrive_expect_tx(&do_full[ring.stage], Tile::kQBytes);
+        for (int ch = 0; ch < Tile::kChunks; ++ch)
+          tma_load_4d(base + Tile::kDo + ring.stage * Tile::kQBytes + ch * Tile::kQChunkBytes, &maps.dout,
+                      &do_full[ring.stage], 64 * ch, q_row, head, map_batch);
+        ring.advance();
+      }
+    }
+    return;
+  }
+
+  warpgroup_claim_registers<240>();
+  const int consumer = wg - 1;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(base));
+  const uint32_t k_addr = smem + Tile::kK, v_addr = smem + Tile::kV;
+  // dQ share: 64 rows x 64 columns of the kBlockM x D tile.
+  const int dq_row0 = M == 128 ? 64 * consumer : 0, dq_col0 = M == 128 ? 0 : 64 * consumer;
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+  // Stage s is free once both consumers' GEMMs that read it (Q, dO) completed and their warps
+  // read its lse2 and D: every warp arrives after its wait.
+  auto release = [&](int stage) {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&q_empty[stage]);
+  };
+  if (n_iters > 0) mbarrier_wait(kv_full, 0);
+  RingState<Tile::kStages> ring;
+  for (int it = 0; it < n_iters; ++it) {
+    int head, m0;
+    tile_of(it, head, m0);
+    const uint32_t q_addr = smem + Tile::kQ + ring.stage * Tile::kQBytes;
+    const uint32_t do_addr = smem + Tile::kDo + ring.stage * Tile::kQBytes;
+    const float* lse2 = row_lse2 + ring.stage * M;
+    const float* delta = row_delta + ring.stage * M;
+
+    // S^T = K Q^T and dP^T = V dO^T for the consumer's 64 keys, K-major operands.
+    float s[1][M / 8][4], dp[1][M / 8][4];
+    auto& s_flat = reinterpret_cast<float(&)[M / 2]>(s);
+    auto& dp_flat = reinterpret_cast<float(&)[M / 2]>(dp);
+    auto scores = [&](float(&acc)[M / 2], uint32_t rows_addr, uint32_t cols_addr) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t step = (kk / 4) * Tile::kKvChunkBytes + 32 * (kk % 4);
+        const uint64_t a = smem_descriptor(rows_addr + consumer * 64 * 128 + step, 16, 1024);
+        const uint64_t b = smem_descriptor(cols_addr + (kk / 4) * Tile::kQChunkBytes + 32 * (kk % 4), 16, 1024);
+        if constexpr (M == 128) wgmma_m64n128k16<0, 0>(WgmmaTag<T>{}, acc, a, b, kk > 0);
+        else wgmma_m64n64k16<0, 0>(WgmmaTag<T>{}, acc, a, b, kk > 0);
+      }
+      wgmma_commit();
+    };
+    mbarrier_wait(&q_full[ring.stage], ring.phase);
+    wgmma_fence();
+    scores(s_flat, k_addr, q_addr);
+    mbarrier_wait(&do_full[ring.stage], ring.phase);
+    scores(dp_flat, v_addr, do_addr);
+    wgmma_wait<1>();
+    wgmma_fence_operands(s_flat);
+
+    const int key0 = n0 + 64 * consumer + 16 * warp;  // the warp's first key
+    const bool need_mask = key0 + 16 > seq.seqlen_k || (p.causal && key0 + 15 > m0 + shift);
+    bwd::probabilities(
+        s, p.scale_log2, lane, [&](int, int nt, int i) { return lse2[nt * 8 + 2 * (lane % 4) + (i & 1)]; }, need_mask,
+        [&](int row, int col) {
+          const int j = key0 + row;
+          return j >= seq.seqlen_k || (p.causal && j > m0 + col + shift);
+        });
+
+    // dS^T = P^T (dP^T - D); P^T and dS^T rounded and packed as the A fragments of dV += P^T
+    // dO and dK += dS^T Q (B = dO, Q [kBlockM rows][D], MN-major). Issuing dV before the wait
+    // for dP^T keeps P^T's fragments live beside S^T, dP^T, dK and dV: it spilled and ran 22%
+    // slower.
+    auto pack = [&](uint32_t(&a)[M / 16][4], const float(&acc)[1][M / 8][4]) {
+#pragma unroll
+      for (int kk = 0; kk < M / 16; ++kk) {
+        a[kk][0] = ptx::pack2<T>(acc[0][2 * kk][0], acc[0][2 * kk][1]);
+        a[kk][1] = ptx::pack2<T>(acc[0][2 * kk][2], acc[0][2 * kk][3]);
+        a[kk][2] = ptx::pack2<T>(acc[0][2 * kk + 1][0], acc[0][2 * kk + 1][1]);
+        a[kk][3] = ptx::pack2<T>(acc[0][2 * kk + 1][2], acc[0][2 * kk + 1][3]);
+      }
+    };
+    auto add_product = [&](float(&acc)[D / 2], const uint32_t(&a)[M / 16][4], uint32_t b_addr) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < M / 16; ++kk) {
+        const uint64_t b = smem_descriptor(b_addr + 2048 * kk, Tile::kQChunkBytes, 1024);
+        if constexpr (D == 128) wgmma_m64n128k16_rs<1>(WgmmaTag<T>{}, acc, a[kk], b, true);
+        else wgmma_m64n64k16_rs<1>(WgmmaTag<T>{}, acc, a[kk], b, true);
+      }
+      wgmma_commit();
+    };
+    wgmma_wait<0>();
+    wgmma_fence_operands(dp_flat);
+    bwd::score_gradients(dp, s, [&](int, int nt, int i) { return delta[nt * 8 + 2 * (lane % 4) + (i & 1)]; });
+    uint32_t pa[M / 16][4], dsa[M / 16][4];
+    pack(pa, s);
+    pack(dsa, dp);
+    // dS^T into this iteration's buffer for dQ (the other buffer may still be read by the
+    // other consumer's previous dQ GEMM), visible to the async proxy.
+    const uint32_t ds_addr = smem + Tile::kDs + (it & 1) * Tile::kDsBytes;
+    if (with_dq) {
+      store_fragments_swizzled<M>(ds_addr + consumer * Tile::kDsHalfBytes, dsa);
+      fence_async_shared();
+    }
+    add_product(dv, pa, do_addr);
+    add_product(dk, dsa, q_addr);
+
+    if (with_dq) {
+      named_barrier_sync(1, Tile::kConsumers * kWarpgroupThreads);  // both halves of dS^T written
+      // dQ = dS K over the 128 keys: k16 step kk is in consumer kk / 4's half of dS^T.
+      float dq[32];
+#pragma unroll
+      for (int kk = 0; kk < N / 16; ++kk) {
+        const uint64_t a = smem_descriptor(
+            ds_addr + (kk / 4) * Tile::kDsHalfBytes + (dq_row0 / 64) * 8192 + 2048 * (kk % 4), 8192, 1024);
+        const uint64_t b =
+            smem_descriptor(k_addr + (dq_col0 / 64) * Tile::kKvChunkBytes + 2048 * kk, Tile::kKvChunkBytes, 1024);
+        wgmma_m64n64k16<1, 1>(WgmmaTag<T>{}, dq, a, b, kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(dq);
+      release(ring.stage);
+      float* accum = bp.dq_accum + D * (batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = dq_row0 + 16 * warp + 8 * half + lane / 4;
+        if (m0 + row >= seq.seqlen_q) continue;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          bwd::red_add2(accum + row * D + dq_col0 + 8 * j + 2 * (lane % 4), dq[4 * j + 2 * half],
+                        dq[4 * j + 2 * half + 1]);
+      }
+    } else {
+      wgmma_wait<0>();
+      release(ring.stage);
+    }
+    wgmma_fence_operands(dv);
+    wgmma_fence_operands(dk);
+    ring.advance();
+  }
+
+  // dk = scale * sum dS^T Q and dv, rounded, stored from registers: the consumer's 64 keys.
+  auto store = [&](const AttentionTensor& t, const float(&acc)[D / 2], float scale) {
+    T* rows = static_cast<T*>(t.data) + batch * t.batch_stride + kv_head * t.head_stride;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = n0 + 64 * consumer + 16 * warp + 8 * half + lane / 4;
+      if (key >= seq.seqlen_k) continue;
+      T* row = rows + (seq.k_start + key) * t.row_stride + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<uint32_t*>(row + 8 * j) =
+            ptx::pack2<T>(acc[4 * j + 2 * half] * scale, acc[4 * j + 2 * half + 1] * scale);
+    }
+  };
+  store(bp.dk, dk, p.scale);
+  store(bp.dv, dv, 1.0f);
+#endif
+}
+
+}  // namespace llmk::detail::sm90
