@@ -77,9 +77,10 @@ void attention_varlen(const TensorView& out, const TensorView& q, const TensorVi
 // (S and dP computed twice: 7 GEMMs of work instead of 5, expected ~0.7x the speed).
 // workspace: on the GPU a float32 CUDA buffer of at least attention_backward_workspace_size
 // elements (the fp32 dq accumulator and D); ignored on the CPU (std::nullopt is fine).
-// The GPU runs the sm_80 (mma.sync) kernel on every GPU and under every
-// LLMK_ATTENTION_PATH (which picks the forward kernel); host tensors run the double
-// reference.
+// On an sm_90 GPU (with an sm_90a build) head dims 64 and 128 run the Hopper (TMA + wgmma)
+// main kernel, everything else the sm_80 (mma.sync) kernels; LLMK_ATTENTION_PATH=sm80|sm90
+// forces one as for the forward (sm90 throws, naming the reason, for a call it cannot take).
+// Host tensors run the double reference.
 void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                         const TensorView& dout, const TensorView& q, const TensorView& k,
                         const TensorView& v, const TensorView& out, const TensorView& lse,

@@ -88,7 +88,8 @@ attention_backward = define(
         "q, k, v, out and float32 lse ``[batch, heads_q, seq_q]`` (``return_lse=True``), causal and scale. dk and dv "
         "sum each kv head's query group (GQA). Rows whose lse is -inf (they see no key) get dq = 0 and add nothing. "
         "``deterministic``: bitwise-identical results run to run (dq from its own kernel instead of fp32 atomics; "
-        "slower). The CUDA kernel is the sm_80 one on every GPU.")
+        "slower). On Hopper, head dims 64 and 128 run the TMA + wgmma kernel, the rest the sm_80 one "
+        "(LLMK_ATTENTION_PATH forces one, as for the forward).")
 
 attention_varlen_backward = define(
     "attention_varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
