@@ -12,6 +12,7 @@
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
 #include "common/sm90/kernel_support.h"
+#include "common/sm90/tma.h"
 
 namespace llmk::detail {
 
@@ -38,6 +39,27 @@ void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream)
   maps.q = rows_q > 0 ? attention_tma_map(p.q, dtype, kHeadDim, p.heads_q, rows_q, batch, Tile::kBlockM) : maps.k;
   maps.dout =
       rows_q > 0 ? attention_tma_map(bp.dout, dtype, kHeadDim, p.heads_q, rows_q, batch, Tile::kBlockM) : maps.k;
+  // The accumulator (lse's layout times D) for the dq reductions; the deterministic path has
+  // none and never reduces (k's map stands in).
+  maps.dq_accum = maps.k;
+  if (bp.dq_accum != nullptr && rows_q > 0) {
+    sm90::TmaShape s{};
+    s.base = bp.dq_accum;
+    s.dtype = DType::f32;
+    s.rank = 4;
+    s.dims[0] = kHeadDim;
+    s.dims[1] = static_cast<uint64_t>(rows_q);
+    s.dims[2] = static_cast<uint64_t>(p.heads_q);
+    s.dims[3] = static_cast<uint64_t>(batch);
+    s.strides[1] = kHeadDim;
+    s.strides[2] = static_cast<uint64_t>(p.lse_head_stride) * kHeadDim;
+    s.strides[3] = static_cast<uint64_t>(p.lse_batch_stride) * kHeadDim;
+    s.box[0] = 32;
+    s.box[1] = 16;
+    s.box[2] = 1;
+    s.box[3] = 1;
+    maps.dq_accum = sm90::make_tma("attention_backward", s);
+  }
   const void* kernel = kernel_for<T, kHeadDim>();
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
   // Key blocks in order: causal blocks with the first keys see the most query tiles and
@@ -58,6 +80,8 @@ bool attention_backward_sm90_takes(const AttentionBackwardParams& bp, DType dtyp
   if (!attention_tma_ok(p.q, varlen) || !attention_tma_ok(p.k, varlen) || !attention_tma_ok(p.v, varlen) ||
       !attention_tma_ok(bp.dout, varlen))
     return *why = "q, k, v and dout need 16-byte aligned data pointers and strides for TMA", false;
+  if (reinterpret_cast<uintptr_t>(bp.dq_accum) % 16 != 0)
+    return *why = "the workspace needs a 16-byte aligned pointer for TMA", false;
   for (const AttentionTensor* t : {&bp.dk, &bp.dv})
     if (reinterpret_cast<uintptr_t>(t->data) % 4 != 0 || t->row_stride % 2 != 0)
       return *why = "dk and dv need 4-byte aligned rows", false;

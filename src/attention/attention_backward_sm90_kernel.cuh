@@ -19,8 +19,9 @@
 //     dK  += dS^T Q_i       wgmma RS
 //     dS^T -> shared memory (stmatrix, swizzled), both consumers meet (named barrier), then
 //     dQ_i = dS K            wgmma SS, A = dS^T read MN-major, B = K MN-major; each consumer
-//                           takes 64 x 64 of the kBlockM x D tile, added to the fp32
-//                           accumulator by red.global.add
+//                           takes 64 x 64 of the kBlockM x D tile; each warp writes its 16
+//                           rows to shared memory and adds them to the fp32 accumulator
+//                           with two TMA reduce-adds (cp.reduce.async.bulk.tensor)
 //   dK (times scale) and dV rounded and stored from registers at the end.
 // The key block's K and V stay in shared memory for the whole walk; Q_i/dO_i of the next
 // tile load while this one computes. Without dq_accum (the deterministic path) the dS^T
@@ -35,9 +36,9 @@
 // Tiles: kBlockM = 128 query rows at D = 64, 64 at D = 128 (FlashAttention 3's shapes).
 // Registers per consumer thread: dK + dV D, S^T + dP^T kBlockM, dQ 32. Shared memory: K, V
 // 2 x 128 x D x 2 bytes; Q, dO 2 stages x 2 x kBlockM x D x 2; dS^T 2 buffers x 128 x kBlockM
-// x 2: 160 KB at D = 64 and D = 128. Roofline: 10 seq_q seq_k D FLOPs per (batch, query head)
-// (2.5x the forward), tensor-bound; wgmma's dense bf16 peak ~990 TFLOP/s, with exp2 and dS on
-// every S^T element and 4 D bytes of dq atomics per (query row, key block).
+// x 2; dQ out 32 KB: 192 KB at D = 64 and D = 128. Roofline: 10 seq_q seq_k D FLOPs per (batch,
+// query head) (2.5x the forward), tensor-bound; wgmma's dense bf16 peak ~990 TFLOP/s, with exp2
+// and dS on every S^T element and 4 D bytes of dq reductions per (query row, key block).
 #pragma once
 
 #include <cuda.h>
@@ -65,7 +66,10 @@ struct AttentionBackwardSm90Tile {
   static constexpr uint32_t kDsHalfBytes = (kBlockM / 64) * 8192, kDsBytes = 2 * kDsHalfBytes;
   static constexpr uint32_t kK = 0, kV = kKvBytes, kQ = 2 * kKvBytes, kDo = kQ + kStages * kQBytes;
   static constexpr uint32_t kDs = kDo + kStages * kQBytes;  // two buffers
-  static constexpr uint32_t kRows = kDs + 2 * kDsBytes;
+  // dQ out: per consumer warp, its 16 rows x 64 float columns as two TMA boxes of 16 rows x
+  // 32 floats (128 bytes, swizzled), 4 KB.
+  static constexpr uint32_t kDqWarpBytes = 4096, kDq = kDs + 2 * kDsBytes;
+  static constexpr uint32_t kRows = kDq + kConsumers * 4 * kDqWarpBytes;
   static constexpr uint32_t kBarriers = kRows + 2 * kStages * kBlockM * 4;  // float lse2, D [kStages][kBlockM]
   static constexpr int kSharedBytes = kBarriers + (1 + 3 * kStages) * 8 + 1024;
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "D = 64 or 128: whole swizzle chunks, dK + dV in registers");
@@ -73,8 +77,10 @@ struct AttentionBackwardSm90Tile {
 
 // Maps over q, dout (boxes of kBlockM rows) and k, v (kBlockN rows) as 4-d [batch, heads,
 // rows, D] (dense) or [1, heads, total, D] (varlen), 64 columns per box.
+// dq_accum: the float32 accumulator as 4-d [batch, heads, rows, D] (its layout is lse's
+// times D), boxes of 16 rows x 32 columns, added to by TMA reductions.
 struct AttentionBackwardSm90Maps {
-  CUtensorMap q, k, v, dout;
+  CUtensorMap q, k, v, dout, dq_accum;
 };
 
 // grid (ceil(seqlen_k / kBlockN), heads_kv, batch). Writes dk, dv of the block's keys (0
@@ -289,15 +295,32 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       wgmma_wait<0>();
       wgmma_fence_operands(dq);
       release(ring.stage);
-      float* accum = bp.dq_accum + D * (batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0);
+      // The warp's 16 rows of dQ into its boxes (after its previous reduction read them),
+      // then one TMA reduce-add per box into the accumulator: rows past the sequence end
+      // carry exact zeros (their P and dS are 0), and past the tensor's rows TMA skips them.
+      uint8_t* boxes_ptr = base + Tile::kDq + (consumer * 4 + warp) * Tile::kDqWarpBytes;
+      const uint32_t boxes = static_cast<uint32_t>(__cvta_generic_to_shared(boxes_ptr));
+      if (lane == 0) tma_store_wait_read();
+      __syncwarp();
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int row = dq_row0 + 16 * warp + 8 * half + lane / 4;
-        if (m0 + row >= seq.seqlen_q) continue;
+        const int r = 8 * half + lane / 4;
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          bwd::red_add2(accum + row * D + dq_col0 + 8 * j + 2 * (lane % 4), dq[4 * j + 2 * half],
-                        dq[4 * j + 2 * half + 1]);
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t unit = 2 * (j % 4) + (lane % 4) / 2;
+          const uint32_t addr = boxes + (j / 4) * 2048 + r * 128 + ((unit ^ (r % 8)) * 16) + 8 * (lane % 2);
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[4 * j + 2 * half]),
+                       "f"(dq[4 * j + 2 * half + 1])
+                       : "memory");
+        }
+      }
+      fence_async_shared();
+      __syncwarp();
+      if (lane == 0) {
+        const int32_t row = static_cast<int32_t>(seq.q_start + m0 + dq_row0 + 16 * warp);
+        for (int b = 0; b < 2; ++b)
+          tma_reduce_add_4d(&maps.dq_accum, boxes_ptr + b * 2048, dq_col0 + 32 * b, row, head, map_batch);
+        tma_store_commit();
       }
     } else {
       wgmma_wait<0>();
@@ -308,6 +331,8 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
     ring.advance();
   }
 
+  // The last reductions must have read their boxes before the block's shared memory goes.
+  if (with_dq && lane == 0) tma_store_wait_read();
   // dk = scale * sum dS^T Q and dv, rounded, stored from registers: the consumer's 64 keys.
   auto store = [&](const AttentionTensor& t, const float(&acc)[D / 2], float scale) {
     T* rows = static_cast<T*>(t.data) + batch * t.batch_stride + kv_head * t.head_stride;

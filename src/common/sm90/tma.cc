@@ -30,7 +30,9 @@ EncodeTiled encode_tiled(const char* op) {
 }  // namespace
 
 CUtensorMap make_tma(const char* op, const TmaShape& s) {
-  LLMK_CHECK(s.dtype == DType::f16 || s.dtype == DType::bf16, op, ": TMA maps are built for 16-bit types here");
+  LLMK_CHECK(s.dtype == DType::f16 || s.dtype == DType::bf16 || s.dtype == DType::f32, op,
+             ": TMA maps are built for float16, bfloat16 and float32 here");
+  const uint64_t element = s.dtype == DType::f32 ? 4 : 2;
   LLMK_CHECK(s.rank >= 1 && s.rank <= 5, op, ": a TMA map has rank 1 to 5, got ", s.rank);
   CUtensorMap map{};
   cuuint64_t dims[5], strides[4];
@@ -40,10 +42,11 @@ CUtensorMap make_tma(const char* op, const TmaShape& s) {
     box[i] = s.box[i];
     element_strides[i] = 1;
     // A dim of size 1 is never stepped over: any 16-byte multiple is a valid stride.
-    if (i > 0) strides[i - 1] = s.dims[i] == 1 ? 16 : s.strides[i] * 2;
+    if (i > 0) strides[i - 1] = s.dims[i] == 1 ? 16 : s.strides[i] * element;
   }
-  const CUtensorMapDataType type =
-      s.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType type = s.dtype == DType::f32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : s.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult r = encode_tiled(op)(&map, type, static_cast<cuuint32_t>(s.rank), const_cast<void*>(s.base), dims,
                                       strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,

@@ -34,7 +34,7 @@ struct Tma2dShape {
 // elements per copy (box[0] * element size <= 128, box[i] <= 256).
 struct TmaShape {
   const void* base;
-  DType dtype;
+  DType dtype;  // float16, bfloat16 or float32
   int rank;
   uint64_t dims[5];
   uint64_t strides[5];
