@@ -10,7 +10,8 @@ columns, peak memory beside time): :func:`run_fused_linear_cross_entropy`, run b
 ``python -m llmk.bench.loss_cases [--csv F] [--table F]``. The LM head and its loss, forward +
 backward (the gradients of hidden and weight) at 8192 tokens x H 4096 x V 128256 (Llama-3-8B)
 and 4096 x 3584 x 152064 (Qwen2.5-7B), bf16: ``llmk`` (llmk.fused_linear_cross_entropy, default
-chunk), ``llmk chunk N`` (Liger's chunk rule, where the default differs), ``llmk unfused``
+chunk), ``llmk chunk N`` (Liger's chunk rule, where the default differs), ``llmk weight-dtype
+dW`` (weight_grad_dtype = the weight's dtype: no float32 accumulator), ``llmk unfused``
 (llmk.linear then llmk.cross_entropy), ``torch`` (F.linear then F.cross_entropy on the bf16
 logits) and ``liger`` (Liger-Kernel's LigerFusedLinearCrossEntropyLoss, where installed).
 Columns: ``time_ms`` and ``peak_mib`` (torch.cuda.max_memory_allocated over the inputs, the
@@ -101,6 +102,8 @@ def _flce_impls(tokens, hidden, vocab):
     if liger_rule != impls["llmk"][0]:
         impls[f"llmk chunk {liger_rule}"] = (liger_rule, lambda h, w, t: llmk.fused_linear_cross_entropy(
             h, w, t, chunk_size=liger_rule))
+    impls["llmk weight-dtype dW"] = (_flce_chunk_size(tokens, hidden, vocab, True, 2),
+                                     lambda h, w, t: llmk.fused_linear_cross_entropy(h, w, t, weight_grad_dtype=w.dtype))
     impls["llmk unfused"] = (None, lambda h, w, t: llmk.cross_entropy(llmk.linear(h, w), t))
     impls["torch"] = (None, lambda h, w, t: F.cross_entropy(F.linear(h, w), t))
     try:
