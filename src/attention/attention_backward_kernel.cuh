@@ -267,6 +267,17 @@ __device__ __forceinline__ void probabilities(float (&s)[kMT][kNT][4], float sca
       }
 }
 
+// The query tiles of `block_m` rows that see a key of the key block starting at n0:
+// [begin, end), causal from the tile holding row n0 - shift (empty when none does).
+struct QueryTiles {
+  int begin, end;
+  __device__ int count() const { return max(0, end - begin); }
+};
+__device__ __forceinline__ QueryTiles query_tiles_seeing(const SequenceBounds& seq, bool causal, int n0, int block_m) {
+  const int shift = seq.seqlen_k - seq.seqlen_q;  // causal: row i sees key j <= i + shift
+  return {causal ? max(0, n0 - shift) / block_m : 0, (seq.seqlen_q + block_m - 1) / block_m};
+}
+
 // dS = P * (dP - D), in place of dP.
 template <int kMT, int kNT, class Delta>
 __device__ __forceinline__ void score_gradients(float (&dp)[kMT][kNT][4], const float (&p)[kMT][kNT][4],
@@ -360,10 +371,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   if (n0 >= seq.seqlen_k) return;
   const int kv_rows = min(N, seq.seqlen_k - n0);
   const int shift = seq.seqlen_k - seq.seqlen_q;  // causal: row i sees key j <= i + shift
-  // Query tiles that see a key of this tile: causal, from the one holding row n0 - shift.
-  const int m_begin = p.causal ? max(0, n0 - shift) / M : 0;
-  const int m_end = (seq.seqlen_q + M - 1) / M;
-  const int per_head = max(0, m_end - m_begin);
+  const QueryTiles tiles = query_tiles_seeing(seq, p.causal, n0, M);
+  const int m_begin = tiles.begin, m_end = tiles.end, per_head = tiles.count();
   const int n_iters = per_head * p.group;
   const bool with_dq = bp.dq_accum != nullptr;
 

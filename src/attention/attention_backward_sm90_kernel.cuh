@@ -99,9 +99,8 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   const int n0 = n_block * N;
   if (n0 >= seq.seqlen_k) return;
   const int shift = seq.seqlen_k - seq.seqlen_q;  // causal: row i sees key j <= i + shift
-  const int m_begin = p.causal ? max(0, n0 - shift) / M : 0;
-  const int m_end = (seq.seqlen_q + M - 1) / M;
-  const int per_head = max(0, m_end - m_begin);
+  const bwd::QueryTiles tiles = bwd::query_tiles_seeing(seq, p.causal, n0, M);
+  const int m_begin = tiles.begin, per_head = tiles.count();
   const int n_iters = per_head * p.group;
   const bool with_dq = bp.dq_accum != nullptr;
   const int32_t map_batch = p.cu_seqlens_q != nullptr ? 0 : batch;
