@@ -1,4 +1,5 @@
-// torch.ops.llmk loss ops: cross_entropy (per-row loss and lse) and cross_entropy_backward
+// torch.ops.llmk loss ops: cross_entropy (per-row loss and lse), cross_entropy_grad_ (the same
+// with the logits' gradient written over the logits in that pass) and cross_entropy_backward
 // (the logits' gradient from the upstream per-row gradient and the forward's lse, one pass).
 // Schemas, fakes and autograd: python/llmk/ops/loss.py.
 #include "torch_bridge.h"
@@ -16,6 +17,18 @@ std::tuple<Tensor, Tensor> cross_entropy(Tensor logits, Tensor target, int64_t i
   return {loss, lse};
 }
 
+// grad_scale 1: the gradient of the sum of the rows' losses; the caller scales it for its reduction.
+std::tuple<Tensor, Tensor> cross_entropy_grad_(Tensor logits, Tensor target, int64_t ignore_index,
+                                               double label_smoothing, double z_loss) {
+  const OpCall op("cross_entropy_grad_", logits);
+  Tensor loss = empty(logits, rows_shape(logits), ScalarType::Float);
+  Tensor lse = empty(logits, rows_shape(logits), ScalarType::Float);
+  const TensorView z = op.view(logits, "logits");
+  llmk::cross_entropy(op.view(loss, "loss"), op.view(lse, "lse"), z, op.view(target, "target"), ignore_index,
+                      label_smoothing, z_loss, 1.0, z, op.stream());
+  return {loss, lse};
+}
+
 Tensor cross_entropy_backward(Tensor dloss, Tensor logits, Tensor target, Tensor lse, int64_t ignore_index,
                               double label_smoothing, double z_loss) {
   const OpCall op("cross_entropy_backward", logits);
@@ -28,6 +41,7 @@ Tensor cross_entropy_backward(Tensor dloss, Tensor logits, Tensor target, Tensor
 
 void register_loss(torch::stable::detail::StableLibrary& m) {
   m.impl("cross_entropy", TORCH_BOX(&cross_entropy));
+  m.impl("cross_entropy_grad_", TORCH_BOX(&cross_entropy_grad_));
   m.impl("cross_entropy_backward", TORCH_BOX(&cross_entropy_backward));
 }
 

@@ -92,6 +92,7 @@ SAMPLES = {
     "rope_backward": lambda: _rope_args(),
     "adamw_step_": _adamw_args,
     "cross_entropy": lambda: (_rows(6, 37, grad=True), torch.tensor([0, 5, -100, 36, 2, 9]), -100, 0.1, 1e-4),
+    "cross_entropy_grad_": lambda: (_rows(6, 37), torch.tensor([0, 5, -100, 36, 2, 9]), -100, 0.1, 1e-4),
     "cross_entropy_backward": lambda: (_rows(6), _rows(6, 37), torch.tensor([0, 5, -100, 36, 2, 9]),
                                        torch.logsumexp(_rows(6, 37), -1), -100, 0.1, 1e-4),
     "linear": lambda: (_rows(5, 64, dtype=torch.bfloat16, grad=True), _rows(48, 64, dtype=torch.bfloat16, grad=True),

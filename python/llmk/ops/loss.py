@@ -1,6 +1,7 @@
 """Cross-entropy over vocabulary logits: per-row loss and log-sum-exp in one pass over the
-logits, the gradient in one more (cross_entropy_backward, from the forward's lse), and the
-public cross_entropy with PyTorch's reductions. C++ kernels: python/src/ops_loss.cc over include/llmk/loss.h (its
+logits, the gradient in one more (cross_entropy_backward, from the forward's lse) or in the same
+pass over the logits' own buffer (cross_entropy_grad_), and the public cross_entropy with
+PyTorch's reductions. C++ kernels: python/src/ops_loss.cc over include/llmk/loss.h (its
 header comment has the formulas: ignore_index, label smoothing, z-loss).
 
 fused_linear_cross_entropy (public, no op of its own): the LM head's llmk.linear and the
@@ -20,6 +21,9 @@ from .gemm import _aligned, linear
 _ARGS = "int ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0"
 
 
+def _loss_and_lse(logits, *unused):
+    return rows_f32(logits), rows_f32(logits)
+
 
 def _setup(ctx, inputs, output):
     logits, target, *ctx.args = inputs
@@ -34,8 +38,13 @@ def _grad(ctx, dloss, dlse):
 
 _cross_entropy = define(
     f"cross_entropy(Tensor logits, Tensor target, {_ARGS}) -> (Tensor, Tensor)",
-    lambda logits, target, *args: (rows_f32(logits), rows_f32(logits)),
-    setup=_setup, backward=_grad, public=False)
+    _loss_and_lse, setup=_setup, backward=_grad, public=False)
+
+# The rows' loss and lse, and the gradient of their sum (grad_scale 1) written over the logits in the
+# same pass. No autograd of its own: cross_entropy(grad_in_logits=True) wraps it in _CrossEntropyGradInLogits.
+_cross_entropy_grad_ = define(
+    f"cross_entropy_grad_(Tensor(a!) logits, Tensor target, {_ARGS}) -> (Tensor, Tensor)",
+    _loss_and_lse, public=False)
 
 cross_entropy_backward = define(
     f"cross_entropy_backward(Tensor dloss, Tensor logits, Tensor target, Tensor lse, {_ARGS}) -> Tensor",
@@ -44,28 +53,105 @@ cross_entropy_backward = define(
         "forward's ``lse``: one pass over the logits, zero on ignored rows.")
 
 _REDUCTIONS = ("none", "sum", "mean")
+_CE = "llmk.cross_entropy"
+
+
+def _reduce(loss_rows: Tensor, target: Tensor, ignore_index: int, reduction: str) -> Tensor:
+    if reduction == "none":
+        return loss_rows
+    if reduction == "sum":
+        return loss_rows.sum()
+    return loss_rows.sum() / (target != ignore_index).sum()  # NaN when every row is ignored, as PyTorch
+
+
+class _CrossEntropyGradInLogits(torch.autograd.Function):
+    """logits [tokens, vocab] (not a leaf), target [tokens] -> the reduced loss ("mean" or "sum")
+    and the rows' lse. The forward writes the gradient of the sum of the rows' losses over the
+    logits (cross_entropy_grad_); the backward scales that buffer in place by the upstream
+    gradient (over the count of rows not ignored, a device tensor, for "mean") and returns it, so
+    it runs once per graph: a second backward raises."""
+
+    @staticmethod
+    def forward(ctx, logits, target, args, reduction):
+        loss, lse = _cross_entropy_grad_(logits, target, *args)
+        # The op writes logits below autograd: bump its version so that any backward that saved the
+        # logits' values refuses to run on the gradient now in their place.
+        torch.autograd.graph.increment_version(logits)
+        ctx.save_for_backward(logits, target)
+        ctx.mark_non_differentiable(lse)
+        ctx.ignore_index, ctx.reduction, ctx.scaled = args[0], reduction, False
+        return _reduce(loss, target, args[0], reduction), lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dloss, dlse):
+        if ctx.scaled:
+            raise RuntimeError(f"{_CE}: with grad_in_logits=True the backward scales the gradient that the forward "
+                               "wrote over the logits in place, so it runs once per loss: a second backward through "
+                               "it (retain_graph=True) needs grad_in_logits=False")
+        ctx.scaled = True
+        dlogits, target = ctx.saved_tensors
+        if ctx.reduction == "mean":  # all rows ignored: a zero gradient, as the default path
+            dloss = dloss / (target != ctx.ignore_index).sum().clamp(min=1)
+        return dlogits.mul_(dloss), None, None, None
+
+
+def _logits_to_overwrite(logits: Tensor) -> Tensor:
+    """logits [..., vocab] as the [tokens, vocab] view that the gradient is written through, or an
+    error (before anything is written) where the in-place form cannot be honoured."""
+    if logits.is_leaf or (logits._base is not None and logits._base.is_leaf):
+        raise RuntimeError(f"{_CE}: grad_in_logits=True writes the gradient over logits, which is a leaf tensor "
+                           "that requires grad (or a view of one): torch forbids writing it in place; pass the "
+                           "output of the op that computes the logits, or grad_in_logits=False")
+    vocab = logits.shape[-1]
+    if vocab > 1 and logits.stride(-1) != 1:
+        raise ValueError(f"{_CE}: grad_in_logits=True needs logits contiguous in the vocab dimension (stride 1), "
+                         f"got strides {logits.stride()}: pass logits.contiguous() or grad_in_logits=False")
+    try:
+        return logits.view(-1, vocab)
+    except RuntimeError:
+        raise ValueError(f"{_CE}: grad_in_logits=True needs logits' leading dimensions to flatten into rows of one "
+                         f"stride (a view), got shape {tuple(logits.shape)} and strides {logits.stride()}: pass "
+                         "logits.contiguous() or grad_in_logits=False") from None
 
 
 @public
 def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, label_smoothing: float = 0.0,
-                  reduction: str = "mean", z_loss: float = 0.0, return_lse: bool = False):
+                  reduction: str = "mean", z_loss: float = 0.0, return_lse: bool = False,
+                  grad_in_logits: bool = False):
     """``torch.nn.functional.cross_entropy(logits, target, ignore_index=..., label_smoothing=...,
     reduction=...)`` over logits ``[..., vocab]`` (float32, float16, bfloat16; fp32 math) and
     int64/int32 targets ``[...]``, plus ``z_loss * lse**2`` per row (PaLM's z-loss); with
     autograd. The loss is float32 whatever the logits' dtype. ``reduction="mean"`` averages
     over the rows not ignored (NaN when all are, as PyTorch). With ``return_lse`` also returns
     the per-row float32 log-sum-exp. On the GPU a target out of range gives that row a NaN
-    loss (checking would need a sync); on the CPU it raises."""
+    loss (checking would need a sync); on the CPU it raises.
+
+    ``grad_in_logits=True`` (``reduction`` "mean" or "sum"; "none" is rejected) saves a pass over
+    the logits and the gradient's buffer (Liger-Kernel's trick): when a gradient is needed (grad
+    mode on and logits requiring grad) the forward writes the logits' gradient **over the logits**
+    in the same pass, and the backward scales that buffer in place by the upstream gradient and
+    returns it. **The logits' values are destroyed**: after the call their buffer holds the
+    gradient of the sum of the rows' losses, and after the backward the gradient itself. So the
+    logits must not be read afterwards (autograd raises where a backward saved them), cannot be
+    a leaf (or a view of one), must be contiguous in the vocab dimension and flatten to
+    ``[tokens, vocab]`` as a view; the backward runs once (a second one, with
+    ``retain_graph=True``, raises). The gradient is rounded twice in float16/bfloat16 (written by
+    the forward, then scaled) where the default path rounds once. Without a gradient to track it
+    is the default path, the logits untouched."""
     if reduction not in _REDUCTIONS:
-        raise ValueError(f"llmk.cross_entropy: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    vocab = logits.shape[-1]
-    loss, lse = _cross_entropy(logits.reshape(-1, vocab), target.reshape(-1), ignore_index, label_smoothing, z_loss)
+        raise ValueError(f"{_CE}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if grad_in_logits and reduction == "none":
+        raise ValueError(f"{_CE}: grad_in_logits=True needs reduction 'mean' or 'sum' (the gradient is written in "
+                         "the forward with one scale for every row), got 'none'")
+    args, rows = (ignore_index, label_smoothing, z_loss), target.reshape(-1)
+    if grad_in_logits and torch.is_grad_enabled() and logits.requires_grad:
+        loss, lse = _CrossEntropyGradInLogits.apply(_logits_to_overwrite(logits), rows, args, reduction)
+    else:
+        loss, lse = _cross_entropy(logits.reshape(-1, logits.shape[-1]), rows, *args)
+        loss = _reduce(loss, rows, ignore_index, reduction)
     if reduction == "none":
         loss = loss.view(target.shape)
-    elif reduction == "sum":
-        loss = loss.sum()
-    else:
-        loss = loss.sum() / (target != ignore_index).sum()
     return (loss, lse.view(target.shape)) if return_lse else loss
 
 
@@ -207,9 +293,9 @@ def _flce_chunks(hidden, weight, bias, target, args, chunk, needs=(False, False,
             lse_c = lse[start:end]
         if dloss is None:
             continue
-        # The Python layer has no in-place variant of the forward (the C++ cross_entropy can
-        # write the gradient into the logits in the same pass; the registered op does not expose
-        # it): the gradient is a second pass over the chunk, into a second chunk-sized buffer.
+        # The gradient is a second pass over the chunk, into a second chunk-sized buffer; for
+        # "mean" / "sum" the in-place forward (cross_entropy_grad_, grad_scale 1, the scale then
+        # applied to dhidden, dweight and dbias) would save both: not done yet.
         dlogits = cross_entropy_backward(dloss[start:end], logits, t, lse_c, *args)
         del logits
         if need_h:
@@ -224,14 +310,6 @@ def _flce_chunks(hidden, weight, bias, target, args, chunk, needs=(False, False,
     if need_w:
         dw = acc.result() if acc is not None else dw if dw is not None else torch.zeros_like(weight)
     return dh, dw, db.to(bias.dtype) if db is not None else None
-
-
-def _reduce(loss_rows: Tensor, target: Tensor, ignore_index: int, reduction: str) -> Tensor:
-    if reduction == "none":
-        return loss_rows
-    if reduction == "sum":
-        return loss_rows.sum()
-    return loss_rows.sum() / (target != ignore_index).sum()  # NaN when every row is ignored, as PyTorch
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
