@@ -90,16 +90,8 @@ void attention_backward_cuda(const AttentionBackwardParams& p, DType dtype, cuda
   const char* op = "attention_backward";
   LLMK_CHECK(dtype == DType::f16 || dtype == DType::bf16, op, ": dtype ", dtype_name(dtype),
              " is not float16 or bfloat16");
-  const AttentionPath path = attention_path(op);
-  bool hopper = false;
-  if (path != AttentionPath::sm80) {
-    int device = 0;
-    LLMK_CUDA_CHECK(cudaGetDevice(&device));
-    const char* why = "";
-    hopper = attention_backward_sm90_takes(p, dtype, device, &why);
-    LLMK_CHECK(hopper || path == AttentionPath::automatic, op, ": LLMK_ATTENTION_PATH=sm90 cannot take this call: ",
-               why);
-  }
+  const bool hopper = attention_runs_sm90(
+      op, [&](int device, const char** why) { return attention_backward_sm90_takes(p, dtype, device, why); });
   dispatch_dtype(dtype, op, [&](auto tag) {
     if constexpr (decltype(tag)::value != DType::f32) {
       using T = device_type_t<decltype(tag)>;

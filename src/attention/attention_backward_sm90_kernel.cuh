@@ -156,10 +156,10 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       if (n_iters > 0) {
         mbarrier_arrive_expect_tx(kv_full, 2 * Tile::kKvBytes);
         const int32_t k_row = static_cast<int32_t>(seq.k_start + n0);
-        for (int ch = 0; ch < Tile::kChunks; ++ch) {
-          tma_load_4d(base + Tile::kK + ch * Tile::kKvChunkBytes, &maps.k, kv_full, 64 * ch, k_row, kv_head, map_batch);
-          tma_load_4d(base + Tile::kV + ch * Tile::kKvChunkBytes, &maps.v, kv_full, 64 * ch, k_row, kv_head, map_batch);
-        }
+        tma_load_4d_chunks<Tile::kChunks>(base + Tile::kK, Tile::kKvChunkBytes, &maps.k, kv_full, k_row, kv_head,
+                                          map_batch);
+        tma_load_4d_chunks<Tile::kChunks>(base + Tile::kV, Tile::kKvChunkBytes, &maps.v, kv_full, k_row, kv_head,
+                                          map_batch);
       }
       for (int it = 0; it < n_iters; ++it) {
         int head, m0;
@@ -167,13 +167,11 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
         const int32_t q_row = static_cast<int32_t>(seq.q_start + m0);
         mbarrier_wait(&q_empty[ring.stage], ring.phase ^ 1u);
         mbarrier_arrive_expect_tx(&q_full[ring.stage], Tile::kQBytes);
-        for (int ch = 0; ch < Tile::kChunks; ++ch)
-          tma_load_4d(base + Tile::kQ + ring.stage * Tile::kQBytes + ch * Tile::kQChunkBytes, &maps.q,
-                      &q_full[ring.stage], 64 * ch, q_row, head, map_batch);
+        tma_load_4d_chunks<Tile::kChunks>(base + Tile::kQ + ring.stage * Tile::kQBytes, Tile::kQChunkBytes, &maps.q,
+                                          &q_full[ring.stage], q_row, head, map_batch);
         mbarrier_arrive_expect_tx(&do_full[ring.stage], Tile::kQBytes);
-        for (int ch = 0; ch < Tile::kChunks; ++ch)
-          tma_load_4d(base + Tile::kDo + ring.stage * Tile::kQBytes + ch * Tile::kQChunkBytes, &maps.dout,
-                      &do_full[ring.stage], 64 * ch, q_row, head, map_batch);
+        tma_load_4d_chunks<Tile::kChunks>(base + Tile::kDo + ring.stage * Tile::kQBytes, Tile::kQChunkBytes,
+                                          &maps.dout, &do_full[ring.stage], q_row, head, map_batch);
         ring.advance();
       }
     }
@@ -243,15 +241,6 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
     // dO and dK += dS^T Q (B = dO, Q [kBlockM rows][D], MN-major). Issuing dV before the wait
     // for dP^T keeps P^T's fragments live beside S^T, dP^T, dK and dV: it spilled and ran 22%
     // slower.
-    auto pack = [&](uint32_t(&a)[M / 16][4], const float(&acc)[1][M / 8][4]) {
-#pragma unroll
-      for (int kk = 0; kk < M / 16; ++kk) {
-        a[kk][0] = ptx::pack2<T>(acc[0][2 * kk][0], acc[0][2 * kk][1]);
-        a[kk][1] = ptx::pack2<T>(acc[0][2 * kk][2], acc[0][2 * kk][3]);
-        a[kk][2] = ptx::pack2<T>(acc[0][2 * kk + 1][0], acc[0][2 * kk + 1][1]);
-        a[kk][3] = ptx::pack2<T>(acc[0][2 * kk + 1][2], acc[0][2 * kk + 1][3]);
-      }
-    };
     auto add_product = [&](float(&acc)[D / 2], const uint32_t(&a)[M / 16][4], uint32_t b_addr) {
       wgmma_fence();
 #pragma unroll
@@ -266,8 +255,8 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
     wgmma_fence_operands(dp_flat);
     bwd::score_gradients(dp, s, [&](int, int nt, int i) { return delta[nt * 8 + 2 * (lane % 4) + (i & 1)]; });
     uint32_t pa[M / 16][4], dsa[M / 16][4];
-    pack(pa, s);
-    pack(dsa, dp);
+    accumulators_as_a<T>(pa, s);
+    accumulators_as_a<T>(dsa, dp);
     // dS^T into this iteration's buffer for dQ (the other buffer may still be read by the
     // other consumer's previous dQ GEMM), visible to the async proxy.
     const uint32_t ds_addr = smem + Tile::kDs + (it & 1) * Tile::kDsBytes;
@@ -278,6 +267,8 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
     add_product(dv, pa, do_addr);
     add_product(dk, dsa, q_addr);
 
+    // Each branch waits and releases the stage itself: one wait after the branch, with dq
+    // declared outside it, made ptxas spill 264-396 bytes.
     if (with_dq) {
       named_barrier_sync(1, Tile::kConsumers * kWarpgroupThreads);  // both halves of dS^T written
       // dQ = dS K over the 128 keys: k16 step kk is in consumer kk / 4's half of dS^T.
@@ -301,18 +292,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       const uint32_t boxes = static_cast<uint32_t>(__cvta_generic_to_shared(boxes_ptr));
       if (lane == 0) tma_store_wait_read();
       __syncwarp();
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = 8 * half + lane / 4;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const uint32_t unit = 2 * (j % 4) + (lane % 4) / 2;
-          const uint32_t addr = boxes + (j / 4) * 2048 + r * 128 + ((unit ^ (r % 8)) * 16) + 8 * (lane % 2);
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[4 * j + 2 * half]),
-                       "f"(dq[4 * j + 2 * half + 1])
-                       : "memory");
-        }
-      }
+      store_warp_f32_swizzled(boxes, dq);
       fence_async_shared();
       __syncwarp();
       if (lane == 0) {

@@ -40,24 +40,25 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-AttentionPath attention_path(const char* op) {
+bool attention_runs_sm90(const char* op, const std::function<bool(int device, const char** why)>& takes) {
   const char* env = std::getenv("LLMK_ATTENTION_PATH");
   const std::string path = env ? env : "auto";
-  if (path == "auto") return AttentionPath::automatic;
-  if (path == "sm80") return AttentionPath::sm80;
-  LLMK_CHECK(path == "sm90", op, ": LLMK_ATTENTION_PATH=", path, " is not one of auto, sm80, sm90");
-  return AttentionPath::sm90;
+  LLMK_CHECK(path == "auto" || path == "sm80" || path == "sm90", op, ": LLMK_ATTENTION_PATH=", path,
+             " is not one of auto, sm80, sm90");
+  if (path == "sm80") return false;
+  int device = 0;
+  LLMK_CUDA_CHECK(cudaGetDevice(&device));
+  const char* why = "";
+  const bool hopper = takes(device, &why);
+  LLMK_CHECK(hopper || path == "auto", op, ": LLMK_ATTENTION_PATH=sm90 cannot take this call: ", why);
+  return hopper;
 }
 
 void attention_forward_cuda(const AttentionParams& p, DType dtype, cudaStream_t stream) {
-  const AttentionPath path = attention_path("attention");
-  if (path != AttentionPath::sm80) {
-    int device = 0;
-    LLMK_CUDA_CHECK(cudaGetDevice(&device));
-    const char* why = "";
-    if (attention_sm90_takes(p, dtype, device, &why)) return attention_forward_sm90(p, dtype, stream);
-    LLMK_CHECK(path == AttentionPath::automatic, "attention: LLMK_ATTENTION_PATH=sm90 cannot take this call: ", why);
-  }
+  if (attention_runs_sm90("attention", [&](int device, const char** why) {
+        return attention_sm90_takes(p, dtype, device, why);
+      }))
+    return attention_forward_sm90(p, dtype, stream);
   attention_forward_sm80(p, dtype, stream);
 }
 

@@ -135,17 +135,15 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
       const int32_t map_batch = varlen ? 0 : c.batch;
       mbarrier_wait(&q_empty[q_ring.stage], q_ring.phase ^ 1u);
       mbarrier_arrive_expect_tx(&q_full[q_ring.stage], Tile::kQBytes);
-      for (int ch = 0; ch < Tile::kChunks; ++ch)
-        tma_load_4d(q_smem(q_ring.stage) + ch * Tile::kQChunkBytes, &maps.q, &q_full[q_ring.stage], 64 * ch,
-                    static_cast<int32_t>(seq.q_start + m0), c.head, map_batch);
+      tma_load_4d_chunks<Tile::kChunks>(q_smem(q_ring.stage), Tile::kQChunkBytes, &maps.q, &q_full[q_ring.stage],
+                                        static_cast<int32_t>(seq.q_start + m0), c.head, map_batch);
       q_ring.advance();
       for (int j = 0; j < n_blocks; ++j) {
         const int32_t k_row = static_cast<int32_t>(seq.k_start + j * Tile::kBlockN);
         // Key block j of K or V: its D / 64 column chunks onto `bar`.
         auto load_block = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* bar) {
           mbarrier_arrive_expect_tx(bar, Tile::kKvBytes);
-          for (int ch = 0; ch < Tile::kChunks; ++ch)
-            tma_load_4d(dst + ch * Tile::kKvChunkBytes, map, bar, 64 * ch, k_row, kv_head, map_batch);
+          tma_load_4d_chunks<Tile::kChunks>(dst, Tile::kKvChunkBytes, map, bar, k_row, kv_head, map_batch);
         };
         mbarrier_wait(&kv_empty[ring.stage], ring.phase ^ 1u);
         load_block(k_smem(ring.stage), &maps.k, &k_full[ring.stage]);
@@ -207,13 +205,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
 
       // P as the A fragments of the 16-key steps of P V.
       uint32_t pa[Tile::kBlockN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
-        pa[kk][0] = ptx::pack2<T>(s[0][2 * kk][0], s[0][2 * kk][1]);
-        pa[kk][1] = ptx::pack2<T>(s[0][2 * kk][2], s[0][2 * kk][3]);
-        pa[kk][2] = ptx::pack2<T>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-        pa[kk][3] = ptx::pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
-      }
+      accumulators_as_a<T>(pa, s);
       auto& o_flat = reinterpret_cast<float(&)[kHeadDim / 2]>(o);
       mbarrier_wait(&v_full[ring.stage], ring.phase);
       wgmma_fence();

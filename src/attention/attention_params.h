@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <type_traits>
 
 #include "common/host_device.h"
@@ -122,13 +123,14 @@ void for_compiled_head_dim(const char* op, int head_dim, F&& f) {
 // LLMK_ATTENTION_PATH, read on every forward and backward call: auto (or unset) runs the
 // Hopper kernel where it takes the call and the sm_80 kernel elsewhere; sm80 forces the
 // sm_80 kernel; sm90 the Hopper one (an error naming the reason where it cannot take the
-// call). Another value is an error naming `op`.
-enum class AttentionPath { automatic, sm80, sm90 };
-AttentionPath attention_path(const char* op);
+// call). Another value is an error naming `op`. attention_runs_sm90 says whether a call runs
+// the Hopper kernel: `takes(device, &why)` (not asked when sm80 is forced) says whether that
+// kernel takes it on the current device.
+bool attention_runs_sm90(const char* op, const std::function<bool(int device, const char** why)>& takes);
 
 // The CUDA launcher and the CPU reference, called after the arguments are validated.
 // attention_forward_cuda picks the path: the Hopper kernel when attention_sm90_takes,
-// else the sm_80 kernel (attention_path).
+// else the sm_80 kernel (attention_runs_sm90).
 void attention_forward_cuda(const AttentionParams& p, DType dtype, cudaStream_t stream);
 void attention_forward_sm80(const AttentionParams& p, DType dtype, cudaStream_t stream);
 
@@ -141,7 +143,7 @@ void attention_forward_cpu(const AttentionParams& p, DType dtype);
 
 // The backward: preprocess (D, zeroing the accumulator), the main kernel (dk, dv and the dq
 // atomics: the Hopper one when attention_backward_sm90_takes, else the sm_80 one, as
-// attention_path says), then the dq conversion or, deterministic, the dq kernel
+// attention_runs_sm90 says), then the dq conversion or, deterministic, the dq kernel
 // (attention_backward.cu); the double reference (attention_backward_cpu.cc).
 void attention_backward_cuda(const AttentionBackwardParams& p, DType dtype, cudaStream_t stream);
 

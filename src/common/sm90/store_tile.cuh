@@ -25,14 +25,36 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                : "memory");
 }
 
+// The byte offset of 16-byte unit `unit` (0-7) of row `row` in a box of 128-byte rows with
+// the 128-byte swizzle (the box 1024-byte aligned).
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int unit) { return row * 128 + ((unit ^ (row % 8)) * 16); }
+
 // This lane's row address for stmatrix of 16-column group c of the boxes at `boxes`.
 __device__ __forceinline__ uint32_t swizzled_row_address(uint32_t boxes, int c) {
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   const int matrix = lane / 8;  // this lane gives a row address of matrix `matrix`
   const int row = 16 * warp + (matrix % 2) * 8 + lane % 8;
   const int col = 16 * c + (matrix / 2) * 8;
-  const int chunk = (col % 64) / 8;
-  return boxes + (col / 64) * 8192 + row * 128 + ((chunk ^ (row % 8)) * 16);
+  return boxes + (col / 64) * 8192 + swizzled_offset(row, (col % 64) / 8);
+}
+
+// A warp's 16 x 64 float32 accumulators (d[4j + 2 half + {0,1}]: row 8 half + lane/4, columns
+// 8j + 2(lane%4) + {0,1}) into two swizzled boxes of 16 rows x 32 floats (2 KB each, 2048
+// bytes apart from `boxes`), for a TMA store or reduce-add of float32 boxes.
+__device__ __forceinline__ void store_warp_f32_swizzled(uint32_t boxes, const float (&d)[32]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = 8 * half + lane / 4;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t addr =
+          boxes + (j / 4) * 2048 + swizzled_offset(row, 2 * (j % 4) + (lane % 4) / 2) + 8 * (lane % 2);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(d[4 * j + 2 * half]),
+                   "f"(d[4 * j + 2 * half + 1])
+                   : "memory");
+    }
+  }
 }
 
 // Writes d[0 .. kCols/2) of this thread (warp w of the warpgroup holds rows 16w..16w+15)

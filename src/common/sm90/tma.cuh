@@ -25,6 +25,15 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, u
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, bar);
 }
 
+// A tile of 64 kChunks columns of a 4-d map with boxes of 64 columns: box ch (columns
+// 64 ch..) at dst + ch * chunk_bytes, all on `bar`.
+template <int kChunks>
+__device__ __forceinline__ void tma_load_4d_chunks(uint8_t* dst, uint32_t chunk_bytes, const CUtensorMap* map,
+                                                   uint64_t* bar, int32_t c1, int32_t c2, int32_t c3) {
+#pragma unroll
+  for (int ch = 0; ch < kChunks; ++ch) tma_load_4d(dst + ch * chunk_bytes, map, bar, 64 * ch, c1, c2, c3);
+}
+
 // As tma_load_2d, the box written at the same shared offset in every block of the
 // cluster named in `cta_mask` (bit r: rank r), each block's `bar` at that offset
 // receiving the bytes it got.

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "common/ptx.cuh"
 #include "common/sm90/wgmma_ops.cuh"
 
 namespace llmk::detail::sm90 {
@@ -47,6 +48,20 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// The fp32 accumulators `acc` of a 64 x 16 kK tile (its 8-column tiles acc[0][nt]) rounded to
+// T as the register A operands of kK k16 steps (the _rs wgmma forms): a[k] packs the pairs of
+// 8-column tiles 2k and 2k + 1, rows lane/4 and lane/4 + 8.
+template <class T, int kK>
+__device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[kK][4], const float (&acc)[1][2 * kK][4]) {
+#pragma unroll
+  for (int k = 0; k < kK; ++k) {
+    a[k][0] = ptx::pack2<T>(acc[0][2 * k][0], acc[0][2 * k][1]);
+    a[k][1] = ptx::pack2<T>(acc[0][2 * k][2], acc[0][2 * k][3]);
+    a[k][2] = ptx::pack2<T>(acc[0][2 * k + 1][0], acc[0][2 * k + 1][1]);
+    a[k][3] = ptx::pack2<T>(acc[0][2 * k + 1][2], acc[0][2 * k + 1][3]);
+  }
 }
 
 // Keeps the compiler from moving accumulator reads/writes across an async wgmma.
