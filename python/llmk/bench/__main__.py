@@ -1,6 +1,7 @@
 """python -m llmk.bench --op rmsnorm [--op ...] [--all] [--csv F] [--plot F] [--table F]
 python -m llmk.bench --op gemm [--gemm-shapes ...] [--gemm-m ...] [--gemm-parts ...]
 python -m llmk.bench --e2e [--e2e-families ...] [--e2e-layers N] [--e2e-phases ...] [--e2e-impls ...]
+python -m llmk.bench --gaps [--csv F] [--plot F] [--table F]
 python -m llmk.bench --from-csv A.csv [B.csv ...] [--table F] [--plot F]
 
 On a GPU: every case of the op's sweep, llmk beside its peers, in one run; a CSV of all
@@ -12,7 +13,9 @@ way; the table's header says that it is the CPU backend and that no GPU was foun
 overhead_cases.py. `--op gemm` (also in --all) is the GEMM family, llmk.linear against cuBLAS
 over real models' weight shapes, the fused epilogues and rmsnorm_linear, with its own
 trimming flags: see gemm_cases.py. `--e2e` (in --all on a GPU) times whole Hugging Face
-models, eager against torch.compile, Liger-Kernel and llmk.patch: see e2e_cases.py. A case
+models, eager against torch.compile, Liger-Kernel and llmk.patch: see e2e_cases.py. `--gaps`
+runs only the rows of GAPS, where issue 16's sweep found llmk behind torch.compile or
+Liger-Kernel (Liger is a peer wherever it has the op and imports: liger_peers.py). A case
 that fails (an op not built, a peer that does not run) is reported and skipped; the run then
 exits with status 1 after writing what it measured.
 """
@@ -40,6 +43,12 @@ SWEEPS = {"cuda": {op: sweep for m in CASE_MODULES for op, sweep in m.SWEEPS.ite
 # Ops whose GPU sweep is a list of (tokens, hidden) points rather than the cross product of SWEEPS
 # (decode: batch x context); --tokens / --hidden run the cross product.
 POINTS = {op: set(points) for m in CASE_MODULES for op, points in getattr(m, "POINTS", {}).items()}
+# Issue 16's rows, (op, tokens, hidden): where llmk trailed torch.compile or Liger-Kernel.
+GAPS = ([("rmsnorm", 8192, 4096), ("rmsnorm", 8192, 8192), ("rmsnorm", 32768, 5120), ("rmsnorm", 4096, 16384)]
+        + [(op, 8192, h) for op in ("layernorm", "layernorm_train") for h in (4096, 1024)]
+        + [("softmax", 1, 128256), ("softmax", 16, 151936), ("swiglu", 16, 14336), ("rope_train", 8192, 4096),
+           ("rmsnorm_swiglu", 65536, 4096)]
+        + [("bias_gelu_backward", t, h) for h in (3072, 16384) for t in (16, 2048, 4096, 8192)])
 OVERHEAD = "overhead"
 GEMM = "gemm"  # its own sweep over (M, N, K) and fused forms: gemm_cases.run
 # Peers that the CPU run leaves out, and why.
@@ -120,57 +129,65 @@ def _runnable(impls, device, noted):
     return {k: v for k, v in impls.items() if k not in GPU_ONLY_PEERS}
 
 
-def run(ops, tokens_list, hidden_list, dtype, device, info, failures):
-    """Every case of every op's sweep on `device`, one row per impl; failures collects what did not run."""
-    if device == "cuda":
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, 1024)
-    rows, noted = [], set()
+def sweep(ops, tokens_list, hidden_list, device):
+    """The (op, tokens, hidden) cases of the ops' sweeps on `device` (or of the given lists)."""
+    cases = []
     for op in ops:
         for hidden in hidden_list or SWEEPS[device][op][1]:
             for tokens in tokens_list or SWEEPS[device][op][0]:
                 if (device == "cuda" and op in POINTS and not (tokens_list or hidden_list)
                         and (tokens, hidden) not in POINTS[op]):
                     continue  # a sweep of points (decode): the others of the cross product are not in it
-                try:
-                    bytes_moved, make, impls, reference, *flops = OPS[op](tokens, hidden, dtype, device)
-                    sets = timing.buffer_sets(make, bytes_moved, device)
-                except Exception as e:  # noqa: BLE001 - report, go on with the next case
-                    failures.append(f"{op} {tokens} x {hidden}: {type(e).__name__}: {e}")
-                    print(f"{op:17s} {tokens:6d} x {hidden:6d}  skipped: {failures[-1]}", flush=True)
-                    continue
-                case_rows, results = [], {}
-                for impl, fn in _runnable(impls, device, noted).items():
-                    try:
-                        us, method = timing.time_op(fn, sets, device)
-                        err = _max_error(fn, reference, sets[0])
-                    except Exception as e:  # noqa: BLE001
-                        failures.append(f"{op} {tokens} x {hidden} {impl}: {type(e).__name__}: {e}")
-                        print(f"{op:17s} {tokens:6d} x {hidden:6d}  {impl} failed: {failures[-1]}", flush=True)
-                        if impl == "llmk":
-                            break
-                        continue
-                    results[impl] = us
-                    case_rows.append(dict(op=op, dtype=str(dtype).replace("torch.", ""), tokens=tokens, hidden=hidden,
-                                          impl=impl, time_us=round(us, 3), gbs=_sig(bytes_moved / us / 1e3),
-                                          pct_copy=round(100 * bytes_moved / us / 1e3 / info["copy_gbs"], 1),
-                                          max_rel_err=f"{err:.2e}", timing=method,
-                                          copy_gbs=round(info["copy_gbs"]), empty_us=round(info["empty_us"], 3)))
-                    if getattr(fn, "note", ""):  # what a peer does differently (decode: expanded K/V, ...)
-                        case_rows[-1]["note"] = fn.note
-                    if flops:
-                        gemm = info["gemm"]
-                        case_rows[-1].update(tflops=_sig(flops[0] / us / 1e6),
-                                             pct_gemm=round(100 * flops[0] / us / 1e6 / gemm, 1),
-                                             gemm_tflops=_sig(gemm))
-                if "llmk" in results:
-                    rows += case_rows
-                    line = "  ".join(f"{k} {v:8.2f}us" for k, v in results.items())
-                    print(f"{op:17s} {tokens:6d} x {hidden:6d}  {line}", flush=True)
-                del sets
-                if device == "cuda":
-                    torch.cuda.empty_cache()
+                cases.append((op, tokens, hidden))
+    return cases
+
+
+def run(cases, dtype, device, info, failures):
+    """Every (op, tokens, hidden) case on `device`, one row per impl; failures collects what did not run."""
+    if device == "cuda":
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 1024)
+    rows, noted = [], set()
+    for op, tokens, hidden in cases:
+        try:
+            bytes_moved, make, impls, reference, *flops = OPS[op](tokens, hidden, dtype, device)
+            sets = timing.buffer_sets(make, bytes_moved, device)
+        except Exception as e:  # noqa: BLE001 - report, go on with the next case
+            failures.append(f"{op} {tokens} x {hidden}: {type(e).__name__}: {e}")
+            print(f"{op:17s} {tokens:6d} x {hidden:6d}  skipped: {failures[-1]}", flush=True)
+            continue
+        case_rows, results = [], {}
+        for impl, fn in _runnable(impls, device, noted).items():
+            try:
+                us, method = timing.time_op(fn, sets, device)
+                err = _max_error(fn, reference, sets[0])
+            except Exception as e:  # noqa: BLE001
+                failures.append(f"{op} {tokens} x {hidden} {impl}: {type(e).__name__}: {e}")
+                print(f"{op:17s} {tokens:6d} x {hidden:6d}  {impl} failed: {failures[-1]}", flush=True)
+                if impl == "llmk":
+                    break
+                continue
+            results[impl] = us
+            case_rows.append(dict(op=op, dtype=str(dtype).replace("torch.", ""), tokens=tokens, hidden=hidden,
+                                  impl=impl, time_us=round(us, 3), gbs=_sig(bytes_moved / us / 1e3),
+                                  pct_copy=round(100 * bytes_moved / us / 1e3 / info["copy_gbs"], 1),
+                                  max_rel_err=f"{err:.2e}", timing=method,
+                                  copy_gbs=round(info["copy_gbs"]), empty_us=round(info["empty_us"], 3)))
+            if getattr(fn, "note", ""):  # what a peer does differently (decode: expanded K/V, ...)
+                case_rows[-1]["note"] = fn.note
+            if flops:
+                gemm = info["gemm"]
+                case_rows[-1].update(tflops=_sig(flops[0] / us / 1e6),
+                                     pct_gemm=round(100 * flops[0] / us / 1e6 / gemm, 1),
+                                     gemm_tflops=_sig(gemm))
+        if "llmk" in results:
+            rows += case_rows
+            line = "  ".join(f"{k} {v:8.2f}us" for k, v in results.items())
+            print(f"{op:17s} {tokens:6d} x {hidden:6d}  {line}", flush=True)
+        del sets
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -347,12 +364,14 @@ def main(argv=None):
     parser.add_argument("--csv", help="write every timing here")
     parser.add_argument("--table", help="write the markdown table here")
     parser.add_argument("--plot", help="write a PNG plot here")
+    parser.add_argument("--gaps", action="store_true",
+                        help="only issue 16's rows where llmk trailed torch.compile or Liger-Kernel (GAPS)")
     parser.add_argument("--from-csv", nargs="+", metavar="CSV",
                         help="no timing: rebuild the table and plot from CSVs of earlier runs")
     gemm_cases.add_arguments(parser)
     e2e_cases.add_arguments(parser)
     args = parser.parse_args(argv)
-    ops = [*OPS, GEMM, OVERHEAD] if args.all or not (args.op or args.e2e) else args.op or []
+    ops = [*OPS, GEMM, OVERHEAD] if args.all or not (args.op or args.e2e or args.gaps) else args.op or []
 
     if args.from_csv:
         return rebuild(args)
@@ -365,11 +384,14 @@ def main(argv=None):
         torch.set_num_threads(1)
         print(f"no CUDA GPU found: timing the CPU backend on small shapes, torch on one thread ({CPU_NOTE})",
               flush=True)
-    info = machine(device, ops)
+    info = machine(device, ops + [op for op, _, _ in GAPS] * args.gaps)
     print(_header(info, _commit(), datetime.date.today()), flush=True)
     failures = []
     sweep_ops = [op for op in ops if op not in (OVERHEAD, GEMM)]
-    rows = run(sweep_ops, args.tokens, args.hidden, torch.bfloat16, device, info, failures)
+    cases = sweep(sweep_ops, args.tokens, args.hidden, device)
+    if args.gaps:
+        cases += GAPS if device == "cuda" else sweep(list(dict.fromkeys(op for op, _, _ in GAPS)), None, None, device)
+    rows = run(cases, torch.bfloat16, device, info, failures)
     if GEMM in ops:
         rows += gemm_cases.run(args, torch.bfloat16, device, info, failures)
     if "cross_entropy" in ops:  # with it, the fused linear + cross-entropy (GPU only: a note on CPU)

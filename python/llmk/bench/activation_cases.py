@@ -1,7 +1,8 @@
 """Benchmark cases of the gated activations and bias_gelu and their peers, all bf16: eager
 PyTorch (``F.silu(gate) * up`` on the halves of x, as Hugging Face's LlamaMLP;
 ``F.gelu(x + b, approximate="tanh")`` as GPT-2's MLP) and torch.compile of it (per shape,
-dynamic=False); the backward peers are autograd through each. `hidden` is the MLP's
+dynamic=False); the backward peers are autograd through each. Liger-Kernel (``liger``, where
+it imports: liger_peers.py) for the gated forms and their backwards. `hidden` is the MLP's
 intermediate size d (x is [tokens, 2d] for the gated forms). Each case is
 case(tokens, d, dtype, device) -> (bytes moved, make, impls, reference)."""
 
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import llmk
+from . import liger_peers
 
 FFN = [4864, 14336]  # Qwen2-0.5B, Llama-3-8B intermediate sizes
 TOKENS = [1, 16, 2048, 8192]
@@ -54,10 +56,10 @@ def randn_maker(dtype, device, *shapes):
     return lambda: tuple(torch.randn(*shape, device=device, dtype=dtype) for shape in shapes)
 
 
-def gated_case(eager, ours, reference):
+def gated_case(eager, ours, reference, liger):
     def case(tokens, d, dtype, device):
         elt = torch.tensor([], dtype=dtype).element_size()
-        impls = {"llmk": ours, "eager": eager, "compile": _compiled(eager)}
+        impls = liger_peers.add({"llmk": ours, "eager": eager, "compile": _compiled(eager)}, "liger", liger())
         return 3 * tokens * d * elt, randn_maker(dtype, device, (tokens, 2 * d)), impls, reference
 
     return case
@@ -78,6 +80,8 @@ def silu_and_mul_backward_case(tokens, d, dtype, device):
         "eager": grad_peer(eager_silu_and_mul),
         "compile": grad_peer(_compiled(eager_silu_and_mul)),
     }
+    liger = liger_peers.silu_and_mul()
+    liger_peers.add(impls, "liger", liger and grad_peer(liger))
 
     def reference(x, dy):
         x64 = x.double().requires_grad_()
@@ -89,6 +93,7 @@ def silu_and_mul_backward_case(tokens, d, dtype, device):
 def swiglu_case(tokens, d, dtype, device):
     elt = torch.tensor([], dtype=dtype).element_size()
     impls = {"llmk": llmk.swiglu, "eager": eager_swiglu, "compile": _compiled(eager_swiglu)}
+    liger_peers.add(impls, "liger", liger_peers.swiglu())
     return 3 * tokens * d * elt, randn_maker(dtype, device, (tokens, d), (tokens, d)), impls, \
         lambda g, u: eager_swiglu(g.double(), u.double())
 
@@ -100,6 +105,8 @@ def swiglu_backward_case(tokens, d, dtype, device):
         "eager": grad_peer(eager_swiglu),
         "compile": grad_peer(_compiled(eager_swiglu)),
     }
+    liger = liger_peers.swiglu()
+    liger_peers.add(impls, "liger", liger and grad_peer(liger))
 
     def reference(g, u, dy):
         g64 = g.double().requires_grad_()
@@ -137,9 +144,10 @@ def bias_gelu_backward_case(tokens, d, dtype, device):
 
 
 OPS = {
-    "silu_and_mul": gated_case(eager_silu_and_mul, llmk.silu_and_mul, silu_and_mul_reference),
+    "silu_and_mul": gated_case(eager_silu_and_mul, llmk.silu_and_mul, silu_and_mul_reference,
+                               liger_peers.silu_and_mul),
     "gelu_and_mul": gated_case(eager_gelu_tanh_and_mul, lambda x: llmk.gelu_and_mul(x, "tanh"),
-                               gelu_tanh_and_mul_reference),
+                               gelu_tanh_and_mul_reference, liger_peers.gelu_tanh_and_mul),
     "silu_and_mul_backward": silu_and_mul_backward_case,
     "swiglu": swiglu_case,
     "swiglu_backward": swiglu_backward_case,

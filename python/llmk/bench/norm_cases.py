@@ -6,6 +6,9 @@ shape, dynamic=False); the backward peers are autograd through F.rms_norm and th
 compiled formula. LayerNorm peers: F.layer_norm (PyTorch's fused kernel) and torch.compile
 of it, forward and backward. Gated RMSNorm (rmsnorm_swiglu) peers: llmk's own two-kernel
 composition (rmsnorm, then swiglu), Qwen3-Next's eager RMSNormGated and torch.compile of it.
+Liger-Kernel (``liger``, where it imports: liger_peers.py) for rmsnorm, add_rmsnorm,
+layernorm, their backwards and layernorm_train (forward + backward through autograd, as a
+training step runs them).
 Each case is case(tokens, hidden, dtype, device) -> (bytes moved, make, impls, reference).
 """
 
@@ -13,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import llmk
+from . import liger_peers
 
 HIDDEN = [896, 2048, 4096, 5120, 8192, 16384]  # Qwen2-0.5B .. Llama-3-405B
 TOKENS = [1, 16, 128, 2048, 8192, 32768]
@@ -76,6 +80,7 @@ def rmsnorm_case(tokens, hidden, dtype, device):
         "F.rms_norm": lambda x, w: F.rms_norm(x, (hidden,), w, EPS),
         "compile": _compiled(hf_rmsnorm),
     }
+    liger_peers.add(impls, "liger", liger_peers.rms_norm(EPS))
 
     def reference(x, w):
         x64 = x.double()
@@ -102,6 +107,8 @@ def add_rmsnorm_case(tokens, hidden, dtype, device, in_place=False):
         "eager": hf_add_rmsnorm,
         "compile": _compiled(hf_add_rmsnorm),
     }
+    if not in_place:
+        liger_peers.add(impls, "liger", liger_peers.fused_add_rms_norm(EPS))
 
     def reference(x, r, w):
         s = (x + r).double()
@@ -123,6 +130,8 @@ def rmsnorm_backward_case(tokens, hidden, dtype, device):
         "F.rms_norm": autograd_peer(lambda x, w: F.rms_norm(x, (hidden,), w, EPS)),
         "compile": autograd_peer(_compiled(hf_rmsnorm)),
     }
+    liger = liger_peers.rms_norm(EPS)
+    liger_peers.add(impls, "liger", liger and autograd_peer(liger))
 
     def reference(x, w, dy):
         x64 = x.double().requires_grad_()
@@ -149,6 +158,7 @@ def layernorm_case(tokens, hidden, dtype, device):
         "F.layer_norm": torch_layernorm,
         "compile": _compiled(torch_layernorm),
     }
+    liger_peers.add(impls, "liger", liger_peers.layer_norm(EPS))
 
     def reference(x, w, b):
         return F.layer_norm(x.double(), (hidden,), w.double(), b.double(), EPS)
@@ -170,10 +180,50 @@ def layernorm_backward_case(tokens, hidden, dtype, device):
         "F.layer_norm": autograd_peer(torch_layernorm, with_bias=True),
         "compile": autograd_peer(_compiled(torch_layernorm), with_bias=True),
     }
+    liger = liger_peers.layer_norm(EPS)
+    liger_peers.add(impls, "liger", liger and autograd_peer(liger, with_bias=True))
 
     def reference(x, w, dy):
         x64 = x.double().requires_grad_()
         y = F.layer_norm(x64, (hidden,), w.double(), None, EPS)
+        return torch.autograd.grad(y, x64, dy.double())[0]
+
+    return bytes_moved, make, impls, reference
+
+
+def layernorm_train_case(tokens, hidden, dtype, device):
+    """Forward and backward through autograd (x, weight and bias need gradients), graph built
+    in the timed call, as a training step runs them."""
+    elt = torch.tensor([], dtype=dtype).element_size()
+    bytes_moved = 5 * tokens * hidden * elt + 5 * hidden * elt  # x, y; x, dy, dx; w, b, dw, db
+
+    def make():
+        return (torch.randn(tokens, hidden, device=device, dtype=dtype),
+                torch.randn(hidden, device=device, dtype=dtype),
+                torch.randn(hidden, device=device, dtype=dtype),
+                torch.randn(tokens, hidden, device=device, dtype=dtype))
+
+    def train(forward):
+        def run(x, w, b, dy):
+            leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+            return torch.autograd.grad(forward(*leaves), leaves, dy)
+
+        return run
+
+    def torch_layernorm(x, w, b):
+        return F.layer_norm(x, (hidden,), w, b, EPS)
+
+    impls = {
+        "llmk": train(lambda x, w, b: llmk.layernorm(x, w, b, EPS)),
+        "F.layer_norm": train(torch_layernorm),
+        "compile": train(_compiled(torch_layernorm)),
+    }
+    liger = liger_peers.layer_norm(EPS)
+    liger_peers.add(impls, "liger", liger and train(liger))
+
+    def reference(x, w, b, dy):
+        x64 = x.double().requires_grad_()
+        y = F.layer_norm(x64, (hidden,), w.double(), b.double(), EPS)
         return torch.autograd.grad(y, x64, dy.double())[0]
 
     return bytes_moved, make, impls, reference
@@ -261,6 +311,7 @@ OPS = {
     "rmsnorm_backward": rmsnorm_backward_case,
     "layernorm": layernorm_case,
     "layernorm_backward": layernorm_backward_case,
+    "layernorm_train": layernorm_train_case,
     "rmsnorm_swiglu": rmsnorm_swiglu_case,
     "rmsnorm_swiglu_backward": rmsnorm_swiglu_backward_case,
 }

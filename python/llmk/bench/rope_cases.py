@@ -6,13 +6,17 @@ torch.compile (per shape, dynamic=False). `hidden` names the attention config: 4
 Llama-3-8B (32 q heads, 8 kv heads of 128), 896 Qwen2-0.5B (14 / 2 of 64). Bytes count the
 rotated q and k read and written once; the cos/sin rows (rot_dim floats per token) and the
 positions add ~3% and are not counted. The backward (llmk.rope_backward_) applies the inverse
-rotation in place to the gradients. Each case is case(tokens, hidden, dtype, device) ->
-(bytes moved, make, impls, reference)."""
+rotation in place to the gradients. rope_train is the functional, differentiable form as a
+training step runs it: llmk.rope (new q and k) and its backward through autograd on separate
+[tokens, heads, dim] q and k, against the peers' autograd. Liger-Kernel (``liger``, where it
+imports: liger_peers.py) takes q and k as [1, heads, tokens, dim] views with Hugging Face's
+per-token cos/sin (gathered once per position set, as a model does once per forward). Each
+case is case(tokens, hidden, dtype, device) -> (bytes moved, make, impls, reference)."""
 
 import torch
 
 import llmk
-from .activation_cases import grad_peer
+from . import liger_peers
 
 CONFIGS = {4096: (32, 8, 128), 896: (14, 2, 64)}
 TOKENS = [1, 16, 2048, 8192]
@@ -69,6 +73,24 @@ def _two_output_grad(forward):
     return run
 
 
+def _liger_rope(cache):
+    """Liger's RoPE on [tokens, heads, dim] q and k (head slices or whole tensors), or None."""
+    rope = liger_peers.rope()
+    if rope is None:
+        return None
+    cos_sin = {}
+
+    def run(q, k, positions):
+        key = positions.data_ptr()
+        if key not in cos_sin:
+            cos, sin = cache.index_select(0, positions).chunk(2, dim=-1)
+            cos_sin[key] = tuple(torch.cat((t, t), dim=-1)[None].to(q.dtype) for t in (cos, sin))
+        q_out, k_out = rope(q[None].transpose(1, 2), k[None].transpose(1, 2), *cos_sin[key])
+        return q_out[0].transpose(0, 1), k_out[0].transpose(0, 1)
+
+    return run
+
+
 def rope_case(source, backward=False):
     """rope (cache), rope_theta (angles from theta) or rope_backward (cache, inverse rotation)."""
     def case(tokens, hidden, dtype, device):
@@ -107,6 +129,9 @@ def rope_case(source, backward=False):
             impls = {"llmk": ours,
                      "eager": lambda qkv, positions: peer(*_split(qkv, heads_q, heads_kv, dim), positions),
                      "compile": lambda qkv, positions: compiled(*_split(qkv, heads_q, heads_kv, dim), positions)}
+            liger = _liger_rope(cache) if cache is not None else None
+            if liger is not None:
+                impls["liger"] = lambda qkv, positions: liger(*_split(qkv, heads_q, heads_kv, dim), positions)
 
         def reference(qkv, positions):
             q, _ = _split(qkv, heads_q, heads_kv, dim)
@@ -117,10 +142,44 @@ def rope_case(source, backward=False):
     return case
 
 
+def rope_train_case(tokens, hidden, dtype, device):
+    """The functional rope's forward and backward through autograd (cos/sin cache)."""
+    heads_q, heads_kv, dim = CONFIGS[hidden]
+    elt = torch.tensor([], dtype=dtype).element_size()
+    cache = llmk.rope_cos_sin_cache(MAX_POSITION, dim, THETA, device=device)
+    inv_freq = 1.0 / THETA ** (torch.arange(0, dim, 2, device=device, dtype=torch.float64) / dim)
+
+    def make():
+        q, k, dq, dk = (torch.randn(tokens, h, dim, device=device, dtype=dtype)
+                        for h in (heads_q, heads_kv, heads_q, heads_kv))
+        return q, k, torch.randint(0, MAX_POSITION, (tokens,), device=device), dq, dk
+
+    def train(forward):
+        def run(q, k, positions, dq, dk):
+            leaves = [q.detach().requires_grad_(), k.detach().requires_grad_()]
+            return torch.autograd.grad(forward(*leaves, positions), leaves, (dq, dk))
+
+        return run
+
+    def peer(q, k, positions):
+        return torch_rope_cache(q, k, positions, cache)
+
+    impls = {"llmk": train(lambda q, k, positions: llmk.rope(q, k, positions, cache)),
+             "eager": train(peer), "compile": train(torch.compile(peer, dynamic=False))}
+    liger = _liger_rope(cache)
+    liger_peers.add(impls, "liger", liger and train(liger))
+
+    def reference(q, k, positions, dq, dk):
+        return _reference(dq, positions, -inv_freq)
+
+    return 4 * tokens * (heads_q + heads_kv) * dim * elt, make, impls, reference
+
+
 OPS = {
     "rope": rope_case("cache"),
     "rope_theta": rope_case("theta"),
     "rope_backward": rope_case("cache", backward=True),
+    "rope_train": rope_train_case,
 }
 SWEEPS = {op: (TOKENS, list(CONFIGS)) for op in OPS}
 CPU_SWEEPS = {op: ([1, 64], list(CONFIGS)) for op in OPS}  # without a GPU: the CPU backend at small shapes

@@ -1,12 +1,14 @@
 """Benchmark cases of the softmax family and their peers, all bf16: torch.softmax /
 torch.log_softmax (PyTorch's fused kernels) and torch.compile of them (per shape,
-dynamic=False); the backward peers are autograd through each. `hidden` is the row
+dynamic=False); the backward peers are autograd through each; Liger-Kernel's softmax
+(``liger``, where it imports: liger_peers.py) forward and backward. `hidden` is the row
 length n: attention-score rows (4096) and vocabulary rows (Llama-2 32000, Llama-3 128256).
 Each case is case(tokens, n, dtype, device) -> (bytes moved, make, impls, reference)."""
 
 import torch
 
 import llmk
+from . import liger_peers
 from .activation_cases import grad_peer
 
 COLUMNS = [4096, 32000, 128256]
@@ -32,6 +34,8 @@ def forward_case(log):
         elt = torch.tensor([], dtype=dtype).element_size()
         impls = {"llmk": llmk.log_softmax if log else llmk.softmax, "torch": peer,
                  "compile": torch.compile(peer, dynamic=False)}
+        if not log:
+            liger_peers.add(impls, "liger", liger_peers.softmax())
         return 2 * tokens * n * elt, lambda: (_randn(tokens, n, dtype, device),), impls, lambda x: peer(x.double())
 
     return case
@@ -48,6 +52,10 @@ def softmax_backward_case(tokens, n, dtype, device):
         "torch": lambda x, y, dy: eager_peer(x, dy),
         "compile": lambda x, y, dy: compile_peer(x, dy),
     }
+    liger = liger_peers.softmax()
+    if liger is not None:
+        liger_peer = grad_peer(liger)
+        impls["liger"] = lambda x, y, dy: liger_peer(x, dy)
 
     def make():
         x = _randn(tokens, n, dtype, device)
