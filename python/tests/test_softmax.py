@@ -1,6 +1,7 @@
 """torch.ops.llmk.softmax (softmax and log_softmax) and softmax_backward: values against the
-float64 definition on CPU and CUDA (short, long and two-pass rows, scales, magnitude 1e4,
-masked entries and rows, strided rows), autograd against float64 autograd, opcheck,
+float64 definition on CPU and CUDA (short, long and two-pass rows, vocabulary-sized rows at
+small batch (split over a thread-block cluster on sm_90), scales, magnitude 1e4, masked
+entries and rows, strided rows), autograd against float64 autograd, opcheck,
 torch.compile(fullgraph=True), bad inputs."""
 
 import pytest
@@ -59,6 +60,33 @@ def test_scale_magnitude_masking_strides(device, dtype, log):
     assert not torch.isnan(y).any()
     check(y, softmax_ref(masked, 0.5, log), dtype, log)
     check(ours(x, -2.0, log), softmax_ref(x, -2.0, log), dtype, log)  # a negative scale
+
+
+# Vocabulary-sized rows at 1-16 rows: on sm_90 (132 SMs) each row is split over a cluster of
+# 8 blocks (src/softmax/softmax.cu: rows < 2 x SMs and slices of >= 1024 16-byte vectors);
+# 128264 columns leave the last block a shorter slice.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("shape", [(1, 128256), (16, 128256), (1, 151936), (16, 151936), (3, 128264)])
+def test_vocabulary_rows(device, dtype, log, shape):
+    x = torch.randn(shape, device=device, dtype=dtype) * 3
+    x[:, 3::5] = float("-inf")
+    check(ours(x, 0.37, log), softmax_ref(x, 0.37, log), dtype, log)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("log", [False, True])
+def test_vocabulary_rows_strided_masked(device, dtype, log):
+    wide = torch.randn(16, 151936 + 72, device=device, dtype=dtype) * 3
+    x = wide[:, :151936]  # strided rows (16-byte aligned)
+    check(ours(x, -1.5, log), softmax_ref(x, -1.5, log), dtype, log)  # a negative scale
+    x[:, 1::7] = float("-inf")
+    x[2] = float("-inf")  # a fully masked row: zeros (log: -inf), never NaN
+    y = ours(x, 1.0, log)
+    assert not torch.isnan(y).any()
+    check(y, softmax_ref(x, 1.0, log), dtype, log)
 
 
 @pytest.mark.parametrize("device", DEVICES)

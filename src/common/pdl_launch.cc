@@ -29,18 +29,32 @@ bool pdl_enabled() {
 }
 
 void launch_pdl(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void** args) {
+  launch_pdl_cluster(kernel, grid, block, smem, stream, args, 1);
+}
+
+void launch_pdl_cluster(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                        void** args, unsigned cluster) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute early;
-  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  early.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attrs[2];
+  unsigned count = 0;
   if (pdl_enabled()) {
-    config.attrs = &early;
-    config.numAttrs = 1;
+    attrs[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
   }
+  if (cluster > 1) {
+    attrs[count].id = cudaLaunchAttributeClusterDimension;
+    attrs[count].val.clusterDim.x = cluster;
+    attrs[count].val.clusterDim.y = 1;
+    attrs[count].val.clusterDim.z = 1;
+    ++count;
+  }
+  config.attrs = count > 0 ? attrs : nullptr;
+  config.numAttrs = count;
   LLMK_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, args));
 }
 

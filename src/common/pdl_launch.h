@@ -24,6 +24,12 @@ bool pdl_enabled();
 // attribute where enabled.
 void launch_pdl(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void** args);
 
+// As launch_pdl, the grid in clusters of `cluster` blocks along x (the cluster-dimension
+// launch attribute beside the PDL one; sm_90 and newer, grid.x a multiple of `cluster`).
+// cluster = 1: no cluster attribute (launch_pdl).
+void launch_pdl_cluster(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                        void** args, unsigned cluster);
+
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where enabled.
 template <class... Params, class... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,

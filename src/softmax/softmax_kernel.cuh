@@ -20,6 +20,8 @@
 //     folds each chunk into the running (max, sum), the second re-reads the row and
 //     writes y. (Measured and reverted: bounding the rows in flight to half the L2 so
 //     that the re-read hits it, and unrolling the loops x4: slower or no faster.)
+//   - On sm_90, long rows at small batch split each row over a thread-block cluster
+//     instead (softmax_cluster_kernel.cuh, its dispatch rule in softmax.cu).
 // Masked (-inf) entries contribute 0; a fully masked row gives zeros (log: -inf).
 //
 // Roofline (bf16, rows x n): read n, write n: 4 bytes per element (vector path), 6 with
@@ -82,14 +84,27 @@ __device__ __forceinline__ float rescaled(float sum, float a, float m, const Row
   return sum == 0.0f ? 0.0f : sum * sc.exp_term(sc.extreme(a), sc.extreme(m));
 }
 
-// Merges every thread's pair; all threads get the row's pair. The row max first (a cheap
-// max reduction), then each thread rescales its own sum to it once and the block sums:
-// one exp per thread instead of one per merge step. Every thread of the block calls it.
+// Merges the pairs of a group of threads (max_of / sum_of: its max and sum reductions);
+// every thread gets the merged pair. The max first (a cheap max reduction), then each
+// thread rescales its own sum to it once and the group sums: one exp per thread instead of
+// one per merge step.
+template <class T, class MaxOf, class SumOf>
+__device__ __forceinline__ MaxSum merged_max_sum(MaxSum v, const RowScale<T>& sc, MaxOf max_of, SumOf sum_of) {
+  const float m = max_of(v.max);
+  if (m == -INFINITY) return {m, 0.0f};  // every pair is empty (uniform across the group)
+  return {m, sum_of(rescaled(v.sum, v.max, m, sc))};
+}
+
+// The block's pair from every thread's; every thread of the block calls it.
 template <class T>
 __device__ __forceinline__ MaxSum block_max_sum(MaxSum v, const RowScale<T>& sc) {
-  const float m = block_max(v.max);
-  if (m == -INFINITY) return {m, 0.0f};  // the whole row is masked (uniform across the block)
-  return {m, block_sum(rescaled(v.sum, v.max, m, sc))};
+  return merged_max_sum(v, sc, [](float x) { return block_max(x); }, [](float x) { return block_sum(x); });
+}
+
+// The warp's pair from its 32 lanes' (a lane without one passes {-inf, 0}).
+template <class T>
+__device__ __forceinline__ MaxSum warp_max_sum(MaxSum v, const RowScale<T>& sc) {
+  return merged_max_sum(v, sc, [](float x) { return warp_max(x); }, [](float x) { return warp_sum(x); });
 }
 
 // As block_max_sum, and `extra` (each thread's partial of another row sum) becomes the
@@ -162,6 +177,23 @@ __device__ __forceinline__ MaxSum fold(MaxSum acc, const Vec<T, N>& v, const Row
   return {m, sum};
 }
 
+// Writes the outputs of this thread's VPT vectors of a register-resident row of n columns
+// (load_row's), y_of the row's output function.
+template <class T, int N, int VPT, bool kLog>
+__device__ __forceinline__ void store_row(T* out, int n, Vec<T, N> (&s)[VPT], const SoftmaxOut<T, kLog>& y_of) {
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int col = row_vec_col<N>(i);
+    if (col < n) {
+      opaque(s[i]);
+      Vec<T, N> y;
+#pragma unroll
+      for (int j = 0; j < N; ++j) y.v[j] = from_float<T>(y_of(to_float(s[i].v[j])));
+      store_vec(out + col, y);
+    }
+  }
+}
+
 template <class T, int N, int VPT, bool kLog>
 __global__ void __launch_bounds__(512) softmax_vec_kernel(SoftmaxParams p) {
   ptx::pdl_start();
@@ -171,19 +203,7 @@ __global__ void __launch_bounds__(512) softmax_vec_kernel(SoftmaxParams p) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     Vec<T, N> s[VPT];
     const MaxSum own = load_row(x, n, s, sc);
-    const SoftmaxOut<T, kLog> y_of(block_max_sum(own, sc), sc);
-    T* out = static_cast<T*>(p.out) + row * p.out_stride;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int col = row_vec_col<N>(i);
-      if (col < n) {
-        opaque(s[i]);
-        Vec<T, N> y;
-#pragma unroll
-        for (int j = 0; j < N; ++j) y.v[j] = from_float<T>(y_of(to_float(s[i].v[j])));
-        store_vec(out + col, y);
-      }
-    }
+    store_row(static_cast<T*>(p.out) + row * p.out_stride, n, s, SoftmaxOut<T, kLog>(block_max_sum(own, sc), sc));
   }
 }
 

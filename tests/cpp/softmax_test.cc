@@ -1,8 +1,9 @@
 // softmax, log_softmax and their backwards: the CPU reference against hand-computed values,
 // masking rules and finite differences; the CUDA kernels against the CPU reference (every
-// kernel path: register-resident rows, long rows of the two-pass path, unaligned rows;
-// scales, inputs of magnitude 1e4, masked rows, strided rows, in place); fp32 accuracy at
-// logits of magnitude 1e3; single columns (exactly 1 and 0); bad inputs.
+// kernel path: register-resident rows, long rows of the two-pass path, unaligned rows,
+// vocabulary-sized rows split over a thread-block cluster on sm_90; scales, inputs of
+// magnitude 1e4, masked rows, strided rows, in place); fp32 accuracy at logits of magnitude
+// 1e3; single columns (exactly 1 and 0); bad inputs.
 #include "test_util.h"
 
 namespace llmk::test {
@@ -161,11 +162,16 @@ TEST(SoftmaxGpu, MatchesCpuReference) {
   LLMK_REQUIRE_GPU();
   for (bool log : {false, true})
     for (DType dt : all_dtypes()) {
-      for (int64_t n : {1, 7, 8, 33, 1000, 4096, 32000})
+      for (int64_t n : {1, 7, 8, 33, 1000, 4096, 32000})  // 32000: a cluster of 3 on sm_90
         for (int64_t rows : {1, 3, 37}) run_gpu_case(log, {dt, rows, n, n});
-      run_gpu_case(log, {dt, 3, 65536, 65536});    // the longest register-resident bf16 row
-      run_gpu_case(log, {dt, 2, 65544, 65544});    // two-pass path, vector loads
-      run_gpu_case(log, {dt, 2, 262144, 262144});  // a long row (vocabulary-sized x 2)
+      run_gpu_case(log, {dt, 3, 65536, 65536});    // the longest register-resident bf16 row (sm_90: cluster)
+      // The longest register-resident row (512 threads x 16 vectors) at a row count that the
+      // cluster rule leaves to one block per row (rows > SMs / 2 with fewer than 160 SMs).
+      const int64_t longest = 512 * 16 * (16 / static_cast<int64_t>(dtype_size(dt)));
+      run_gpu_case(log, {dt, 80, longest, longest});
+      run_gpu_case(log, {dt, 2, 65544, 65544});    // two-pass path, vector loads (sm_90: cluster)
+      run_gpu_case(log, {dt, 2, 262144, 262144});  // a long row (vocabulary-sized x 2; sm_90: cluster)
+      run_gpu_case(log, {dt, 2, 524296, 524296});  // two-pass everywhere: past 8 blocks x 8192 vectors
     }
 }
 
@@ -177,9 +183,30 @@ TEST(SoftmaxGpu, ScalesMagnitudesMaskingStridesInPlace) {
       run_gpu_case(log, {dt, 19, 1024, 1024 + 3, -2.0});                 // unaligned rows, negative scale
       run_gpu_case(log, {dt, 7, 2048, 2048, 1.0, 1e4f});                 // magnitude 1e4
       run_gpu_case(log, {dt, 9, 512, 512, 1.0, 3.0f, false, 4});         // fully masked rows
-      run_gpu_case(log, {dt, 3, 70000, 70000, 1.0, 3.0f, false, 1});     // masked row, two-pass path
+      run_gpu_case(log, {dt, 3, 70000, 70000, 1.0, 3.0f, false, 1});     // masked row, two-pass (sm_90: cluster)
+      run_gpu_case(log, {dt, 2, 524296, 524296, 1.0, 3.0f, false, 1});   // masked row, two-pass path
       run_gpu_case(log, {dt, 23, 2048, 2048, 0.5, 3.0f, true});          // in place
       run_gpu_case(log, {dt, 2, 100003, 100003, 1.0, 3.0f, true});       // in place, two-pass scalar
+    }
+}
+
+// Vocabulary-sized rows at small batch. On sm_90 (H100: 132 SMs) softmax.cu's rule splits
+// each row over a cluster of C blocks: C = min(8, max(ceil(V / 8192), SMs / rows), V / 1024)
+// for V 16-byte vectors per row, when rows < 2 x SMs and C >= 2. Every case below takes it
+// there (C = 8, except 80 x 70000: C = 2 for 16-bit types, 3 for fp32); elsewhere the
+// one-block kernels run the same cases. run_gpu_case masks every fifth column.
+TEST(SoftmaxGpu, VocabularyRowsOverClusters) {
+  LLMK_REQUIRE_GPU();
+  for (bool log : {false, true})
+    for (DType dt : all_dtypes()) {
+      for (int64_t n : {128256, 151936})
+        for (int64_t rows : {1, 16}) run_gpu_case(log, {dt, rows, n, n});
+      run_gpu_case(log, {dt, 3, 128264, 128264, 0.37});  // odd vector count: a shorter last slice
+      // strided rows (NaN between them), negative scale, two fully masked rows
+      run_gpu_case(log, {dt, 16, 151936, 151936 + 72, -1.5, 3.0f, false, 2});
+      run_gpu_case(log, {dt, 1, 128256, 128256, 1.0, 1e4f});             // magnitude 1e4
+      run_gpu_case(log, {dt, 4, 128256, 128256, 0.5, 3.0f, true});       // in place
+      run_gpu_case(log, {dt, 80, 70000, 70000});  // rows past SMs / 2: as few blocks as hold the row
     }
 }
 
@@ -225,11 +252,12 @@ void check_large_logits(bool log, int64_t rows, int64_t n, double scale, float m
 TEST(SoftmaxGpu, LargeLogitsKeepFp32Accuracy) {
   LLMK_REQUIRE_GPU();
   for (bool log : {false, true})
-    for (int64_t n : {1000, 70000, 1003}) {  // register-resident, two-pass, unaligned rows
-      check_large_logits(log, 8, n, 1.0, 0.0f, 1000.0f);
-      check_large_logits(log, 8, n, 100.0, 0.0f, 10.0f);
-      check_large_logits(log, 8, n, 100.0, 10.0f, 0.03f);  // many entries near the max
-      check_large_logits(log, 8, n, -100.0, 10.0f, 0.03f);
+    // register-resident, two-pass (sm_90: cluster), unaligned rows, cluster on sm_90, two-pass
+    for (auto [rows, n] : {std::pair<int64_t, int64_t>{8, 1000}, {8, 70000}, {8, 1003}, {1, 151936}, {2, 524296}}) {
+      check_large_logits(log, rows, n, 1.0, 0.0f, 1000.0f);
+      check_large_logits(log, rows, n, 100.0, 0.0f, 10.0f);
+      check_large_logits(log, rows, n, 100.0, 10.0f, 0.03f);  // many entries near the max
+      check_large_logits(log, rows, n, -100.0, 10.0f, 0.03f);
     }
 }
 

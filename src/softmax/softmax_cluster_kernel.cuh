@@ -1,0 +1,87 @@
+// Softmax / log-softmax forward of long rows at small batch, each row [n] split over a
+// thread-block cluster of C <= 8 blocks (sm_90): grid (C, rows), cluster (C, 1, 1).
+//
+// Algorithm. Block r of a row's cluster holds columns [r * slice, (r + 1) * slice) in
+// registers (VPT 16-byte vectors per thread, load_row as in softmax_vec_kernel) and reduces
+// them to its (max key, sum) pair with block_max_sum, exactly as the one-block kernels do.
+// Thread 0 publishes the pair in the block's shared memory; a cluster barrier (arrive.release
+// / wait.acquire) makes every block's pair visible to the cluster. Lane k < C of every warp
+// then reads block k's pair through distributed shared memory (mapa + ld.shared::cluster,
+// by __cluster_map_shared_rank) and the warp merges the C pairs (warp_max_sum: the max, one
+// rescale per pair, a sum; the same merge as the block's), so each warp holds the row's pair
+// without another block barrier. The block then writes y of its slice from the registers:
+// the row is read from memory once and written once, by C SMs instead of one. A second
+// cluster barrier, arrived at once the peers' pairs are read and waited on before exit,
+// keeps every block (and its shared memory) alive until no peer reads it any more; its
+// arrival is off the critical path (the stores run between arrive and wait).
+// Masked (-inf) entries and fully masked rows follow the other kernels (an all-masked slice
+// publishes {-inf, 0}; an all-masked row gives zeros, log: -inf). In place (out == x) is
+// safe: each block writes only the columns it read itself.
+//
+// Roofline. 1 x 128256 bf16: 256.5 KB read + 256.5 KB written = 513 KB, 0.17 us at 3 TB/s:
+// the floor is launch and latency, not bandwidth. Per SM (C = 8): 16k elements, 32 KB in and
+// out (~0.3 us each at one SM's ~100 GB/s), 32k ex2 at 16 per clock (~1.1 us at 1.75 GHz),
+// one DRAM round trip (~1 us), block reduction + cluster barrier + DSMEM read (~0.5 us):
+// expected ~5 us of kernel time in a CUDA graph (the one-block two-pass kernel: 19-23 us;
+// torch.compile 8.4 us). 16 x 151936 bf16: 9.7 MB, 3.2 us at 3 TB/s over 128 of 132 SMs;
+// expected ~7 us (two-pass: ~25 us; compile ~14 us at 16 x 128256).
+// Cluster size 16 (non-portable) would halve the per-SM work at 1-8 rows again (~1 us less
+// at 1 x 128256) but needs 16 co-resident SMs of one GPC: not tried before C = 8 is measured.
+#pragma once
+
+#include <cuda/ptx>
+
+#include "softmax/softmax_kernel.cuh"
+
+namespace llmk::detail {
+
+// Blocks per cluster at most: the portable limit.
+inline constexpr int kSoftmaxMaxCluster = 8;
+
+// The vectors per thread compiled for the cluster kernel: slices of 128 x 4 to 512 x 16
+// 16-byte vectors (softmax.cu keeps slices of at least 1024 vectors).
+inline constexpr bool softmax_cluster_vpt(int vpt) { return vpt == 4 || vpt == 8 || vpt == 16; }
+
+// p: the whole rows; slice: columns per block (a multiple of N; the last block's slice may
+// be shorter). Launched with gridDim = (C, rows) and cluster dims (C, 1, 1).
+template <class T, int N, int VPT, bool kLog>
+__global__ void __launch_bounds__(512) softmax_cluster_kernel(SoftmaxParams p, int slice) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  ptx::pdl_start();
+  __shared__ MaxSum published;  // this block's pair, read by every block of the cluster
+  const RowScale<T> sc(p);
+  const int first = static_cast<int>(blockIdx.x) * slice;  // blockIdx.x is the cluster rank
+  const int n = min(slice, static_cast<int>(p.n) - first);
+  const int64_t row = blockIdx.y;
+  Vec<T, N> s[VPT];
+  const MaxSum own = block_max_sum(load_row(static_cast<const T*>(p.x) + row * p.x_stride + first, n, s, sc), sc);
+  if (threadIdx.x == 0) published = own;
+  cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_release);
+  cuda::ptx::barrier_cluster_wait(cuda::ptx::sem_acquire);
+  const unsigned lane = threadIdx.x % 32;
+  MaxSum peer{-INFINITY, 0.0f};
+  if (lane < gridDim.x) peer = *static_cast<const MaxSum*>(__cluster_map_shared_rank(&published, lane));
+  const SoftmaxOut<T, kLog> y_of(warp_max_sum(peer, sc), sc);
+  cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_release);  // done reading the peers' shared memory
+  store_row(static_cast<T*>(p.out) + row * p.out_stride + first, n, s, y_of);
+  cuda::ptx::barrier_cluster_wait(cuda::ptx::sem_acquire);
+#else
+  (void)p;
+  (void)slice;
+#endif
+}
+
+// The one instantiation list of the cluster kernel: every dtype, softmax and log_softmax,
+// VPT in softmax_cluster_vpt; nullptr for any other VPT.
+template <class T, int VPT>
+const void* softmax_cluster_kernel_ptr(bool log) {
+  if constexpr (softmax_cluster_vpt(VPT)) {
+    return log ? reinterpret_cast<const void*>(softmax_cluster_kernel<T, kVec16<T>, VPT, true>)
+               : reinterpret_cast<const void*>(softmax_cluster_kernel<T, kVec16<T>, VPT, false>);
+  } else {
+    (void)log;
+    return nullptr;
+  }
+}
+
+}  // namespace llmk::detail
