@@ -60,9 +60,15 @@ void bias_gelu(const TensorView& out, const TensorView& x, const TensorView& bia
                GeluApproximation approximate = GeluApproximation::none,
                cudaStream_t stream = nullptr);
 
-// Backward: dx = dy * gelu'(x + bias) and dbias = sum over rows of dx (fp32 sums, added in
-// a fixed order through `workspace`, a CUDA f32 buffer of bias_gelu_backward_workspace_size
-// elements; ignored on the CPU). dx may be x or dy itself.
+// Backward: dx = dy * gelu'(x + bias) and dbias = sum over rows of dx, in fp32, added in an
+// order fixed by the shape, dtype, alignment and device: repeated calls give the same bits.
+// One kernel launch; `workspace` is a CUDA f32 buffer (16-byte aligned) of at least
+// bias_gelu_backward_workspace_size(rows, d, device) elements, required on the GPU and
+// ignored on the CPU. Its contents on entry do not matter: where the rows are split over
+// several blocks per column (hundreds of rows or more, unless d alone fills the GPU), the
+// call keeps partial sums and arrival counters there, zeroing the counters first with a
+// cudaMemsetAsync on `stream` (captured with the kernel in a CUDA graph), so a workspace
+// serves one call at a time; elsewhere the size is 0. dx may be x or dy itself.
 void bias_gelu_backward(const TensorView& dx, const TensorView& dbias, const TensorView& dy,
                         const TensorView& x, const TensorView& bias,
                         GeluApproximation approximate = GeluApproximation::none,

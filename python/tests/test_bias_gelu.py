@@ -1,13 +1,14 @@
 """torch.ops.llmk.bias_gelu and bias_gelu_backward: values against the float64 definition on
 CPU and CUDA (both GELU forms, odd, strided and many rows), autograd (dx and the
-deterministic dbias) against float64 autograd, opcheck, torch.compile(fullgraph=True), bad
-inputs."""
+deterministic dbias) against float64 autograd, the backward's geometry boundaries (rows
+per block, split rows, ragged column blocks, the N = 1 kernels) with bitwise-repeatable
+dbias, CUDA-graph replay, opcheck, torch.compile(fullgraph=True), bad inputs."""
 
 import pytest
 import torch
 
 import llmk
-from conftest import DEVICES, DTYPES, RTOL, assert_close, gelu_ref
+from conftest import DEVICES, DTYPES, RTOL, assert_close, gelu_ref, poison_allocator, requires_cuda
 
 
 def ref(x, b, approximate):
@@ -30,6 +31,17 @@ def test_matches_definition(device, dtype, approximate, shape):
     assert_close(out, want, RTOL[dtype], atol=atol)
 
 
+def check_backward(dy, x, b, approximate, dx, db, what=""):
+    """dx and dbias of llmk.bias_gelu_backward against float64 autograd."""
+    x64, b64 = x.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    ref(x64, b64, approximate).backward(dy.double())
+    scale = dy.double().abs().max().item()
+    rtol = RTOL[x.dtype]
+    assert_close(dx, x64.grad, rtol, f"dx{what}", atol=1e-2 * rtol * scale)
+    # dbias sums `rows` fp32 terms of size <= 1.13 |dy|, each rounded differently.
+    assert_close(db, b64.grad, rtol, f"dbias{what}", atol=2e-6 * x.shape[0] * 1.13 * scale)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
@@ -39,14 +51,57 @@ def test_autograd_matches_float64(device, dtype, approximate):
     b = torch.randn(1000, device=device, dtype=dtype, requires_grad=True)
     dy = torch.randn(700, 1000, device=device, dtype=dtype)
     llmk.bias_gelu(x, b, approximate).backward(dy)
-    x64, b64 = x.detach().double().requires_grad_(), b.detach().double().requires_grad_()
-    ref(x64, b64, approximate).backward(dy.double())
-    scale = dy.double().abs().max().item()
-    assert_close(x.grad, x64.grad, RTOL[dtype], "dx", atol=1e-2 * RTOL[dtype] * scale)
-    assert_close(b.grad, b64.grad, RTOL[dtype], "dbias", atol=2e-6 * 700 * 1.13 * scale)
+    check_backward(dy, x, b, approximate, x.grad, b.grad)
     if device == "cuda":  # the bias gradient is summed in a fixed order
         again = llmk.bias_gelu_backward(dy, x.detach(), b.detach(), approximate)[1]
         assert torch.equal(again, llmk.bias_gelu_backward(dy, x.detach(), b.detach(), approximate)[1])
+
+
+# ty ~ rows up to 16 rows; unsplit up to 128 rows (127 in the N = 1 kernels), split from
+# 129 (128): arrival counters, partial rows.
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1000, 5000])
+@pytest.mark.parametrize("layout", ["vector", "strided", "scalar"])
+def test_backward_geometry_boundaries(dtype, rows, layout):
+    vec = 16 // torch.tensor([], dtype=dtype).element_size()
+    # d an odd multiple of the vector (a ragged last column block); strided rows; d odd (N = 1).
+    d = 129 if layout == "scalar" else vec * 129
+    approximate = "tanh" if rows % 2 else "none"
+    width = d + (2 * vec if layout == "strided" else 0)
+    x = (torch.randn(rows, width, device="cuda", dtype=dtype) * 2)[:, :d]
+    dy = torch.randn(rows, width, device="cuda", dtype=dtype)[:, :d]
+    b = torch.randn(d, device="cuda", dtype=dtype)
+    poison_allocator(dy, 4)  # outputs and workspace (arrival counters) start as NaN bits
+    dx, db = llmk.bias_gelu_backward(dy, x, b, approximate)
+    check_backward(dy, x, b, approximate, dx, db)
+    for _ in range(2):  # the same dbias bits on every call
+        poison_allocator(dy, 4)
+        assert torch.equal(llmk.bias_gelu_backward(dy, x, b, approximate)[1], db)
+
+
+@requires_cuda
+@pytest.mark.parametrize("d", [8 * 129, 129])
+def test_backward_cuda_graph_replay(d):
+    """Split rows in a captured graph: the counter memset is part of the graph, so replays
+    start from zeroed counters; they give the eager dbias bits, and new values of dy."""
+    rows, dtype = 5000, torch.bfloat16
+    x = torch.randn(rows, d, device="cuda", dtype=dtype) * 2
+    b = torch.randn(d, device="cuda", dtype=dtype)
+    dy = torch.randn(rows, d, device="cuda", dtype=dtype)
+    want = llmk.bias_gelu_backward(dy, x, b, "tanh")[1]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dx, db = llmk.bias_gelu_backward(dy, x, b, "tanh")
+    for _ in range(3):
+        db.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(db, want)
+    dy.copy_(torch.randn_like(dy))
+    graph.replay()
+    torch.cuda.synchronize()
+    check_backward(dy, x, b, "tanh", dx, db, " after a replay with new dy")
 
 
 @pytest.mark.parametrize("device", DEVICES)

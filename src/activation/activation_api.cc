@@ -1,5 +1,6 @@
 // Public entry points of the gated activations: validate every argument (a rejected call
 // writes nothing), then run the CUDA launcher or the CPU reference.
+#include <algorithm>
 #include <utility>
 
 #include "activation/bias_gelu_params.h"
@@ -220,8 +221,15 @@ void bias_gelu(const TensorView& out, const TensorView& x, const TensorView& bia
 }
 
 int64_t bias_gelu_backward_workspace_size(int64_t rows, int64_t d, int device_index) {
-  // The most any block shape uses.
-  return detail::bias_gelu_partial_rows(rows, 1, detail::sm_count_of(device_index)) * d;
+  if (rows <= 0 || d <= 0) return 0;
+  // The most any dtype and alignment uses: 16-byte vectors of 4 (f32) or 8 (f16, bf16)
+  // elements, or single elements of 4 or 2 bytes.
+  const int sm_count = detail::sm_count_of(device_index);
+  int64_t most = 0;
+  for (const auto& [vector, bytes] : {std::pair{4, 16}, {8, 16}, {1, 4}, {1, 2}})
+    if (d % vector == 0)
+      most = std::max(most, detail::bias_gelu_backward_geometry(rows, d, vector, bytes, sm_count).workspace(d));
+  return most;
 }
 
 void bias_gelu_backward(const TensorView& dx, const TensorView& dbias, const TensorView& dy,
@@ -243,7 +251,7 @@ void bias_gelu_backward(const TensorView& dx, const TensorView& dbias, const Ten
   for (const auto& [name, t] : {std::pair{"dx", &dx}, {"dy", &dy}, {"x", &x}, {"bias", &bias}})
     detail::check_no_overlap(op, "dbias", dbias, name, *t, false);
   detail::check_no_overlap(op, "dx", dx, "bias", bias, false);
-  detail::BiasGeluBackwardParams p{dxr.data, dbias.data(), dyr.data, xr.data, bias.data(), nullptr,
+  detail::BiasGeluBackwardParams p{dxr.data, dbias.data(), dyr.data, xr.data, bias.data(), nullptr, nullptr,
                                    xr.rows, xr.d, dxr.row_stride, dyr.row_stride, xr.row_stride};
   if (xr.d == 0) return;
   if (!x.is_cuda()) return detail::bias_gelu_backward_cpu(p, act, x.dtype());
@@ -255,7 +263,8 @@ void bias_gelu_backward(const TensorView& dx, const TensorView& dbias, const Ten
   const int64_t needed = bias_gelu_backward_workspace_size(xr.rows, xr.d, x.device().index);
   detail::check_workspace(op, workspace, x, needed, "bias_gelu_backward_workspace_size");
   p.partial = static_cast<float*>(workspace->data());
-  detail::bias_gelu_backward_cuda(p, act, x.dtype(), bias_vector_ok({xr, dyr, dxr}, bias, x.dtype()), stream);
+  const bool vector_ok = bias_vector_ok({xr, dyr, dxr}, bias, x.dtype()) && detail::is_aligned(dbias.data(), 16);
+  detail::bias_gelu_backward_cuda(p, act, x.dtype(), vector_ok, stream);
 }
 
 }  // namespace llmk

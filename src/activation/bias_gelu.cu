@@ -1,8 +1,9 @@
-// Launchers of bias_gelu and its backward: the gated activations' geometry, the backward
-// with gridDim.y fixed to the partial-sum rows, then the column reduction into dbias.
+// Launchers of bias_gelu and its backward: the forward in the gated activations' geometry,
+// the backward in bias_gelu_backward_geometry's, one launch (after a memset of its arrival
+// counters when the rows are split).
 #include "activation/bias_gelu_kernel.cuh"
 #include "activation/gated_launch.cuh"
-#include "common/column_reduce.cuh"
+#include "common/occupancy.h"
 #include "common/pdl_launch.h"
 
 namespace llmk::detail {
@@ -30,22 +31,26 @@ void bias_gelu_cuda(const BiasGeluParams& p, Activation act, DType dtype, bool v
   LLMK_CHECK_LAUNCH("bias_gelu", stream);
 }
 
-void bias_gelu_backward_cuda(const BiasGeluBackwardParams& p, Activation act, DType dtype,
+void bias_gelu_backward_cuda(const BiasGeluBackwardParams& params, Activation act, DType dtype,
                              bool vector_ok, cudaStream_t stream) {
-  int device = 0, sm_count = 0;
+  int device = 0;
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
-  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  const int sm_count = sm_count_of(device);
   dispatch_bias_gelu(act, dtype, vector_ok, "bias_gelu_backward", [&](auto tag, auto width, auto act_constant) {
     using T = device_type_t<decltype(tag)>;
     constexpr int N = decltype(width)::value;
-    GatedGeometry g = gated_geometry(p.rows, p.d / N);
-    const int64_t partial_rows = bias_gelu_partial_rows(p.rows, g.block.y, sm_count);
-    g.grid.y = static_cast<unsigned>(partial_rows);
-    launch_pdl(bias_gelu_backward_kernel<T, N, decltype(act_constant)::value>, g.grid, g.block, 0, stream, p);
-    if (partial_rows > 1) {
-      LLMK_CHECK_LAUNCH("bias_gelu_backward", stream);
-      launch_column_reduce(p.partial, static_cast<T*>(p.dbias), partial_rows, p.d, stream);
+    const BiasGeluBackwardGeometry g =
+        bias_gelu_backward_geometry(params.rows, params.d, N, N * static_cast<int>(sizeof(T)), sm_count);
+    BiasGeluBackwardParams p = params;
+    if (g.splits > 1) {
+      // The arrival counters follow the partial rows; each call starts them at zero (the
+      // workspace comes from a caching allocator: its contents are anyone's).
+      p.arrivals = reinterpret_cast<unsigned*>(p.partial + g.splits * p.d);
+      LLMK_CUDA_CHECK(cudaMemsetAsync(p.arrivals, 0, g.column_blocks * sizeof(unsigned), stream));
     }
+    launch_pdl(bias_gelu_backward_kernel<T, N, decltype(act_constant)::value>,
+               dim3(static_cast<unsigned>(g.column_blocks), static_cast<unsigned>(g.splits)), dim3(g.tx, g.ty), 0,
+               stream, p);
   });
   LLMK_CHECK_LAUNCH("bias_gelu_backward", stream);
 }

@@ -1,20 +1,33 @@
 // bias_gelu kernels: out = gelu(x + bias) and its backward, dx = dy * gelu'(x + bias) with
 // the deterministic bias gradient dbias = sum over rows of dx.
 //
-// Algorithm. The gated activations' 2-d geometry (x over a row's 16-byte vectors, y over
-// rows, grid-strided): each thread owns the same columns in every row it visits, so the
-// backward keeps its columns' dbias sums in fp32 registers across rows, the block adds its
-// threadIdx.y rows of sums in a fixed order in shared memory and writes one partial row per
-// gridDim.y row of blocks; column_reduce_kernel adds the partial rows in a fixed order
-// (with one row of blocks, the kernel writes dbias itself: decode-sized calls are one
-// launch). The bias vector is loaded once per thread. Two rows are loaded before either is
-// stored (62-64 registers: the 57-register one-row kernel's occupancy); four measured
-// slower (112-128 registers halved the resident threads: 416 vs 319 us at 8192 x 16384).
+// Algorithm. Forward: the gated activations' 2-d geometry (x over a row's 16-byte vectors,
+// y over rows, grid-strided). Backward, one launch at every size: blocks of tx vectors x
+// ty rows, gridDim.x column blocks, gridDim.y "splits" of the rows (the geometry and its
+// reasons: bias_gelu_backward_geometry). Each thread owns the same columns in every row it
+// visits and keeps their dbias sums in fp32 registers; the block adds its rows of sums in
+// a fixed order (block_column_sums: a butterfly within warps, then the warps in order).
+// - One split (up to 128 rows, or column blocks that fill the GPU by themselves): the
+//   block saw every row of its columns and writes dbias. 16 rows: 16 x 16 blocks, one row
+//   per thread, 24 blocks at d = 3072, 128 at d = 16384.
+// - Splits > 1: each block writes its fp32 sums to partial row blockIdx.y and counts itself
+//   on its column block's arrival counter; the last to arrive adds the partial rows in a
+//   fixed order and writes dbias ("last block done"; the launcher zeroes the counters).
+//   The splits fill one wave (4 blocks of 256 per SM), each block >= 64 rows.
+// The order of every addition depends only on the shape, dtype, alignment and device, so
+// dbias is the same bits on every run. The bias vector is loaded once per thread. Two rows
+// are loaded before either is stored (64 registers under __launch_bounds__(256, 4), no
+// spills; the erf form wants 80 unbounded); four measured slower (112-128 registers halved
+// the resident threads: 416 vs 319 us at 8192 x 16384).
 //
 // Roofline (bf16, rows x d): forward reads x and writes out, 4 bytes per element; backward
-// reads dy and x and writes dx, 6 bytes, plus partial_rows * d * 4 bytes of partial sums
-// written and read (4 * 132 rows: 3% at 8192 rows). ~20 FLOPs and one erfc/exp per element:
-// bandwidth bound. 8192 x 14336 bf16 forward: 470 MB, 157 us at 3.0 TB/s; backward 705 MB.
+// reads dy and x and writes dx, 6 bytes, plus splits * d * 8 bytes of partial sums written
+// and read (at most 2.1% of the rows' traffic: 2048 x 3072, 22 splits: 0.54 MB against
+// 38 MB; 8192 x 16384, 4 splits: 0.5 MB against 805 MB). ~20 FLOPs and one erfc/exp per
+// element: bandwidth bound. 8192 x 16384 backward: 805 MB, 270 us at the H100's 2.985 TB/s
+// copy rate; 16 rows: latency (one launch, one DRAM round trip for dy and x, the block's
+// sums, the stores of dx and dbias); split calls add a counter memset before the launch
+// and the last block's re-read of the partial rows (L2) after the others finish.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +35,7 @@
 #include "activation/bias_gelu_params.h"
 #include "activation/gated_kernel.cuh"
 #include "common/activation_math.cuh"
+#include "common/column_reduce.cuh"
 #include "common/ptx.cuh"
 #include "common/vec.cuh"
 
@@ -43,15 +57,56 @@ __global__ void __launch_bounds__(256) bias_gelu_forward_kernel(BiasGeluParams p
   }
 }
 
+// N fp32 column sums to global memory, 16 bytes at a time where N allows.
+template <int N>
+__device__ __forceinline__ void store_sums(float* p, const float (&v)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < N / 4; ++k)
+      reinterpret_cast<float4*>(p)[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) p[j] = v[j];
+  }
+}
+
+// acc += N fp32 sums another block stored (through L2: L1 is not coherent across SMs).
+template <int N>
+__device__ __forceinline__ void add_sums(float (&acc)[N], const float* p) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < N / 4; ++k) {
+      const float4 s = __ldcg(reinterpret_cast<const float4*>(p) + k);
+      acc[4 * k] += s.x;
+      acc[4 * k + 1] += s.y;
+      acc[4 * k + 2] += s.z;
+      acc[4 * k + 3] += s.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc[j] += __ldcg(p + j);
+  }
+}
+
+template <class T, int N>
+__device__ __forceinline__ void store_dbias(void* dbias, int64_t col, const float (&v)[N]) {
+  Vec<T, N> out;
+#pragma unroll
+  for (int j = 0; j < N; ++j) out.v[j] = from_float<T>(v[j]);
+  store_vec(static_cast<T*>(dbias) + col, out);
+}
+
+// Grid (column blocks, splits), block (tx vectors, ty rows): bias_gelu_backward_geometry.
 template <class T, int N, Activation A>
-__global__ void __launch_bounds__(256) bias_gelu_backward_kernel(BiasGeluBackwardParams p) {
+__global__ void __launch_bounds__(256, kBiasGeluBlocksPerSm) bias_gelu_backward_kernel(BiasGeluBackwardParams p) {
   ptx::pdl_start();
-  __shared__ float sums[256 * N];  // [threadIdx.y][threadIdx.x * N + j]
+  __shared__ float sums[256 * N];
   const GatedCursor c = gated_cursor<N>();
+  const bool active = c.col < p.d;  // inactive threads still take part in the block's sums
   float db[N];
 #pragma unroll
   for (int j = 0; j < N; ++j) db[j] = 0.0f;
-  if (c.col < p.d) {
+  if (active) {
     const Vec<T, N> b = load_vec<T, N>(static_cast<const T*>(p.bias) + c.col);
     // Two rows per iteration, both loaded before either is stored.
     for (int64_t row = c.first; row < p.rows; row += 2 * c.step) {
@@ -80,28 +135,22 @@ __global__ void __launch_bounds__(256) bias_gelu_backward_kernel(BiasGeluBackwar
         }
     }
   }
-  // The block's rows of sums, added in threadIdx.y order: one partial row per blockIdx.y.
-#pragma unroll
-  for (int j = 0; j < N; ++j) sums[(threadIdx.y * blockDim.x + threadIdx.x) * N + j] = db[j];
-  __syncthreads();
-  if (threadIdx.y == 0 && c.col < p.d) {
-    float total[N];
-#pragma unroll
-    for (int j = 0; j < N; ++j) total[j] = 0.0f;
-    for (unsigned y = 0; y < blockDim.y; ++y)
-#pragma unroll
-      for (int j = 0; j < N; ++j) total[j] += sums[(y * blockDim.x + threadIdx.x) * N + j];
-    if (gridDim.y == 1) {  // the block's sums are the bias gradient
-      Vec<T, N> out;
-#pragma unroll
-      for (int j = 0; j < N; ++j) out.v[j] = from_float<T>(total[j]);
-      store_vec(static_cast<T*>(p.dbias) + c.col, out);
-    } else {
-      float* partial = p.partial + blockIdx.y * p.d + c.col;
-#pragma unroll
-      for (int j = 0; j < N; ++j) partial[j] = total[j];
-    }
+  block_column_sums(db, sums);  // the block's rows, in a fixed order, in threadIdx.y == 0
+  if (gridDim.y == 1) {         // the block saw every row: its sums are the bias gradient
+    if (threadIdx.y == 0 && active) store_dbias<T>(p.dbias, c.col, db);
+    return;
   }
+  if (threadIdx.y == 0 && active) store_sums(p.partial + blockIdx.y * p.d + c.col, db);
+  if (!arrive_last(p.arrivals + blockIdx.x, gridDim.y)) return;
+  // The last block of this column block adds its partial rows in a fixed order: row
+  // threadIdx.y, + ty, ... per thread, then the threads' sums as above. Which block is
+  // last does not change the order, so dbias is the same bits on every run.
+#pragma unroll
+  for (int j = 0; j < N; ++j) db[j] = 0.0f;
+  if (active)
+    for (unsigned r = threadIdx.y; r < gridDim.y; r += blockDim.y) add_sums(db, p.partial + r * p.d + c.col);
+  block_column_sums(db, sums);
+  if (threadIdx.y == 0 && active) store_dbias<T>(p.dbias, c.col, db);
 }
 
 }  // namespace llmk::detail
