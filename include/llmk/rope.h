@@ -1,5 +1,5 @@
-// Rotary position embedding (RoPE), in place on the query and key heads (rope_), and its
-// backward (rope_backward_).
+// Rotary position embedding (RoPE), in place on the query and key heads (rope_) or out of
+// place into new tensors (rope), and its backward (rope_backward_, rope_backward).
 //
 // Each head vector x[0:head_dim] of the token at position `pos` has its first rot_dim
 // elements rotated pairwise by the angles pos * inv_freq[i], i < rot_dim / 2; elements
@@ -29,6 +29,17 @@
 // or [batch, seq]); [seq] or [1, seq] broadcasts over the batch.
 // Math is fp32 (f32, f16, bf16 tensors) with one rounding per element. Tensors on the GPU
 // run there on `stream`; host tensors run the double-precision CPU reference.
+//
+// Out of place (rope, rope_backward): q and k are only read, and may be any readable view
+// (a stride of 0 included; they may share memory with each other). q_out and k_out have
+// q's and k's shapes, dtype and device and their own strides (contiguous last dim); each
+// head of q_out gets the rotated q head with its elements from rot_dim to head_dim copied
+// unchanged, so q_out is the value that rope_ would leave in q. k_out is given exactly when
+// k is. An output must not share memory with any other tensor of the call (head slices of
+// one fused output tensor are accepted), except that an output may be exactly its own
+// input (same data pointer, shape and strides): that tensor is then rotated in place, as
+// rope_ does. Each element is read and written once: one pass, where a copy followed by
+// rope_ takes two.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -71,5 +82,22 @@ void rope_backward_(const TensorView& dq, const std::optional<TensorView>& dk,
 void rope_backward_(const TensorView& dq, const std::optional<TensorView>& dk,
                     const TensorView& positions, const RopeTheta& freqs, RopeStyle style,
                     cudaStream_t stream = nullptr);
+
+// Out of place: q_out (k_out) receives the rotated q (k); q and k are not written.
+void rope(const TensorView& q_out, const std::optional<TensorView>& k_out, const TensorView& q,
+          const std::optional<TensorView>& k, const TensorView& positions, const TensorView& cos_sin_cache,
+          RopeStyle style, cudaStream_t stream = nullptr);
+void rope(const TensorView& q_out, const std::optional<TensorView>& k_out, const TensorView& q,
+          const std::optional<TensorView>& k, const TensorView& positions, const RopeTheta& freqs,
+          RopeStyle style, cudaStream_t stream = nullptr);
+
+// Out of place backward: dq_out (dk_out) receives the gradient of rope's input q (k) from
+// dq (dk), the gradient of its output; dq and dk are not written.
+void rope_backward(const TensorView& dq_out, const std::optional<TensorView>& dk_out, const TensorView& dq,
+                   const std::optional<TensorView>& dk, const TensorView& positions,
+                   const TensorView& cos_sin_cache, RopeStyle style, cudaStream_t stream = nullptr);
+void rope_backward(const TensorView& dq_out, const std::optional<TensorView>& dk_out, const TensorView& dq,
+                   const std::optional<TensorView>& dk, const TensorView& positions, const RopeTheta& freqs,
+                   RopeStyle style, cudaStream_t stream = nullptr);
 
 }  // namespace llmk

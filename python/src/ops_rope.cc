@@ -1,8 +1,7 @@
 // torch.ops.llmk RoPE ops: rope_ and rope_backward_ (in place on q and k, one launch), and
-// the functional rope / rope_backward (new contiguous tensors; the autograd pair).
+// the functional rope / rope_backward (new contiguous tensors written by the out-of-place
+// kernel in one launch; the autograd pair).
 // Schemas, fakes and autograd: python/llmk/ops/rope.py.
-#include <torch/csrc/stable/ops.h>
-
 #include <string>
 #include <vector>
 
@@ -44,18 +43,12 @@ Angles angles(const OpCall& op, const std::optional<Tensor>& cache, std::optiona
   return a;
 }
 
-template <bool kBackward>
-void rotate(const OpCall& op, const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
-            const Angles& a) {
-  const TensorView qv = op.view(q, kBackward ? "dq" : "q"), pv = op.view(positions, "positions");
-  const std::optional<TensorView> kv = op.view(k, kBackward ? "dk" : "k");
-  if (a.cache) {
-    const TensorView cv = op.view(*a.cache, "cos_sin_cache");
-    kBackward ? rope_backward_(qv, kv, pv, cv, a.style, op.stream()) : rope_(qv, kv, pv, cv, a.style, op.stream());
-  } else {
-    kBackward ? rope_backward_(qv, kv, pv, a.theta, a.style, op.stream())
-              : rope_(qv, kv, pv, a.theta, a.style, op.stream());
-  }
+// Calls f with the angle source as the C++ API takes it: the cache's view or the theta
+// parameters.
+template <class F>
+void with_angles(const OpCall& op, const Angles& a, F&& f) {
+  if (a.cache) f(op.view(*a.cache, "cos_sin_cache"));
+  else f(a.theta);
 }
 
 template <bool kBackward>
@@ -63,27 +56,37 @@ void in_place(Tensor q, std::optional<Tensor> k, Tensor positions, std::optional
               std::optional<double> theta, int64_t rot_dim, std::string style,
               std::optional<std::vector<double>> llama3) {
   const OpCall op(kBackward ? "rope_backward_" : "rope_", q);
-  rotate<kBackward>(op, q, k, positions, angles(op, cache, theta, rot_dim, style, llama3));
+  const Angles a = angles(op, cache, theta, rot_dim, style, llama3);
+  const TensorView qv = op.view(q, kBackward ? "dq" : "q"), pv = op.view(positions, "positions");
+  const std::optional<TensorView> kv = op.view(k, kBackward ? "dk" : "k");
+  with_angles(op, a, [&](const auto& source) {
+    if constexpr (kBackward) rope_backward_(qv, kv, pv, source, a.style, op.stream());
+    else rope_(qv, kv, pv, source, a.style, op.stream());
+  });
 }
 
-// A contiguous copy of t, the output the functional ops rotate in place.
-Tensor copy_of(const Tensor& t) {
-  Tensor out = output_like(t);
-  torch::stable::copy_(out, t);
-  return out;
-}
-
-// k absent: the second output is empty ([0]).
+// New contiguous outputs written by the out-of-place kernel: each element read once and
+// written once. k absent: the second output is empty ([0]).
 template <bool kBackward>
 std::tuple<Tensor, Tensor> functional(Tensor q, std::optional<Tensor> k, Tensor positions,
                                       std::optional<Tensor> cache, std::optional<double> theta, int64_t rot_dim,
                                       std::string style, std::optional<std::vector<double>> llama3) {
   const OpCall op(kBackward ? "rope_backward" : "rope", q);
   const Angles a = angles(op, cache, theta, rot_dim, style, llama3);
-  Tensor q_out = copy_of(q);
+  // The kernel reads any strides but a last dim's (gradients may arrive expanded).
+  q = dense_rows(q);
+  if (k) k = dense_rows(*k);
+  const Tensor q_out = output_like(q);
   std::optional<Tensor> k_out;
-  if (k) k_out = copy_of(*k);
-  rotate<kBackward>(op, q_out, k_out, positions, a);
+  if (k) k_out = output_like(*k);
+  const TensorView qv = op.view(q, kBackward ? "dq" : "q"), pv = op.view(positions, "positions");
+  const TensorView qo = op.view(q_out, kBackward ? "dq_out" : "q_out");
+  const std::optional<TensorView> kv = op.view(k, kBackward ? "dk" : "k");
+  const std::optional<TensorView> ko = op.view(k_out, kBackward ? "dk_out" : "k_out");
+  with_angles(op, a, [&](const auto& source) {
+    if constexpr (kBackward) rope_backward(qo, ko, qv, kv, pv, source, a.style, op.stream());
+    else rope(qo, ko, qv, kv, pv, source, a.style, op.stream());
+  });
   return {q_out, k_out ? *k_out : empty(q, {0}, q.scalar_type())};
 }
 

@@ -1,8 +1,9 @@
-"""torch.ops.llmk.rope_ (in place on q and k) and llmk.rope (functional, autograd): values
-against a float64 definition on CPU and CUDA for both styles, cache and theta angles,
-partial rotary, GQA, fused-qkv slices, [batch, seq, ...] and [batch, heads, seq, ...]
-layouts, Llama 3.1 scaling against Hugging Face's formula, out-of-range positions,
-opcheck, torch.compile(fullgraph=True), bad inputs."""
+"""torch.ops.llmk.rope_ (in place on q and k) and llmk.rope / llmk.rope_backward (out of
+place, autograd): values against a float64 definition on CPU and CUDA for both styles,
+cache and theta angles, partial rotary (the out-of-place tail copied), GQA, fused-qkv
+slices, [batch, seq, ...] and [batch, heads, seq, ...] layouts, int32/int64 positions,
+inputs left untouched, gradients in any layout, Llama 3.1 scaling against Hugging Face's
+formula, out-of-range positions, torch.compile(fullgraph=True), bad inputs."""
 
 import math
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import llmk
-from conftest import DEVICES, DTYPES, HAS_CUDA, RTOL, assert_close
+from conftest import DEVICES, DTYPES, HAS_CUDA, RTOL, assert_close, poison_allocator
 
 LLAMA3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
@@ -95,6 +96,75 @@ def test_matches_definition(device, dtype, style, source, layout):
     if base is not None:  # the v heads are untouched
         v_start = (heads_q + heads_k) * dim
         assert torch.equal(base[:, v_start:], before[:, v_start:])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+@pytest.mark.parametrize("source", ["cache", "theta"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("partial", [False, True])
+def test_out_of_place_matches_definition(device, dtype, style, source, layout, partial):
+    """llmk.rope and llmk.rope_backward write new contiguous tensors in one pass: the rotated
+    part against float64, the tail past rot_dim copied bit for bit, the inputs untouched."""
+    heads_q, heads_k, dim = (8, 2, 128) if layout != "bshd" else (5, 3, 80)
+    rot = (32 if layout != "bshd" else 48) if partial else dim
+    q, k, base, positions = make_qk(layout, device, dtype, heads_q, heads_k, dim)
+    positions = positions.to(torch.int32 if style == "gptj" else torch.int64)
+    inv = inv_freq_ref(rot, 10000.0)
+    cache = llmk.rope_cos_sin_cache(4096 + 32, rot, 10000.0, device=device) if source == "cache" else None
+    q0, k0 = q.clone(), k.clone()
+    base0 = base.clone() if base is not None else None
+    for backward in (False, True):
+        poison_allocator(q)  # on the GPU the outputs start as NaN: an unwritten element fails
+        op = llmk.rope_backward if backward else llmk.rope
+        q_out, k_out = op(q, k, positions, cache, rot_dim=rot, style=style)
+        for got, x in ((q_out, q), (k_out, k)):
+            assert got.shape == x.shape and got.dtype == x.dtype and got.is_contiguous()
+            check(got, rope_ref(x, positions, inv, style, rot, inverse=backward), dtype)
+            assert torch.equal(got[..., rot:], x[..., rot:])
+        assert torch.equal(q, q0) and torch.equal(k, k0)
+        if base is not None:
+            assert torch.equal(base, base0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_of_place_reads_any_input_layout(device):
+    """Inputs are only read: gradients arrive expanded (stride 0) or with a strided last dim,
+    and q and k may be the same tensor."""
+    positions = torch.randint(0, 1000, (7,), device=device)
+    inv = inv_freq_ref(64, 1e4)
+    dq_expanded = torch.randn(7, 1, 64, device=device).expand(7, 4, 64)
+    dk_strided = torch.randn(7, 64, 2, device=device).transpose(1, 2)  # last dim stride 2
+    poison_allocator(dq_expanded)
+    dq, dk = llmk.rope_backward(dq_expanded, dk_strided, positions)
+    check(dq, rope_ref(dq_expanded, positions, inv, "neox", 64, inverse=True), torch.float32)
+    check(dk, rope_ref(dk_strided, positions, inv, "neox", 64, inverse=True), torch.float32)
+    q = torch.randn(7, 3, 64, device=device)
+    q_out, k_out = llmk.rope(q, q, positions, style="gptj")
+    want = rope_ref(q, positions, inv, "gptj", 64)
+    check(q_out, want, torch.float32)
+    assert torch.equal(q_out, k_out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_of_place_bad_inputs(device):
+    q = torch.randn(6, 2, 64, device=device)
+    k = torch.randn(6, 1, 64, device=device)
+    positions = torch.arange(6, device=device)
+    q0, k0 = q.clone(), k.clone()
+    with pytest.raises(RuntimeError, match=r"rope: positions must have q's leading dims \(\[tokens\] = \[6\]\)"):
+        llmk.rope(q, k, positions[:5])
+    with pytest.raises(RuntimeError, match="rope: k has dtype float16, expected float32"):
+        llmk.rope(q, k.half(), positions)
+    with pytest.raises(RuntimeError, match="rope_backward: dk must have dq's leading"):
+        llmk.rope_backward(q, k[:5], positions)
+    with pytest.raises(RuntimeError, match="rope: rot_dim must be even"):
+        llmk.rope(q, k, positions, rot_dim=31)
+    if HAS_CUDA and device == "cuda":
+        with pytest.raises(RuntimeError, match="rope: positions is on cpu:0 but q is on cuda:0"):
+            llmk.rope(q, k, positions.cpu())
+    assert torch.equal(q, q0) and torch.equal(k, k0)
 
 
 @pytest.mark.parametrize("device", DEVICES)

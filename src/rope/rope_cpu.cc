@@ -1,5 +1,6 @@
-// CPU reference of RoPE: double math, one rounding per element. The oracle of the GPU
-// tests and the host backend. Positions are range-checked by the caller (rope_api.cc).
+// CPU reference of RoPE, in place or out of place: double math, one rounding per element.
+// The oracle of the GPU tests and the host backend. Positions are range-checked by the
+// caller (rope_api.cc).
 #include <cmath>
 #include <vector>
 
@@ -17,12 +18,18 @@ int64_t position(const RopeParams& p, int64_t b, int64_t s) {
                          : static_cast<const int32_t*>(p.positions)[i];
 }
 
+// Each head of t at (b, s): rotated from in to out, elements [rot_dim, rot_dim + tail)
+// copied (in place: out is in, tail 0).
 template <class T>
 void rotate_heads(const RopeParams& p, const RopeTensor& t, RopeStyle style, int64_t b,
                   int64_t s, const std::vector<double>& cos_v, const std::vector<double>& sin_v) {
   for (int h = 0; h < t.heads; ++h) {
-    T* x = static_cast<T*>(t.data) + b * t.batch_stride + s * t.seq_stride + h * t.head_stride;
-    rope_rotate_host(x, p.rot_dim, style, cos_v.data(), sin_v.data());
+    const T* x = static_cast<const T*>(t.in) + b * t.in_strides.batch + s * t.in_strides.seq +
+                 h * t.in_strides.head;
+    T* y = static_cast<T*>(t.out) + b * t.out_strides.batch + s * t.out_strides.seq +
+           h * t.out_strides.head;
+    rope_rotate_host<T>(x, y, p.rot_dim, style, cos_v.data(), sin_v.data());
+    for (int c = p.rot_dim; c < p.rot_dim + p.tail; ++c) y[c] = x[c];
   }
 }
 

@@ -1,20 +1,26 @@
-// RoPE kernel: rotates the first rot_dim elements of every q and k head in place.
+// RoPE kernel: rotates the first rot_dim elements of every q and k head, in place or from
+// the inputs into separate outputs (then also copying elements [rot_dim, head_dim)).
 //
-// Block layout (x, y, z) = (pair chunks of one head, head lanes, tokens). Thread x holds
-// the cos/sin of the P pairs [x * P, x * P + P) of its token and rotates those pairs in
-// every head of q and k that its head lane visits (heads y, y + blockDim.y, ...). With a
-// cache each thread reads its cos/sin row slice itself; from theta (double-precision
-// math) the block computes each (token, pair) once into shared memory first. The first
-// head's vectors are loaded before the angles, so their latency overlaps the position ->
-// cache (or angle) chain. A pair chunk is two
-// vectors of P elements: x[i .. i+P) and x[half + i .. half + i + P) in the NeoX style,
-// x[2i .. 2i + 2P) in the GPT-J style (pairs adjacent), 16-byte vectors where alignment
-// allows (P = 8 for f16/bf16, 4 for f32), else P = 1.
+// Block layout (x, y, z) = (chunks of one head, head lanes, tokens). Thread x < rot_dim / 2P
+// holds the cos/sin of the P pairs [x * P, x * P + P) of its token and rotates those pairs
+// in every head of q and k that its head lane visits (heads y, y + blockDim.y, ...). With a
+// cache each thread reads its cos/sin row slice itself; from theta (double-precision math)
+// the block computes each (token, pair) once into shared memory first. The first head's
+// vectors are loaded before the angles, so their latency overlaps the position -> cache (or
+// angle) chain. A pair chunk is two vectors of P elements: x[i .. i+P) and
+// x[half + i .. half + i + P) in the NeoX style, x[2i .. 2i + 2P) in the GPT-J style (pairs
+// adjacent), 16-byte vectors where alignment allows (P = 8 for f16/bf16, 4 for f32), else
+// P = 1. Out of place, the threads after the pair chunks each hold two vectors of the tail
+// [rot_dim, head_dim) instead and copy them: the same loads, stores and head loop without
+// the rotation, so the tail costs neither registers nor a second code path. In place is
+// the same kernel with out == in and no tail threads (run-time values, one instantiation).
 //
-// Roofline: each rotated element is read and written once, 2 * tokens * (heads_q + heads_k)
-// * rot_dim * sizeof(T) bytes, plus per token its position and rot_dim cache floats
-// (~3% more at 40 heads of 128); ~6 FLOPs per pair. Memory-bound: at 8192 tokens, 32 + 8
-// heads of 128 bf16, 168 MB move in ~56 us at 3.0 TB/s.
+// Roofline: in place each rotated element is read and written once, 2 * tokens * (heads_q +
+// heads_k) * rot_dim * sizeof(T) bytes; out of place every element is, 2 * tokens *
+// (heads_q + heads_k) * head_dim * sizeof(T) (a copy followed by the in-place op moves
+// 2x that at full rotary); plus per token its position and rot_dim cache floats (~3% more
+// at 40 heads of 128); ~6 FLOPs per pair. Memory-bound: at 8192 tokens, 32 + 8 heads of
+// 128 bf16, 168 MB move in ~56 us at 3.0 TB/s, in place or out of place.
 #pragma once
 
 #include <cmath>
@@ -53,22 +59,41 @@ __device__ __forceinline__ float2 rope_angle(const RopeParams& p, int64_t pos, i
   return make_float2(c, p.sin_sign * s);
 }
 
-// The two vectors of a pair chunk: NeoX x[i..i+P) and x[half+i..); GPT-J x[2i..2i+2P).
+// The two vectors of P elements a thread moves per head, at element offsets a_at and b_at:
+// thread x < chunks holds pair chunk x (NeoX x[i..i+P) and x[half+i..); GPT-J
+// x[2i..2i+2P), i = x * P), which it rotates; out of place, thread chunks + t holds tail
+// vectors 2t and 2t + 1 of [rot_dim, head_dim) (the second absent past head_dim), which it
+// copies. One code path for both, so that copying the tail costs no registers.
 template <class T, int P, RopeStyle S>
-struct PairChunk {
-  T* pa;
-  T* pb;
+struct HeadChunk {
+  int a_at, b_at;
+  bool has_b;
   Vec<T, P> a, b;
 
-  __device__ __forceinline__ void load(T* x, int i, int half) {
-    pa = S == RopeStyle::neox ? x + i : x + 2 * i;
-    pb = S == RopeStyle::neox ? x + half + i : x + 2 * i + P;
-    a = load_vec<T, P>(pa);
-    b = load_vec<T, P>(pb);
+  __device__ __forceinline__ HeadChunk(const RopeParams& p, bool rotates) {
+    const int half = p.rot_dim / 2, i = threadIdx.x * P;
+    if (rotates) {
+      a_at = S == RopeStyle::neox ? i : 2 * i;
+      b_at = S == RopeStyle::neox ? half + i : 2 * i + P;
+    } else {
+      a_at = p.rot_dim + 2 * (i - half);
+      b_at = a_at + P;
+    }
+    has_b = b_at < p.rot_dim + p.tail || rotates;
+  }
+
+  __device__ __forceinline__ void load(const T* x) {
+    a = load_vec<T, P>(x + a_at);
+    if (has_b) b = load_vec<T, P>(x + b_at);
+  }
+
+  __device__ __forceinline__ void store(T* y) const {
+    store_vec<T, P>(y + a_at, a);
+    if (has_b) store_vec<T, P>(y + b_at, b);
   }
 
   // NeoX: pair j is (a[j], b[j]); GPT-J: a and b are adjacent, pair j is elements 2j, 2j+1.
-  __device__ __forceinline__ void rotate_and_store(const float2 (&cs)[P]) {
+  __device__ __forceinline__ void rotate(const float2 (&cs)[P]) {
     float e[2 * P];
 #pragma unroll
     for (int j = 0; j < P; ++j) {
@@ -89,8 +114,6 @@ struct PairChunk {
       a.v[j] = from_float<T>(e[j]);
       b.v[j] = from_float<T>(e[P + j]);
     }
-    store_vec<T, P>(pa, a);
-    store_vec<T, P>(pb, b);
   }
 };
 
@@ -104,18 +127,30 @@ __global__ void rope_kernel(const RopeParams p) {
   const int64_t token = first_token + threadIdx.z;
   const int heads = p.q.heads + p.k.heads;
   const int64_t b = token / p.seq, s = token - b * p.seq;
-  auto head_data = [&](int h) {
+  // Head h of q (h < heads_q) or k: where it is read and where it is written (the same
+  // memory in place). Field by field: a reference to p.q or p.k chosen at run time would
+  // copy the parameters to local memory.
+  auto head_in = [&](int h) {
     const bool in_q = h < p.q.heads;
     const int head = in_q ? h : h - p.q.heads;
-    return static_cast<T*>(in_q ? p.q.data : p.k.data) +
-           b * (in_q ? p.q.batch_stride : p.k.batch_stride) +
-           s * (in_q ? p.q.seq_stride : p.k.seq_stride) +
-           head * (in_q ? p.q.head_stride : p.k.head_stride);
+    return static_cast<const T*>(in_q ? p.q.in : p.k.in) +
+           b * (in_q ? p.q.in_strides.batch : p.k.in_strides.batch) +
+           s * (in_q ? p.q.in_strides.seq : p.k.in_strides.seq) +
+           head * (in_q ? p.q.in_strides.head : p.k.in_strides.head);
+  };
+  auto head_out = [&](int h) {
+    const bool in_q = h < p.q.heads;
+    const int head = in_q ? h : h - p.q.heads;
+    return static_cast<T*>(in_q ? p.q.out : p.k.out) +
+           b * (in_q ? p.q.out_strides.batch : p.k.out_strides.batch) +
+           s * (in_q ? p.q.out_strides.seq : p.k.out_strides.seq) +
+           head * (in_q ? p.q.out_strides.head : p.k.out_strides.head);
   };
   const int i = threadIdx.x * P;
-  PairChunk<T, P, S> chunk;
+  const bool rotates = i < half;
+  HeadChunk<T, P, S> chunk(p, rotates);
   const bool active = token < tokens && static_cast<int>(threadIdx.y) < heads;
-  if (active) chunk.load(head_data(threadIdx.y), i, half);
+  if (active) chunk.load(head_in(threadIdx.y));
 
   float2 cs[P];
   if constexpr (kCache) {
@@ -123,9 +158,11 @@ __global__ void rope_kernel(const RopeParams p) {
     // a shared-memory staging step with its barrier measured slower (65 vs 63 us at 8192 x
     // 40 heads of 128).
     if (!active) return;
-    const int64_t pos = rope_position(p, b, s);
+    if (rotates) {
+      const int64_t pos = rope_position(p, b, s);
 #pragma unroll
-    for (int j = 0; j < P; ++j) cs[j] = rope_angle<true>(p, pos, i + j);
+      for (int j = 0; j < P; ++j) cs[j] = rope_angle<true>(p, pos, i + j);
+    }
   } else {
     // Angles from theta cost double-precision math: each (token, pair) once per block.
     const int block_tokens =
@@ -138,14 +175,17 @@ __global__ void rope_kernel(const RopeParams p) {
     }
     __syncthreads();
     if (!active) return;
+    if (rotates) {
 #pragma unroll
-    for (int j = 0; j < P; ++j) cs[j] = angles[threadIdx.z * half + i + j];
+      for (int j = 0; j < P; ++j) cs[j] = angles[threadIdx.z * half + i + j];
+    }
   }
   for (int h = threadIdx.y;;) {
-    chunk.rotate_and_store(cs);
+    if (rotates) chunk.rotate(cs);
+    chunk.store(head_out(h));
     h += blockDim.y;
     if (h >= heads) break;
-    chunk.load(head_data(h), i, half);
+    chunk.load(head_in(h));
   }
 }
 

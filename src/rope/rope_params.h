@@ -11,11 +11,18 @@
 
 namespace llmk::detail {
 
-// One rotated tensor, [batch, seq, heads, head_dim] in elements; heads == 0: absent.
+// Element strides of a [batch, seq, heads, head_dim] tensor (head_dim contiguous).
+struct HeadStrides {
+  int64_t batch = 0, seq = 0, head = 0;
+};
+
+// One rotated tensor: read from `in`, written to `out`; heads == 0: absent. In place, out
+// is in and out_strides are in_strides.
 struct RopeTensor {
-  void* data = nullptr;
+  const void* in = nullptr;
+  void* out = nullptr;
   int heads = 0;
-  int64_t batch_stride = 0, seq_stride = 0, head_stride = 0;
+  HeadStrides in_strides, out_strides;
 };
 
 // Frequencies from theta: log2(theta) and the Llama 3.1 scaling (factor 0: none).
@@ -31,6 +38,9 @@ struct RopeParams {
   bool positions_i64 = false;
   int64_t positions_batch_stride = 0;  // 0: one row of positions for every batch entry
   int rot_dim = 0;
+  // Elements [rot_dim, rot_dim + tail) of each head copied from in to out: head_dim -
+  // rot_dim out of place, 0 in place.
+  int tail = 0;
   float sin_sign = 1.0f;  // -1: the inverse rotation (backward)
   const float* cache = nullptr;  // [cache_rows, rot_dim] cos | sin; null: theta
   int64_t cache_rows = 0;
@@ -52,8 +62,8 @@ LLMK_HOST_DEVICE inline double rope_inv_freq(const RopeThetaParams& t, int i, in
 }
 
 // The CUDA launcher and the CPU reference, called after the arguments are validated.
-// `vector_ok`: q and k start 16-byte aligned, their strides are whole 16-byte vectors and
-// rot_dim / 2 is a multiple of the 16-byte vector.
+// `vector_ok`: q and k and their outputs start 16-byte aligned, their strides are whole
+// 16-byte vectors and rot_dim / 2 and the tail are multiples of the 16-byte vector.
 void rope_cuda(const RopeParams& p, RopeStyle style, DType dtype, bool vector_ok,
                cudaStream_t stream);
 void rope_cpu(const RopeParams& p, RopeStyle style, DType dtype);
