@@ -178,50 +178,81 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
   }
 }
 
-template <class T, class W, bool kAdd, bool kCentered, bool kGate>
-__global__ void __launch_bounds__(512) norm_loop_kernel(NormParams p) {
+// The streaming kernel: N-element vectors (N = 1: rows that are not 16-byte aligned),
+// each thread striding over the row; the row is re-read for the output (and LayerNorm's
+// centered pass) from L2, where it still is: a few rows per SM are in flight. It holds no
+// row, so 32 registers and blocks of up to 1024 threads keep every SM full.
+template <class T, class W, int N, bool kAdd, bool kCentered, bool kGate>
+__global__ void __launch_bounds__(1024, 2) norm_loop_kernel(NormParams p) {
   ptx::pdl_start();
   const W* weight = static_cast<const W*>(p.weight);
   const W* bias = static_cast<const W*>(p.bias);
+  const bool has_weight = !kCentered || weight != nullptr;
+  const bool has_bias = kCentered && bias != nullptr;
   const float inv_d = 1.0f / static_cast<float>(p.d);
+  const int64_t vectors = p.d / N;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     T* residual_out = static_cast<T*>(p.residual_out) + row * p.residual_out_stride;
-    // Each thread revisits exactly the columns it read (and, with kAdd, wrote) in the
+    const T* s_row = kAdd ? residual_out : x;  // the normalized input, for the later passes
+    // Each thread revisits exactly the vectors it read (and, with kAdd, wrote) in the
     // first pass, so in-place calls need no barrier between the passes.
     float sum = 0.0f;  // of s (LayerNorm) or of s^2 (RMSNorm)
-    for (int64_t col = threadIdx.x; col < p.d; col += blockDim.x) {
-      T s = x[col];
+#pragma unroll 4
+    for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+      Vec<T, N> s = load_vec<T, N>(x + v * N);
       if constexpr (kAdd) {
         const T* res = static_cast<const T*>(p.residual) + row * p.residual_stride;
-        s = from_float<T>(to_float(s) + to_float(res[col]));
-        residual_out[col] = s;
+        const Vec<T, N> r = load_vec<T, N>(res + v * N);
+#pragma unroll
+        for (int j = 0; j < N; ++j) s.v[j] = from_float<T>(to_float(s.v[j]) + to_float(r.v[j]));
+        store_vec(residual_out + v * N, s);
       }
-      const float v = to_float(s);
-      sum += kCentered ? v : v * v;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float f = to_float(s.v[j]);
+        sum += kCentered ? f : f * f;
+      }
     }
     float mean = 0.0f;
     if constexpr (kCentered) {  // a second pass (from L1/L2) for the centered sum of squares
       mean = block_sum(sum) * inv_d;
       sum = 0.0f;
-      for (int64_t col = threadIdx.x; col < p.d; col += blockDim.x) {
-        const float c = to_float(x[col]) - mean;
-        sum += c * c;
+#pragma unroll 4
+      for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+        const Vec<T, N> s = load_vec<T, N>(s_row + v * N);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float c = to_float(s.v[j]) - mean;
+          sum += c * c;
+        }
       }
     }
     const float r = rsqrtf(block_sum(sum) * inv_d + p.eps);
     if (threadIdx.x == 0) {
       if (p.rstd != nullptr) p.rstd[row] = r;
-      if (p.mean != nullptr) p.mean[row] = mean;
+      if constexpr (kCentered)
+        if (p.mean != nullptr) p.mean[row] = mean;
     }
     T* out = static_cast<T*>(p.out) + row * p.out_stride;
-    for (int64_t col = threadIdx.x; col < p.d; col += blockDim.x) {
-      const W w = weight != nullptr ? weight[col] : W{};
-      const W b = bias != nullptr ? bias[col] : W{};
-      const float v = to_float(kAdd ? residual_out[col] : x[col]);
-      float y = (v - mean) * r * norm_scale(p.offset, weight != nullptr, w) + norm_shift(bias != nullptr, b);
-      if constexpr (kGate) y *= silu(to_float(static_cast<const T*>(p.gate)[row * p.gate_stride + col]));
-      out[col] = from_float<T>(y);
+    const T* gate = kGate ? static_cast<const T*>(p.gate) + row * p.gate_stride : nullptr;
+#pragma unroll 4
+    for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+      const Vec<T, N> s = load_vec<T, N>(s_row + v * N);
+      Vec<W, N> w, b;
+      if (has_weight) w = load_vec<W, N>(weight + v * N);
+      if (has_bias) b = load_vec<W, N>(bias + v * N);
+      Vec<T, N> z;
+      if constexpr (kGate) z = load_vec<T, N>(gate + v * N);
+      Vec<T, N> y;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        float f = (to_float(s.v[j]) - mean) * r * norm_scale(p.offset, has_weight, w.v[j]) +
+                  norm_shift(has_bias, b.v[j]);
+        if constexpr (kGate) f *= silu(to_float(z.v[j]));
+        y.v[j] = from_float<T>(f);
+      }
+      store_vec(out + v * N, y);
     }
   }
 }

@@ -73,6 +73,18 @@ TEST(AddRMSNormGpu, StridedRowsAndWeightDtypes) {
   }
 }
 
+TEST(AddRMSNormGpu, ManyLongRowsTakeTheStreamingKernel) {
+  LLMK_REQUIRE_GPU();
+  // At least 2 x SM count rows of at least 512 16-byte vectors (norm_launch.cuh), on GPUs
+  // of up to 150 SMs: an odd vector count, strided rows, in place, an fp32 weight with offset.
+  for (DType dt : all_dtypes()) {
+    const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
+    run_gpu_case(dt, dt, 300, 641 * vec, 641 * vec * 2, false, 0.0);
+    run_gpu_case(dt, dt, 300, 512 * vec, 512 * vec, true, 0.0);
+    run_gpu_case(dt, DType::f32, 300, 2500 * vec, 2500 * vec + vec, true, 1.0);
+  }
+}
+
 TEST(AddRMSNormGpu, MoreThan2To31Elements) {
   LLMK_REQUIRE_GPU();
   const int64_t d = 4096, rows = (int64_t{1} << 31) / d + 2;  // 2^31 + 8192 elements

@@ -102,6 +102,21 @@ TEST(RMSNormGpu, StridedRowsWeightDtypesOffsetInPlace) {
   }
 }
 
+TEST(RMSNormGpu, ManyLongRowsTakeTheStreamingKernel) {
+  LLMK_REQUIRE_GPU();
+  // At least 2 x SM count rows of at least 512 16-byte vectors (norm_launch.cuh): 300
+  // rows pass that on GPUs of up to 150 SMs. An odd vector count (641), strided rows (a q
+  // slice), rstd, in place, an fp32 weight with offset, and a row longer than a block.
+  const int64_t rows = 300;
+  for (DType dt : all_dtypes()) {
+    const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
+    run_gpu_case({dt, dt, rows, 512 * vec, 512 * vec * 3, 0.0, true, false});
+    run_gpu_case({dt, dt, rows, 641 * vec, 641 * vec, 0.0, false, true});
+    run_gpu_case({dt, DType::f32, rows, 600 * vec, 600 * vec + vec, 1.0, true, false});
+    run_gpu_case({dt, dt, rows, 2500 * vec, 2500 * vec, 0.0, true, true});
+  }
+}
+
 TEST(RMSNormGpu, MoreThan2To31Elements) {
   LLMK_REQUIRE_GPU();
   const int64_t d = 4096, rows = (int64_t{1} << 31) / d + 2;  // 2^31 + 8192 elements

@@ -128,7 +128,9 @@ inline float dtype_rtol(DType dt) {
 
 // Elementwise |got - want| <= atol + rtol * |want| over the rows x d elements (NaN in
 // `got` fails). atol defaults to 1e-3 * rtol * max|want|; outputs that are a difference of
-// larger terms (gradients) pass an atol relative to the terms' scale instead.
+// larger terms (gradients) pass an atol relative to the terms' scale instead. Either way it
+// includes one step of the dtype's subnormal range (fp16: 2^-24), whose spacing no relative
+// tolerance covers: a value near a rounding midpoint may land on either neighbour.
 inline void expect_close(const HostTensor& got, const HostTensor& want, float rtol,
                          const char* what, float atol = -1.0f) {
   ASSERT_EQ(got.rows, want.rows);
@@ -137,6 +139,7 @@ inline void expect_close(const HostTensor& got, const HostTensor& want, float rt
   for (int64_t r = 0; r < want.rows; ++r)
     for (int64_t c = 0; c < want.d; ++c) max_ref = std::max(max_ref, std::fabs(want.get(r, c)));
   if (atol < 0) atol = 1e-3f * rtol * max_ref + 1e-30f;
+  if (got.dtype == DType::f16) atol += 0x1p-24f;
   int64_t bad = 0;
   for (int64_t r = 0; r < want.rows; ++r)
     for (int64_t c = 0; c < want.d; ++c) {
