@@ -26,6 +26,11 @@ inline int round_up_warp(int64_t threads) {
   return static_cast<int>(std::max<int64_t>(32, (threads + 31) / 32 * 32));
 }
 
+// Under two rows per SM a row kernel's rows are few (decode, sampling): its launch is chosen
+// for latency, not for resident threads (pick_row_shape here; the sm_90 softmax cluster
+// kernel and the norm streaming kernel serve only one side of this line).
+inline bool few_rows(int64_t rows, int sm_count) { return rows < 2 * int64_t{sm_count}; }
+
 // The shape for rows of n 16-byte vectors: VPT in {1, 2, 4, 8, 16} with
 // 128 <= n / VPT <= 512 threads (fewer only for VPT = 1). Few rows (under two per SM):
 // the most threads per row, for latency. Otherwise the most resident threads per SM
@@ -35,17 +40,16 @@ inline int round_up_warp(int64_t threads) {
 // not compile. vpt = 0: the row does not fit.
 template <class KernelFor>
 RowShape pick_row_shape(int64_t rows, int64_t n, KernelFor&& kernel_for) {
-  int device = 0, sm_count = 0;
+  int device = 0;
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
-  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-  const bool few_rows = rows < 2 * int64_t{sm_count};
+  const bool few = few_rows(rows, sm_count_of(device));
   RowShape best{0, 0};
   int64_t best_score = -1;
   for (int vpt : {1, 2, 4, 8, 16}) {
     const int threads = round_up_warp((n + vpt - 1) / vpt);
     const void* kernel = kernel_for(vpt);
     if (kernel == nullptr || threads > 512 || (threads < 128 && vpt > 1)) continue;
-    if (few_rows) return {vpt, threads};
+    if (few) return {vpt, threads};
     const KernelFit fit = kernel_fit(kernel, threads, device);
     // Non-spilling kernels rank above every spilling one.
     const int64_t score = int64_t{fit.blocks_per_sm} * threads + (fit.spills ? 0 : (int64_t{1} << 32));

@@ -50,18 +50,20 @@ template <bool kAdd, bool kCentered, bool kGate = false>
 void launch_norm(const char* op, const NormParams& p, DType act, DType affine, bool vector_ok,
                  cudaStream_t stream) {
   const int blocks = static_cast<int>(std::min(p.rows, kMaxRowBlocks));
-  int device = 0;
-  LLMK_CUDA_CHECK(cudaGetDevice(&device));
   dispatch_act_weight(act, affine, op, [&](auto act_tag, auto weight_tag) {
     using T = device_type_t<decltype(act_tag)>;
     using W = device_type_t<decltype(weight_tag)>;
     constexpr int N = kVec16<T>;
     const int64_t vectors = p.d / N;
     if constexpr (!kCentered && !kGate) {
-      if (vector_ok && vectors >= kStreamMinVectors && p.rows >= 2 * int64_t{sm_count_of(device)}) {
-        launch_pdl(norm_loop_kernel<T, W, N, kAdd, kCentered, kGate>, dim3(blocks), dim3(stream_threads(vectors)),
-                   0, stream, p);
-        return;
+      if (vector_ok && vectors >= kStreamMinVectors) {
+        int device = 0;
+        LLMK_CUDA_CHECK(cudaGetDevice(&device));
+        if (!few_rows(p.rows, sm_count_of(device))) {
+          launch_pdl(norm_loop_kernel<T, W, N, kAdd, kCentered, kGate>, dim3(blocks), dim3(stream_threads(vectors)),
+                     0, stream, p);
+          return;
+        }
       }
     }
     const RowShape shape =

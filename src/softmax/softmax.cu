@@ -40,7 +40,7 @@ constexpr int64_t kClusterMaxSlice = 512 * 16;  // vectors one block holds in re
 
 // Blocks per cluster for `rows` rows of `vectors` 16-byte vectors on `sms` SMs; 0: none.
 int cluster_blocks(int64_t rows, int64_t vectors, int sms) {
-  if (rows >= 2 * int64_t{sms}) return 0;
+  if (!few_rows(rows, sms)) return 0;
   const int64_t fit = (vectors + kClusterMaxSlice - 1) / kClusterMaxSlice;
   const int64_t c = std::min({int64_t{kSoftmaxMaxCluster}, std::max(fit, sms / rows), vectors / kClusterMinSlice});
   return c >= 2 && c >= fit ? static_cast<int>(c) : 0;

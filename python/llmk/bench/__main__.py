@@ -384,13 +384,12 @@ def main(argv=None):
         torch.set_num_threads(1)
         print(f"no CUDA GPU found: timing the CPU backend on small shapes, torch on one thread ({CPU_NOTE})",
               flush=True)
-    info = machine(device, ops + [op for op, _, _ in GAPS] * args.gaps)
-    print(_header(info, _commit(), datetime.date.today()), flush=True)
-    failures = []
-    sweep_ops = [op for op in ops if op not in (OVERHEAD, GEMM)]
-    cases = sweep(sweep_ops, args.tokens, args.hidden, device)
+    cases = sweep([op for op in ops if op not in (OVERHEAD, GEMM)], args.tokens, args.hidden, device)
     if args.gaps:
         cases += GAPS if device == "cuda" else sweep(list(dict.fromkeys(op for op, _, _ in GAPS)), None, None, device)
+    info = machine(device, ops + [op for op, _, _ in cases])
+    print(_header(info, _commit(), datetime.date.today()), flush=True)
+    failures = []
     rows = run(cases, torch.bfloat16, device, info, failures)
     if GEMM in ops:
         rows += gemm_cases.run(args, torch.bfloat16, device, info, failures)
