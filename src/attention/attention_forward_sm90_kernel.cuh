@@ -1,27 +1,33 @@
-// Attention forward on Hopper (sm_90a): TMA + wgmma, warp-specialized. One block computes
-// 128 query rows of one (batch, head):
+// Attention forward on Hopper (sm_90a): TMA + wgmma, warp-specialized, FlashAttention 3's
+// schedule. One block computes 128 query rows of one (batch, head):
 //
-//   warpgroup 0, the producer (one thread, 40 registers): Q [128, D] once, then for each
-//     key block j of 128 keys the rows may see, K_j and V_j into a 2-stage ring (each on
-//     its own `full` barrier, so S = Q K_j^T starts before V_j lands), after both
-//     consumers released the stage;
-//   warpgroups 1 and 2, the consumers (232 registers), 64 query rows each:
-//     S = Q K_j^T      wgmma m64n128k16, both operands in shared memory (K-major)
-//     mask the sequence end and the causal diagonal (only blocks that cross them)
-//     online softmax in registers (attention_softmax.cuh: the wgmma accumulator of a warp
-//       is the mma.sync fragment of its 16 rows), P rounded to 16 bits
-//     O += P V_j       wgmma m64nDk16 with P from registers and V_j in shared memory
-//                      (MN-major: V is [keys, D] with D contiguous)
+//   warpgroup 0, the producer (one thread, 24 registers): Q [128, D] once, then the key
+//     blocks of 128 keys (64 at D = 256) the rows may see, in the order the consumers use
+//     them: K_0, then K_j and V_{j-1} for j = 1.., then the last V. K and V have their own
+//     full and empty barriers in a 2-stage ring, so K_{j+1} loads as soon as S_{j-1} is done
+//     with its stage, a block ahead of V;
+//   warpgroups 1 and 2, the consumers (240 registers), 64 query rows each, for key block j:
+//     S_j = Q K_j^T        wgmma m64n128k16, both operands in shared memory (K-major),
+//                          issued before ...
+//     O += P_{j-1} V_{j-1} wgmma m64nDk16, P from registers, V MN-major (D contiguous),
+//     then, while both run: mask S_j where the block crosses the sequence end or the causal
+//     diagonal, the online softmax of S_j (attention_softmax.cuh: a warp's accumulator is
+//     the mma.sync fragment of its 16 rows); after O's wgmma: P_j = S_j rounded to 16
+//     bits, O rescaled where a row max grew.
 //   O /= row sum, stored from registers; lse = max + log(sum).
-// The two consumers interleave on the tensor cores by themselves (one's softmax runs
-// while the other's GEMMs do). Causal blocks skip the key blocks above the diagonal. Without
-// a causal mask the grid is persistent (one block per SM walking the tiles) and Q is
-// double-buffered (D <= 128), so the next tile's Q and first K/V blocks load while this
-// tile finishes; causal calls get one block per tile, the longest rows first.
+// Intra-warpgroup overlap: the exp2/MUFU work of block j runs beside the tensor work of S_j
+// and P_{j-1} V_{j-1}. Pingpong (D <= 128): the two consumers take turns issuing their
+// GEMMs, ordered by two named barriers, so one's softmax runs while the other's GEMMs do
+// (FA3 leaves it off at D = 256, where the O accumulators take half the registers).
+// Causal blocks skip the key blocks above the diagonal. Without a causal mask the grid is
+// persistent (one block per SM walking the tiles) and Q is double-buffered (D <= 128), so
+// the next tile's Q and first K/V blocks load while this tile finishes; causal calls get
+// one block per tile, the longest rows first.
 //
 // Shared memory (128-byte swizzle, 64-column chunks of rows x 128 bytes): Q D/64 chunks of
 // 128 rows, each stage K and V D/64 chunks of kBlockN rows: D = 64: 16 + 2 x 32 = 80 KB;
 // D = 128: 32 + 2 x 64 = 160 KB; D = 256 (64-key blocks): 64 + 2 x 64 = 192 KB.
+// Registers per consumer thread: O D/2, S_j kBlockN/2, P_{j-1} kBlockN/4 (D = 128: 160).
 // Roofline as the sm_80 kernel's (attention_forward_kernel.cuh): 4 seq_q seq_k D FLOPs per
 // (batch, head), tensor-bound; wgmma's dense bf16 peak is ~990 TFLOP/s.
 #pragma once
@@ -44,6 +50,7 @@ template <int kHeadDim_>
 struct AttentionSm90Tile {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = 128, kBlockN = kHeadDim <= 128 ? 128 : 64, kStages = 2, kConsumers = 2;
+  static constexpr bool kPingpong = kHeadDim <= 128;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   static constexpr int kChunks = kHeadDim / 64;                  // 64-column swizzle chunks
   static constexpr uint32_t kQChunkBytes = kBlockM * 128;        // rows x 128 bytes
@@ -56,7 +63,7 @@ struct AttentionSm90Tile {
   static constexpr uint32_t kStageBytes = 2 * kKvBytes;
   static constexpr uint32_t kRingOffset = kQBuffers * kQBytes;
   static constexpr int kSharedBytes =
-      kRingOffset + kStages * kStageBytes + (2 * kQBuffers + 3 * kStages) * 8 + 1024;
+      kRingOffset + kStages * kStageBytes + (2 * kQBuffers + 4 * kStages) * 8 + 1024;
 };
 
 // Maps over q, k, v as 4-d [batch, heads, rows, D] (dense) or [1, heads, total, D]
@@ -97,13 +104,14 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
   extern __shared__ uint8_t shared_raw[];
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
   auto q_smem = [&](int b) { return base + b * Tile::kQBytes; };
-  auto k_smem = [&](int s) { return base + Tile::kRingOffset + s * Tile::kStageBytes; };
-  auto v_smem = [&](int s) { return base + Tile::kRingOffset + s * Tile::kStageBytes + Tile::kKvBytes; };
+  // Stage s of the ring holds K (part 0) then V (part 1).
+  auto kv_smem = [&](int s, int part) { return base + Tile::kRingOffset + s * Tile::kStageBytes + part * Tile::kKvBytes; };
   uint64_t* q_full = reinterpret_cast<uint64_t*>(base + Tile::kRingOffset + Tile::kStages * Tile::kStageBytes);
   uint64_t* q_empty = q_full + Tile::kQBuffers;
   uint64_t* k_full = q_empty + Tile::kQBuffers;
   uint64_t* v_full = k_full + Tile::kStages;
-  uint64_t* kv_empty = v_full + Tile::kStages;
+  uint64_t* k_empty = v_full + Tile::kStages;
+  uint64_t* v_empty = k_empty + Tile::kStages;
 
   if (threadIdx.x == 0) {
     for (int b = 0; b < Tile::kQBuffers; ++b) {
@@ -113,7 +121,8 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
     for (int s = 0; s < Tile::kStages; ++s) {
       mbarrier_init(&k_full[s], 1);
       mbarrier_init(&v_full[s], 1);
-      mbarrier_init(&kv_empty[s], Tile::kConsumers);
+      mbarrier_init(&k_empty[s], Tile::kConsumers);
+      mbarrier_init(&v_empty[s], Tile::kConsumers);
     }
     mbarrier_init_fence();
   }
@@ -121,9 +130,9 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
 
   const int wg = warpgroup_index();
   if (wg == 0) {
-    warpgroup_release_registers<40>();
+    warpgroup_release_registers<24>();
     if (threadIdx.x != 0) return;
-    RingState<Tile::kStages> ring;
+    RingState<Tile::kStages> k_ring, v_ring;
     RingState<Tile::kQBuffers> q_ring;
     for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
       const AttentionTileCoord c = attention_tile(p, m_blocks, t);
@@ -138,29 +147,36 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
       tma_load_4d_chunks<Tile::kChunks>(q_smem(q_ring.stage), Tile::kQChunkBytes, &maps.q, &q_full[q_ring.stage],
                                         static_cast<int32_t>(seq.q_start + m0), c.head, map_batch);
       q_ring.advance();
-      for (int j = 0; j < n_blocks; ++j) {
-        const int32_t k_row = static_cast<int32_t>(seq.k_start + j * Tile::kBlockN);
-        // Key block j of K or V: its D / 64 column chunks onto `bar`.
-        auto load_block = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* bar) {
-          mbarrier_arrive_expect_tx(bar, Tile::kKvBytes);
-          tma_load_4d_chunks<Tile::kChunks>(dst, Tile::kKvChunkBytes, map, bar, k_row, kv_head, map_batch);
-        };
-        mbarrier_wait(&kv_empty[ring.stage], ring.phase ^ 1u);
-        load_block(k_smem(ring.stage), &maps.k, &k_full[ring.stage]);
-        load_block(v_smem(ring.stage), &maps.v, &v_full[ring.stage]);
+      // Key block j of K (or V) into the next stage of its ring, once both consumers left it.
+      auto load_block = [&](int j, RingState<Tile::kStages>& ring, int part, const CUtensorMap* map, uint64_t* full,
+                            uint64_t* empty) {
+        mbarrier_wait(&empty[ring.stage], ring.phase ^ 1u);
+        mbarrier_arrive_expect_tx(&full[ring.stage], Tile::kKvBytes);
+        tma_load_4d_chunks<Tile::kChunks>(kv_smem(ring.stage, part), Tile::kKvChunkBytes, map, &full[ring.stage],
+                                          static_cast<int32_t>(seq.k_start + j * Tile::kBlockN), kv_head, map_batch);
         ring.advance();
+      };
+      load_block(0, k_ring, 0, &maps.k, k_full, k_empty);
+      for (int j = 1; j < n_blocks; ++j) {
+        load_block(j, k_ring, 0, &maps.k, k_full, k_empty);
+        load_block(j - 1, v_ring, 1, &maps.v, v_full, v_empty);
       }
+      load_block(n_blocks - 1, v_ring, 1, &maps.v, v_full, v_empty);
     }
     return;
   }
 
-  warpgroup_claim_registers<232>();
+  warpgroup_claim_registers<240>();
   const int consumer = wg - 1;
   const bool leader = threadIdx.x % kWarpgroupThreads == 0;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int row_in_tile = 64 * consumer + 16 * warp + lane / 4;  // the thread's first row
-  constexpr int kDTiles = kHeadDim / 8;
-  RingState<Tile::kStages> ring;
+  constexpr int kDTiles = kHeadDim / 8, kNTiles = Tile::kBlockN / 8;
+  constexpr int kPairThreads = 2 * kWarpgroupThreads;
+  // Pingpong: consumer c issues its GEMMs after named barrier 1 + c completes, then lets
+  // the other one go. Consumer 0 goes first: consumer 1 arrives for it once up front.
+  if (Tile::kPingpong && consumer == 1) named_barrier_arrive(1, kPairThreads);
+  RingState<Tile::kStages> k_ring, v_ring;
   RingState<Tile::kQBuffers> q_ring;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const AttentionTileCoord c = attention_tile(p, m_blocks, t);
@@ -173,19 +189,17 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
     float o[1][kDTiles][4];
 #pragma unroll
     for (int dt = 0; dt < kDTiles; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.0f;
+    auto& o_flat = reinterpret_cast<float(&)[kHeadDim / 2]>(o);
     OnlineSoftmax<1> softmax;
+    uint32_t pa[Tile::kBlockN / 16][4];  // P_{j-1} as the A fragments of the 16-key steps of P V
     const int q_buffer = q_ring.stage;
-    if (n_blocks > 0) mbarrier_wait(&q_full[q_buffer], q_ring.phase);
     const uint32_t q_addr = static_cast<uint32_t>(__cvta_generic_to_shared(q_smem(q_buffer))) + consumer * 64 * 128;
-    for (int j = 0; j < n_blocks; ++j) {
-      const int n0 = j * Tile::kBlockN;
-      const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(k_smem(ring.stage)));
-      const uint32_t v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(v_smem(ring.stage)));
 
-      float s[1][Tile::kBlockN / 8][4];
+    // S_j = Q K_j^T issued (not waited for) into s.
+    auto issue_scores = [&](float (&s)[1][kNTiles][4]) {
       auto& s_flat = reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s);
-      mbarrier_wait(&k_full[ring.stage], ring.phase);
-      wgmma_fence();
+      const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(kv_smem(k_ring.stage, 0)));
+      mbarrier_wait(&k_full[k_ring.stage], k_ring.phase);
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         const uint64_t a = smem_descriptor(q_addr + (kk / 4) * Tile::kQChunkBytes + 32 * (kk % 4), 16, 1024);
@@ -194,21 +208,11 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
         else wgmma_m64n64k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
       }
       wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operands(s_flat);
-
-      const bool crosses_end = n0 + Tile::kBlockN > seq.seqlen_k;
-      const bool crosses_diagonal = p.causal && n0 + Tile::kBlockN - 1 > m0 + 64 * consumer + causal_shift;
-      if (crosses_end || crosses_diagonal)
-        mask_scores(s, m0 + row_in_tile - n0, 2 * (lane % 4), seq.seqlen_k - n0, p.causal, causal_shift);
-      softmax.update(s, o, p.scale_log2);
-
-      // P as the A fragments of the 16-key steps of P V.
-      uint32_t pa[Tile::kBlockN / 16][4];
-      accumulators_as_a<T>(pa, s);
-      auto& o_flat = reinterpret_cast<float(&)[kHeadDim / 2]>(o);
-      mbarrier_wait(&v_full[ring.stage], ring.phase);
-      wgmma_fence();
+    };
+    // O += P_{j-1} V_{j-1} issued.
+    auto issue_pv = [&]() {
+      const uint32_t v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(kv_smem(v_ring.stage, 1)));
+      mbarrier_wait(&v_full[v_ring.stage], v_ring.phase);
 #pragma unroll
       for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
         const uint64_t b = smem_descriptor(v_addr + 2048 * kk, Tile::kKvChunkBytes, 1024);
@@ -217,16 +221,61 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
         else wgmma_m64n64k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
       }
       wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operands(o_flat);
-      if (leader) mbarrier_arrive(&kv_empty[ring.stage]);
+    };
+    auto release = [&](uint64_t* empty, RingState<Tile::kStages>& ring) {
+      if (leader) mbarrier_arrive(&empty[ring.stage]);
       ring.advance();
-    }
+    };
+    // Masks S_j where its block crosses the sequence end or the causal diagonal, then the
+    // online softmax; returns whether O must be rescaled by `correction`.
+    auto softmax_scores = [&](float (&s)[1][kNTiles][4], int j, float (&correction)[1][2]) {
+      const int n0 = j * Tile::kBlockN;
+      const bool crosses_end = n0 + Tile::kBlockN > seq.seqlen_k;
+      const bool crosses_diagonal = p.causal && n0 + Tile::kBlockN - 1 > m0 + 64 * consumer + causal_shift;
+      if (crosses_end || crosses_diagonal)
+        mask_scores(s, m0 + row_in_tile - n0, 2 * (lane % 4), seq.seqlen_k - n0, p.causal, causal_shift);
+      return softmax.update_scores(s, correction, p.scale_log2);
+    };
 
     if (n_blocks > 0) {
+      mbarrier_wait(&q_full[q_buffer], q_ring.phase);
+      float s[1][kNTiles][4], correction[1][2];
+      wgmma_fence();
+      issue_scores(s);
+      wgmma_wait<0>();
+      wgmma_fence_operands(reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s));
+      release(k_empty, k_ring);
+      softmax_scores(s, 0, correction);  // O is still 0: nothing to rescale
+      accumulators_as_a<T>(pa, s);
+    }
+    for (int j = 1; j < n_blocks; ++j) {
+      float s[1][kNTiles][4], correction[1][2];
+      if constexpr (Tile::kPingpong) named_barrier_sync(1 + consumer, kPairThreads);
+      wgmma_fence();
+      issue_scores(s);
+      issue_pv();
+      if constexpr (Tile::kPingpong) named_barrier_arrive(2 - consumer, kPairThreads);
+      wgmma_wait<1>();
+      wgmma_fence_operands(reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s));
+      release(k_empty, k_ring);
+      const bool rescale = softmax_scores(s, j, correction);
+      wgmma_wait<0>();
+      wgmma_fence_operands(o_flat);
+      wgmma_fence_operands(pa);
+      release(v_empty, v_ring);
+      accumulators_as_a<T>(pa, s);
+      if (rescale) OnlineSoftmax<1>::rescale(o, correction);
+    }
+    if (n_blocks > 0) {
+      wgmma_fence();
+      issue_pv();
+      wgmma_wait<0>();
+      wgmma_fence_operands(o_flat);
+      release(v_empty, v_ring);
       if (leader) mbarrier_arrive(&q_empty[q_buffer]);
       q_ring.advance();
     }
+
     float inv_sum[1][2], row_lse[1][2];
     softmax.finish(inv_sum, row_lse, p.scale_log2);
     T* out = static_cast<T*>(p.out.data) + c.batch * p.out.batch_stride + c.head * p.out.head_stride;

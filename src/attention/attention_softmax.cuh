@@ -56,11 +56,13 @@ struct OnlineSoftmax {
   }
 
   // Turns the scores of one key block into unnormalized probabilities
-  // p = exp2(s * scale_log2 - max * scale_log2) and rescales o by exp(old max - new max).
-  template <int kNTiles, int kDTiles>
-  __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4],
-                                         float (&o)[kMTiles][kDTiles][4], float scale_log2) {
-    float correction[kMTiles][2];
+  // p = exp2(s * scale_log2 - max * scale_log2) and sets `correction` to each row's factor
+  // exp(old max - new max) for the output accumulated so far. Returns whether any row of
+  // the warp changed its max: once the running maxima settle (most key blocks of a long
+  // row) the rescale of O (kDTiles * 4 multiplies per row pair) can be skipped.
+  template <int kNTiles>
+  __device__ __forceinline__ bool update_scores(float (&s)[kMTiles][kNTiles][4], float (&correction)[kMTiles][2],
+                                                float scale_log2) {
     bool max_changed = false;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -91,9 +93,12 @@ struct OnlineSoftmax {
         row_sum[mt][half] = row_sum[mt][half] * correction[mt][half] + sum;
       }
     }
-    // Once the running maxima settle (most key blocks of a long row), no row of the warp
-    // changes and the rescale of O (kDTiles * 4 multiplies per row pair) is skipped.
-    if (!__any_sync(0xffffffffu, max_changed)) return;
+    return __any_sync(0xffffffffu, max_changed);
+  }
+
+  template <int kDTiles>
+  __device__ __forceinline__ static void rescale(float (&o)[kMTiles][kDTiles][4],
+                                                 const float (&correction)[kMTiles][2]) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -104,6 +109,14 @@ struct OnlineSoftmax {
         o[mt][dt][3] *= correction[mt][1];
       }
     }
+  }
+
+  // update_scores, then the rescale of o where a max changed.
+  template <int kNTiles, int kDTiles>
+  __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4], float (&o)[kMTiles][kDTiles][4],
+                                         float scale_log2) {
+    float correction[kMTiles][2];
+    if (update_scores(s, correction, scale_log2)) rescale(o, correction);
   }
 
   // After the last key block: the factor that normalizes each row (0 for a row that saw

@@ -16,8 +16,10 @@ is the sm_80 kernel already, and the reason is printed once.
 
 Runtime: every impl costs about 160 calls per case (warm-up, capture, 7 replays of 20), and
 a case's time grows with its seqlen (16k tokens each); the default sweep (2 ops x 6 seqlens x
-2 head dims, 5 impls with llmk_sm80) is estimated at about a minute of timing on the H100
-(llmk_sm80 adds ~6 s of it), most of it at seqlen 16384 and in the slowest peer (efficient).
+3 head dims, 5 impls with llmk_sm80) is estimated at about a minute and a half of timing on
+the H100, most of it at seqlen 16384 and in the slowest peer (efficient).
+Ops attention_gqa / attention_gqa_causal: one sequence of 4k-32k tokens, 32 query heads over
+8 KV heads, head dim 128 (Llama-3-8B's attention), the SDPA peers with enable_gqa=True.
 Trim with the harness's --tokens / --hidden, or pick the peers with
 LLMK_BENCH_ATTENTION_PEERS (comma-separated, of llmk_sm80 flash cudnn efficient; llmk always
 runs).
@@ -50,7 +52,7 @@ from .activation_cases import grad_peer
 TOKENS_PER_BATCH = 16384
 HIDDEN = {"cuda": 2048, "cpu": 256}
 SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
-HEAD_DIMS = [64, 128]
+HEAD_DIMS = [64, 128, 256]
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
          "efficient": SDPBackend.EFFICIENT_ATTENTION}
 CHECK_ROWS = 256
@@ -106,11 +108,11 @@ def _wanted(name):
     return not names or name in names
 
 
-def _sdpa(backend, causal):
+def _sdpa(backend, causal, gqa=False):
     def run(q, k, v):
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                  is_causal=causal).transpose(1, 2)
+                                                  is_causal=causal, enable_gqa=gqa).transpose(1, 2)
     return run
 
 
@@ -165,12 +167,12 @@ BACKWARD_HEAD_DIMS = [64, 128, 256]
 BACKWARD_PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
-def _peers(impls, peers, causal, sample, device, what, wrap=lambda fn: fn):
+def _peers(impls, peers, causal, sample, device, what, wrap=lambda fn: fn, gqa=False):
     """Adds each wanted SDPA backend that runs `sample` (else says once that it is skipped)."""
     for name, backend in peers.items():
         if not _wanted(name):
             continue
-        fn = wrap(_sdpa(backend, causal))
+        fn = wrap(_sdpa(backend, causal, gqa))
         if _works(fn, sample):
             impls[name] = fn
         elif (name, device, what) not in _SKIPPED:
@@ -222,7 +224,51 @@ def attention_backward_case(causal):
     return case
 
 
+GQA_SEQLENS = [4096, 8192, 16384, 32768]
+GQA_HEADS = {"cuda": (32, 8), "cpu": (4, 1)}  # (query heads, kv heads): Llama-3-8B's on the GPU
+
+
+def attention_gqa_case(causal):
+    """Grouped-query attention of one sequence (batch 1): q [1, seqlen, 32, D], k and v
+    [1, seqlen, 8, D]; llmk reads each KV head for its group of 4 query heads, the SDPA peers
+    get the same tensors with enable_gqa=True (a backend that refuses it is skipped)."""
+    def case(seqlen, head_dim, dtype, device):
+        heads_q, heads_kv = GQA_HEADS[device]
+        group = heads_q // heads_kv
+        elt = torch.tensor([], dtype=dtype).element_size()
+        flops = 4 * heads_q * seqlen * seqlen * head_dim // (2 if causal else 1)
+        check_rows = min(CHECK_ROWS, seqlen)
+
+        def make():
+            q = torch.randn(1, seqlen, heads_q, head_dim, device=device, dtype=dtype)
+            k, v = (torch.randn(1, seqlen, heads_kv, head_dim, device=device, dtype=dtype) for _ in range(2))
+            return q, k, v
+
+        sample = make()
+        impls = {"llmk": lambda q, k, v: llmk.attention(q, k, v, causal=causal)}
+        _add_sm80(impls, sample, device, "attention_gqa", seqlen, head_dim)
+        _peers(impls, PEERS, causal, sample, device, "attention_gqa", gqa=True)
+        del sample
+
+        def reference(q, k, v):
+            """The last rows of query head group - 1 (the first group's last head, KV head 0)."""
+            rows = slice(seqlen - check_rows, seqlen)
+            qd, kd, vd = q[0, rows, group - 1].double(), k[0, :, 0].double(), v[0, :, 0].double()
+            s = qd @ kd.T / head_dim**0.5
+            if causal:
+                i = torch.arange(seqlen - check_rows, seqlen, device=q.device)[:, None]
+                s = s.masked_fill(torch.arange(seqlen, device=q.device)[None, :] > i, float("-inf"))
+            return torch.softmax(s, -1) @ vd, lambda out: out[0, rows, group - 1]
+
+        return 2 * (heads_q + heads_kv) * seqlen * head_dim * elt, make, impls, reference, flops
+
+    return case
+
+
 OPS = {"attention": attention_case(False), "attention_causal": attention_case(True),
+       "attention_gqa": attention_gqa_case(False), "attention_gqa_causal": attention_gqa_case(True),
        "attention_backward": attention_backward_case(False), "attention_backward_causal": attention_backward_case(True)}
 SWEEPS = {op: (SEQLENS, BACKWARD_HEAD_DIMS if "backward" in op else HEAD_DIMS) for op in OPS}
+SWEEPS.update({op: (GQA_SEQLENS, [128]) for op in ("attention_gqa", "attention_gqa_causal")})
 CPU_SWEEPS = {op: ([64, 256], HEAD_DIMS) for op in OPS}  # without a GPU: the CPU backend at small shapes
+CPU_SWEEPS.update({op: ([64, 256], [64]) for op in ("attention_gqa", "attention_gqa_causal")})

@@ -103,9 +103,4 @@ __device__ __forceinline__ void add_swizzled(uint32_t boxes, float* d) {
   }
 }
 
-// bar.sync on a named barrier (ids 1..15; 0 is __syncthreads) among `threads` threads.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 }  // namespace llmk::detail::sm90

@@ -71,4 +71,14 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[kN]) {
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The same for register A operands: keeps them (and their registers) live until here, so
+// that nothing is written over them while an async wgmma may still read them.
+template <int kK>
+__device__ __forceinline__ void wgmma_fence_operands(uint32_t (&a)[kK][4]) {
+#pragma unroll
+  for (int k = 0; k < kK; ++k)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[k][i])::"memory");
+}
+
 }  // namespace llmk::detail::sm90
