@@ -9,17 +9,21 @@ impls, reference).
 columns, peak memory beside time): :func:`run_fused_linear_cross_entropy`, run by
 ``python -m llmk.bench.loss_cases [--csv F] [--table F]``. The LM head and its loss, forward +
 backward (the gradients of hidden and weight) at 8192 tokens x H 4096 x V 128256 (Llama-3-8B)
-and 4096 x 3584 x 152064 (Qwen2.5-7B), bf16: ``llmk`` (llmk.fused_linear_cross_entropy, default
-chunk), ``llmk chunk N`` (Liger's chunk rule, where the default differs), ``llmk weight-dtype
-dW`` (weight_grad_dtype = the weight's dtype: no float32 accumulator), ``llmk unfused``
-(llmk.linear then llmk.cross_entropy), ``torch`` (F.linear then F.cross_entropy on the bf16
-logits) and ``liger`` (Liger-Kernel's LigerFusedLinearCrossEntropyLoss, where installed).
-Columns: ``time_ms`` and ``peak_mib`` (torch.cuda.max_memory_allocated over the inputs, the
-returned gradients included) of forward + backward, the same of the forward alone under
-torch.no_grad (``fwd_ms``, ``fwd_peak_mib``), and the max error of the loss and of each
-gradient relative to the max of a float32 reference (torch in float32, TF32 off). Timing:
-CUDA events around single calls (each is tens of ms), median of 5 after a warm-up.
-Without a GPU it is skipped with a note."""
+and 4096 x 3584 x 152064 (Qwen2.5-7B), bf16: ``llmk`` (llmk.fused_linear_cross_entropy: the
+default chunk, the weight's gradient summed in its dtype), ``llmk chunk N`` (Liger's chunk rule,
+and twice the default: the time / memory trade of the chunk), ``llmk fp32 dW``
+(weight_grad_dtype=torch.float32: a float32 accumulator), ``llmk unfused`` (llmk.linear then
+llmk.cross_entropy), ``torch`` (F.linear then F.cross_entropy on the bf16 logits) and
+``liger`` (Liger-Kernel's LigerFusedLinearCrossEntropyLoss, where installed). Columns:
+``time_ms`` and ``peak_mib`` (torch.cuda.max_memory_allocated over what is allocated before the
+call, so the returned gradients are in it) of forward + backward; ``transient_mib``, that peak
+less the bytes of what the call returns (dhidden and dweight, 1066 MiB at Llama-3-8B's head,
+and the loss): the memory the implementation needs of its own, which is what a fused op can
+save (every implementation returns the same gradients); the time and peak of the forward
+alone under torch.no_grad (``fwd_ms``, ``fwd_peak_mib``, nothing returned but the loss); and the
+max error of the loss and of each gradient relative to the max of a float32 reference (torch
+in float32, TF32 off). Timing: CUDA events around single calls (each is tens of ms), median of
+5 after a warm-up. Without a GPU it is skipped with a note."""
 
 import argparse
 import csv
@@ -96,14 +100,14 @@ def _flce_impls(tokens, hidden, vocab):
     """name -> (chunk or None, loss_fn(h, w, t))."""
     from llmk.ops.loss import _flce_chunk_size
 
-    impls = {"llmk": (_flce_chunk_size(tokens, hidden, vocab, True),
-                      lambda h, w, t: llmk.fused_linear_cross_entropy(h, w, t))}
-    liger_rule = _flce_chunk_size(tokens, hidden, vocab, False)
-    if liger_rule != impls["llmk"][0]:
-        impls[f"llmk chunk {liger_rule}"] = (liger_rule, lambda h, w, t: llmk.fused_linear_cross_entropy(
-            h, w, t, chunk_size=liger_rule))
-    impls["llmk weight-dtype dW"] = (_flce_chunk_size(tokens, hidden, vocab, True, 2),
-                                     lambda h, w, t: llmk.fused_linear_cross_entropy(h, w, t, weight_grad_dtype=w.dtype))
+    default = _flce_chunk_size(tokens, hidden, vocab, True)
+    impls = {"llmk": (default, lambda h, w, t: llmk.fused_linear_cross_entropy(h, w, t))}
+    for chunk in dict.fromkeys((_flce_chunk_size(tokens, hidden, vocab, False), min(tokens, 2 * default))):
+        if chunk != default:
+            impls[f"llmk chunk {chunk}"] = (chunk, lambda h, w, t, chunk=chunk: llmk.fused_linear_cross_entropy(
+                h, w, t, chunk_size=chunk))
+    impls["llmk fp32 dW"] = (_flce_chunk_size(tokens, hidden, vocab, True, 4), lambda h, w, t: (
+        llmk.fused_linear_cross_entropy(h, w, t, weight_grad_dtype=torch.float32)))
     impls["llmk unfused"] = (None, lambda h, w, t: llmk.cross_entropy(llmk.linear(h, w), t))
     impls["torch"] = (None, lambda h, w, t: F.cross_entropy(F.linear(h, w), t))
     try:
@@ -115,8 +119,14 @@ def _flce_impls(tokens, hidden, vocab):
     return impls
 
 
+def _bytes(out) -> int:
+    tensors = out if isinstance(out, (tuple, list)) else (out,)
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
 def _peak_and_ms(fn):
-    """(peak MiB over what is allocated before, median ms of FLCE_REPEATS calls after a warm-up)."""
+    """(peak MiB over what is allocated before, MiB of what fn returns, median ms of FLCE_REPEATS
+    calls after a warm-up)."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -124,6 +134,7 @@ def _peak_and_ms(fn):
     out = fn()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    returned = _bytes(out) / 2**20
     del out
     times = []
     for _ in range(FLCE_REPEATS):
@@ -134,7 +145,7 @@ def _peak_and_ms(fn):
         end.synchronize()
         times.append(start.elapsed_time(end))
         del out
-    return peak, statistics.median(times)
+    return peak, returned, statistics.median(times)
 
 
 def _rel_err(got, ref):
@@ -185,8 +196,8 @@ def _flce_rows(device, failures, shapes, dtype):
                 got = train()
                 errors = [_rel_err(g, r) for g, r in zip(got, ref)] if ref is not None else ["", "", ""]
                 del got
-                peak, ms = _peak_and_ms(train)
-                fwd_peak, fwd_ms = _peak_and_ms(infer)
+                peak, returned, ms = _peak_and_ms(train)
+                fwd_peak, _, fwd_ms = _peak_and_ms(infer)
             except Exception as e:  # noqa: BLE001 - an OOM or a peer that does not run: report, go on
                 failures.append(f"{FLCE} {name} {impl}: {type(e).__name__}: {e}")
                 print(f"{FLCE} {name} {impl}: {failures[-1]}", flush=True)
@@ -194,14 +205,20 @@ def _flce_rows(device, failures, shapes, dtype):
                 continue
             rows.append(dict(op=FLCE, dtype=str(dtype).replace("torch.", ""), shape=name, tokens=tokens,
                              hidden=hidden, vocab=vocab, impl=impl, chunk=chunk or "", time_ms=round(ms, 3),
-                             peak_mib=round(peak, 1), fwd_ms=round(fwd_ms, 3), fwd_peak_mib=round(fwd_peak, 1),
+                             peak_mib=round(peak, 1), transient_mib=round(peak - returned, 1),
+                             fwd_ms=round(fwd_ms, 3), fwd_peak_mib=round(fwd_peak, 1),
                              loss_rel_err=errors[0], dhidden_rel_err=errors[1], dweight_rel_err=errors[2],
                              timing="events"))
-            print(f"{FLCE} {name} {impl:16s} {ms:9.2f} ms {peak:9.1f} MiB  (forward {fwd_ms:.2f} ms "
-                  f"{fwd_peak:.1f} MiB)", flush=True)
+            print(f"{FLCE} {name} {impl:16s} {ms:9.2f} ms {peak:9.1f} MiB peak {peak - returned:9.1f} MiB "
+                  f"transient  (forward {fwd_ms:.2f} ms {fwd_peak:.1f} MiB)", flush=True)
         del h, w, t, ref
         torch.cuda.empty_cache()
     return rows
+
+
+def _mib(value) -> str:
+    """A MiB cell; empty for rows of CSVs from before the column."""
+    return "" if value in (None, "") else f"{float(value):.0f}"
 
 
 def markdown_fused_linear_cross_entropy(rows):
@@ -211,12 +228,14 @@ def markdown_fused_linear_cross_entropy(rows):
         case = [r for r in rows if r["shape"] == shape]
         first = case[0]
         out += [f"\n### {FLCE}: {shape}, {first['tokens']} tokens x H {first['hidden']} x V {first['vocab']} "
-                f"{first['dtype']}, forward + backward (dhidden, dweight)\n",
-                "| impl | chunk | ms | peak MiB | fwd ms | fwd peak MiB | loss err | dhidden err | dweight err |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                f"{first['dtype']}, forward + backward (dhidden, dweight); transient = peak less the returned "
+                "gradients\n",
+                "| impl | chunk | ms | peak MiB | transient MiB | fwd ms | fwd peak MiB | loss err | dhidden err "
+                "| dweight err |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         out += [f"| {r['impl']} | {r['chunk']} | {float(r['time_ms']):.2f} | {float(r['peak_mib']):.0f} | "
-                f"{float(r['fwd_ms']):.2f} | {float(r['fwd_peak_mib']):.0f} | {r['loss_rel_err']} | "
-                f"{r['dhidden_rel_err']} | {r['dweight_rel_err']} |" for r in case]
+                f"{_mib(r.get('transient_mib'))} | {float(r['fwd_ms']):.2f} | {float(r['fwd_peak_mib']):.0f} | "
+                f"{r['loss_rel_err']} | {r['dhidden_rel_err']} | {r['dweight_rel_err']} |" for r in case]
     return out
 
 

@@ -157,10 +157,11 @@ def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, labe
 
 # --- fused linear + cross-entropy -------------------------------------------------------------
 #
-# A composition of the ops above and llmk.linear (no torch.ops.llmk op of its own): the tokens go
-# through in chunks, so that at most one chunk of logits (and its gradient) is in memory. The
-# algorithm, the memory and the reductions' two paths are in fused_linear_cross_entropy's
-# docstring and docs/kernels/cross_entropy.md.
+# A composition of the ops above, llmk.linear for the logits and, on the GPU, cuBLAS for the
+# gradients' products written in place (no torch.ops.llmk op of its own): the tokens go through
+# in chunks, so that one chunk of logits is in memory at a time. The algorithm, the memory and
+# the reductions' paths are in fused_linear_cross_entropy's docstring and
+# docs/kernels/cross_entropy.md.
 
 _FLCE = "llmk.fused_linear_cross_entropy"
 _MIN_CHUNK_LOGITS = 1 << 25  # the default chunk holds at least this many logits (64 MiB in bf16)
@@ -178,21 +179,21 @@ def _pow2_floor(n: int) -> int:
     return 1 if n <= 1 else 1 << (n.bit_length() - 1)
 
 
-def _flce_chunk_size(tokens: int, hidden: int, vocab: int, weight_grad: bool, accumulator_bytes: int = 4) -> int:
+def _flce_chunk_size(tokens: int, hidden: int, vocab: int, weight_grad: bool, accumulator_bytes: int = 2) -> int:
     """The default chunk (tokens per chunk):
 
     - Liger-Kernel's rule: ceil(tokens / ceil(vocab / hidden)) rounded up to a power of 2, so that
       one chunk of logits is about the size of the hidden states;
     - at least 2^25 / vocab tokens (a power of 2): a chunk of 32 Mi logits (64 MiB bf16), so that
       short inputs run in one or a few chunks rather than one token at a time;
-    - when the weight's gradient is accumulated (`accumulator_bytes` per element: 4 for the
-      float32 accumulator, 2 for one in the weight's dtype), at least accumulator_bytes x hidden
-      / 16 tokens (a power of 2; hidden / 4 for float32, hidden / 8 for bf16): every chunk costs
-      a pass over the accumulator (float32: read it and the chunk's product, write it back, 10
-      bytes per weight element, 5.3 GB at V=128256, H=4096; bf16: the GEMM reads it and writes
-      the sum, which is copied back, 8 bytes), and that accumulator (accumulator_bytes x V x H)
-      is in memory anyway: the chunk's logits and their gradient (2 x chunk x V x 2 bytes) are
-      then at most a quarter of it;
+    - when the weight's gradient is accumulated over the chunks (`accumulator_bytes` per element:
+      2 for the sum in the weight's dtype, the default, 4 for the float32 accumulator), at least
+      accumulator_bytes x hidden / 16 tokens (a power of 2: H / 8 and H / 4). Each chunk's dW
+      product reads and writes the accumulator in its epilogue (2 x accumulator_bytes x V x H
+      bytes) for 2 x chunk x V x H FLOPs, chunk / accumulator_bytes FLOPs per byte: H / 16 at this
+      floor, 256 at H 4096, near the H100's ~300 (tensor rate over bandwidth), so that traffic
+      mostly hides behind the multiply; and the chunk's logits (chunk x V x 2 bytes) are then an
+      eighth of the accumulator, which is in memory anyway;
     - at most the token count."""
     chunk = _pow2_ceil(_cdiv(tokens, _cdiv(vocab, hidden)))
     chunk = max(chunk, _pow2_floor(_MIN_CHUNK_LOGITS // vocab))
@@ -216,28 +217,52 @@ def _gemm(a: Tensor, b: Tensor, bias: Optional[Tensor] = None, residual: Optiona
     return F.linear(a, b, bias) if residual is None else torch.addmm(residual, a, b.t())
 
 
-class _WeightGrad:
-    """The weight's gradient summed over the chunks, ``Σ_chunks dlogitsᵀ · hidden``, one llmk.linear
-    per chunk and vocabulary slice. The vocabulary is cut into slices of about one chunk of logits,
-    so that a GEMM's output is never a second whole [V, H]. Two accumulators (`dtype`):
+def _product_into(out: Tensor, a: Tensor, b: Tensor):
+    """``out = a · b`` (a [M, K], b [K, N]; out [M, N], rows of a larger buffer), rounded once.
+    GPU: cuBLAS writes out in place (torch.mm(out=)). The registered llmk.linear allocates its
+    output, which would then be copied in, and its Hopper kernel has M / 128 x N / 256 tiles and
+    no split-K: dhidden's chunk of 512 rows x H 4096 (K = V = 128256) is 64 tiles on 132 SMs (a
+    chunk of 256: 171 ms for the whole call, against 64 ms at 1024). CPU: llmk's reference GEMM
+    (double sums), copied in."""
+    if out.is_cuda:
+        torch.mm(a, b, out=out)
+    else:
+        out.copy_(_gemm(a, b.t()))
 
-    - float32: each slice's product is rounded once to the weight's dtype (the GEMM's output),
-      then added to the float32 slice; at the end each slice is rounded to the weight's dtype and
-      freed in turn, so that the float32 accumulator and the result are not both whole in memory
-      (the peak stays about 4 V H bytes);
-    - the weight's dtype: the result itself. The GEMM adds the running sum as its residual (in
-      float32, one rounding of the new sum per chunk) into the slice-sized output, which is
-      copied back (the op allocates its output: it cannot write the residual in place)."""
+
+class _WeightGrad:
+    """The weight's gradient ``Σ_chunks dlogitsᵀ · hidden``, summed in place chunk by chunk (`add`),
+    in one of two accumulators (`dtype`):
+
+    - the weight's dtype (the default): the sum is the returned gradient. GPU: one cuBLAS GEMM per
+      chunk with beta 1 into it (``dW.addmm_(dlogitsᵀ, hidden)``, as Liger-Kernel sums): its
+      epilogue reads the running sum, adds it to the product in float32 and rounds the new sum
+      once, in place. CPU: llmk's reference GEMM with the running sum as its residual (double,
+      one rounding) into an output of one vocabulary slice, copied back: the same roundings.
+    - float32: a float32 accumulator in vocabulary slices. GPU: cuBLAS adds each chunk's product
+      to it in float32, in place (``addmm(out_dtype=float32, out=acc)``, torch >= 2.8), the
+      product never rounded to the weight's dtype. CPU: the float32 product of the upcast
+      operands. `result` rounds each slice to the weight's dtype and frees it in turn, so the
+      float32 and the rounded copies are never both whole (at most 4 V H + V H / 2 bytes).
+
+    Why cuBLAS on the GPU: the registered llmk.linear allocates its output, so the sum through it
+    (the running sum as its residual) wrote a product slice and copied it back, 4 V H bytes more
+    per chunk (13 of 77 ms at Llama-3-8B's head, chunk 512, on the H100). llmk's C++ GEMM can
+    write in place (residual = out) but no in-place op is registered; its Hopper kernel runs at
+    0.88-1.00x cuBLAS where it has the tiles, so that op would be for ownership, not speed."""
 
     def __init__(self, weight: Tensor, chunk: int, dtype: torch.dtype):
         vocab, hidden = weight.shape
-        # About one chunk of logits per slice, at most a quarter of the vocabulary (the rounding at
-        # the end then holds 4 V H + V H / 2 bytes at most); multiples of 8 rows: aligned slices.
-        rows = max(8, min(chunk * vocab // hidden, _cdiv(vocab, 4)) // 8 * 8)
-        rows = _cdiv(_cdiv(vocab, _cdiv(vocab, rows)), 8) * 8  # the same number of slices, balanced
-        self.slices = [(v, min(v + rows, vocab)) for v in range(0, vocab, rows)]
-        self.dtype = weight.dtype
+        self.dtype, self.cuda = weight.dtype, weight.is_cuda
         self.whole = weight.new_zeros(weight.shape) if dtype == weight.dtype else None
+        if self.whole is not None and self.cuda:
+            self.slices = [(0, vocab)]  # in place: no product buffer to bound
+        else:
+            # About one chunk of logits per slice, at most a quarter of the vocabulary; multiples
+            # of 8 rows: aligned slices.
+            rows = max(8, min(chunk * vocab // hidden, _cdiv(vocab, 4)) // 8 * 8)
+            rows = _cdiv(_cdiv(vocab, _cdiv(vocab, rows)), 8) * 8  # the same number of slices, balanced
+            self.slices = [(v, min(v + rows, vocab)) for v in range(0, vocab, rows)]
         if self.whole is None:
             self.acc = [weight.new_zeros((v1 - v0, hidden), dtype=torch.float32) for v0, v1 in self.slices]
         else:
@@ -245,10 +270,15 @@ class _WeightGrad:
 
     def add(self, dlogits: Tensor, hidden: Tensor):
         for (v0, v1), acc in zip(self.slices, self.acc):
-            if self.whole is None:
-                acc += _gemm(dlogits[:, v0:v1].t(), hidden.t())
+            g = dlogits[:, v0:v1].t()  # [slice, chunk]: a transposed view
+            if self.cuda and self.whole is not None:
+                acc.addmm_(g, hidden)
+            elif self.cuda:
+                torch.addmm(acc, g, hidden, out_dtype=torch.float32, out=acc)
+            elif self.whole is not None:
+                acc.copy_(_gemm(g, hidden.t(), residual=acc))
             else:
-                acc.copy_(_gemm(dlogits[:, v0:v1].t(), hidden.t(), residual=acc))
+                acc.addmm_(g.float(), hidden.float())
 
     def result(self) -> Tensor:
         if self.whole is not None:
@@ -261,18 +291,22 @@ class _WeightGrad:
 
 
 def _flce_chunks(hidden, weight, bias, target, args, chunk, needs=(False, False, False), dloss=None, lse=None,
-                 loss_out=None, lse_out=None, weight_grad_dtype=torch.float32):
+                 loss_out=None, lse_out=None, weight_grad_dtype=None, grad_in_logits=False):
     """One pass over the tokens (hidden [tokens, H], target [tokens]), `chunk` rows at a time:
-    logits = hidden · weightᵀ + bias (llmk.linear), then
+    logits = hidden · weightᵀ + bias (llmk.linear), then one of
 
-    - without `lse`: the rows' loss and lse (llmk cross_entropy), into `loss_out` / `lse_out`;
-    - with `dloss` (the rows' upstream gradient, float32 [tokens]): the logits' gradient
-      (cross_entropy_backward, from `lse` or the chunk's own), from which the gradients that
-      `needs` = (hidden, weight, bias) asks for: dhidden rows = dlogits · weight, dweight +=
-      dlogitsᵀ · hidden (in `weight_grad_dtype`, _WeightGrad; one chunk: the product itself),
-      dbias += the column sums of dlogits (float32).
+    - `grad_in_logits`: the rows' loss (into `loss_out`) and the gradient of the sum of the chunk's
+      losses written over its logits in the same pass (cross_entropy_grad_, grad_scale 1): one
+      chunk-sized buffer; the caller scales the sums below for its reduction (they are linear in
+      the gradient);
+    - `dloss` (the rows' upstream gradient, float32 [tokens]): the rows' loss and lse (or the given
+      `lse`), then the logits' gradient into a second buffer (cross_entropy_backward);
+    - neither: the rows' loss and lse (into `loss_out` / `lse_out`) only;
 
-    Returns (dhidden, dweight, dbias), None where not asked for."""
+    and from the gradient the sums that `needs` = (hidden, weight, bias) asks for: dhidden rows =
+    dlogits · weight (_product_into), dweight += dlogitsᵀ · hidden (_WeightGrad in
+    `weight_grad_dtype`; one chunk: the product itself), dbias += the column sums of dlogits
+    (float32). Returns (dhidden, dweight, dbias), None where not asked for."""
     tokens, vocab = hidden.shape[0], weight.shape[0]
     need_h, need_w, need_b = needs
     dh = torch.empty_like(hidden) if need_h else None
@@ -283,33 +317,45 @@ def _flce_chunks(hidden, weight, bias, target, args, chunk, needs=(False, False,
         end = min(start + chunk, tokens)
         h, t = hidden[start:end], target[start:end]
         logits = _gemm(h, weight, bias)
-        if lse is None:
-            loss_c, lse_c = _cross_entropy(logits, t, *args)
-            if loss_out is not None:
-                loss_out[start:end] = loss_c
-            if lse_out is not None:
-                lse_out[start:end] = lse_c
+        dlogits = None
+        if grad_in_logits:
+            loss_out[start:end] = _cross_entropy_grad_(logits, t, *args)[0]
+            dlogits = logits
         else:
-            lse_c = lse[start:end]
-        if dloss is None:
+            if lse is None:
+                loss_c, lse_c = _cross_entropy(logits, t, *args)
+                if loss_out is not None:
+                    loss_out[start:end] = loss_c
+                if lse_out is not None:
+                    lse_out[start:end] = lse_c
+            else:
+                lse_c = lse[start:end]
+            if dloss is not None:
+                dlogits = cross_entropy_backward(dloss[start:end], logits, t, lse_c, *args)
+        del logits  # (as dlogits, the buffer lives on where the gradient was written over it)
+        if dlogits is None:
             continue
-        # The gradient is a second pass over the chunk, into a second chunk-sized buffer; for
-        # "mean" / "sum" the in-place forward (cross_entropy_grad_, grad_scale 1, the scale then
-        # applied to dhidden, dweight and dbias) would save both: not done yet.
-        dlogits = cross_entropy_backward(dloss[start:end], logits, t, lse_c, *args)
-        del logits
         if need_h:
-            dh[start:end] = _gemm(dlogits, weight.t())
+            _product_into(dh[start:end], dlogits, weight)
         if acc is not None:
             acc.add(dlogits, h)
         elif need_w:
             dw = _gemm(dlogits.t(), h.t())
         if need_b:
             db += dlogits.sum(0, dtype=torch.float32)
-        del dlogits
+        del dlogits  # before the next chunk's logits are allocated
     if need_w:
         dw = acc.result() if acc is not None else dw if dw is not None else torch.zeros_like(weight)
     return dh, dw, db.to(bias.dtype) if db is not None else None
+
+
+def _grad_in_logits(dtype: torch.dtype, reduction: str) -> bool:
+    """Whether the forward of "mean" / "sum" writes each chunk's gradient over its logits (one
+    chunk buffer; the gradient of the summed losses, the mean's 1 / count applied with the
+    upstream gradient in the backward) rather than into a buffer of its own with 1 / count in the
+    kernel: everywhere but float16 "mean", whose unscaled sums (dweight's up to tokens x max|h|)
+    can pass float16's 65504 where the mean's gradient does not. bfloat16 has float32's range."""
+    return reduction == "sum" or dtype != torch.float16
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
@@ -317,10 +363,12 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     reduced, or [tokens] for "none").
 
     "mean" / "sum": the forward computes the gradients too (the upstream gradient of a reduced
-    loss is one scalar, which the backward multiplies in); the backward only scales them: into
-    new tensors with the float32 accumulator (a second backward with retain_graph scales the
-    saved ones again), in place with the weight's dtype (`in_place`: no second [V, H] in memory
-    while the backward runs; a second backward is refused).
+    loss is one scalar), those of the summed losses where _grad_in_logits; the backward
+    multiplies them by one float32 factor (the upstream gradient, over the count of rows not
+    ignored for "mean" in that case): in place with the sum in the weight's dtype (`in_place`,
+    the default: no second [V, H] in memory while the backward runs; a second backward is
+    refused), into new tensors with the float32 accumulator (a second backward with
+    retain_graph scales the saved ones again).
     "none": the forward computes the loss rows and their lse (saved, 4 bytes a token); the
     backward recomputes the logits chunk by chunk with the per-row upstream gradient."""
 
@@ -329,20 +377,25 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         ctx.needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3])
         ctx.args, ctx.reduction, ctx.chunk, ctx.weight_grad_dtype = args, reduction, chunk, weight_grad_dtype
         ctx.in_place = weight_grad_dtype != torch.float32
-        ctx.scaled = False
+        ctx.scaled, ctx.scale = False, None
         loss = hidden.new_empty(hidden.shape[0], dtype=torch.float32)
         if reduction == "none":
             lse = torch.empty_like(loss)
             _flce_chunks(hidden, weight, bias, target, args, chunk, loss_out=loss, lse_out=lse)
             ctx.save_for_backward(hidden, weight, bias, target, lse)
             return loss
-        if reduction == "mean":  # 1 / (rows not ignored in the whole batch), known before the first chunk
-            count = (target != args[0]).sum()  # on the device: no sync
-            scale = torch.reciprocal(count.clamp(min=1).to(torch.float32))
-        else:
-            scale = hidden.new_ones((), dtype=torch.float32)
-        grads = _flce_chunks(hidden, weight, bias, target, args, chunk, ctx.needs,
-                             dloss=scale.expand(hidden.shape[0]), loss_out=loss, weight_grad_dtype=weight_grad_dtype)
+        count = (target != args[0]).sum() if reduction == "mean" else None  # on the device: no sync
+        # 1 / (rows not ignored in the whole batch); every row ignored: 1, the gradients being zero
+        scale = None if count is None else torch.reciprocal(count.clamp(min=1).to(torch.float32))
+        if _grad_in_logits(hidden.dtype, reduction):
+            grads = _flce_chunks(hidden, weight, bias, target, args, chunk, ctx.needs, loss_out=loss,
+                                 weight_grad_dtype=weight_grad_dtype, grad_in_logits=True)
+            ctx.scale = scale
+        else:  # the rows' scale (1 / count, or 1) in the gradient's kernel, into a buffer of its own
+            per_row = scale if scale is not None else hidden.new_ones((), dtype=torch.float32)
+            grads = _flce_chunks(hidden, weight, bias, target, args, chunk, ctx.needs,
+                                 dloss=per_row.expand(hidden.shape[0]), loss_out=loss,
+                                 weight_grad_dtype=weight_grad_dtype)
         ctx.save_for_backward(*grads)
         return loss.sum() / count if reduction == "mean" else loss.sum()  # mean: NaN when every row is ignored
 
@@ -353,15 +406,22 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             hidden, weight, bias, target, lse = ctx.saved_tensors
             dh, dw, db = _flce_chunks(hidden, weight, bias, target, ctx.args, ctx.chunk, ctx.needs,
                                       dloss=dloss.to(torch.float32), lse=lse, weight_grad_dtype=ctx.weight_grad_dtype)
-        elif ctx.in_place:
+            return dh, dw, None, db, None, None, None, None
+        # Shape [1], not 0-dim: torch casts a 0-dim CUDA operand to the gradient's dtype before it
+        # multiplies (a factor of 1/3 would be 2^-9 off in bf16, every element with it); a [1] one
+        # takes part in the float32 math, and the product is rounded once.
+        factor = dloss.to(torch.float32) if ctx.scale is None else dloss.to(torch.float32) * ctx.scale
+        factor = factor.reshape(1)
+        if ctx.in_place:
             if ctx.scaled:
-                raise RuntimeError(f"{_FLCE}: with weight_grad_dtype={ctx.weight_grad_dtype} the backward scales the "
-                                   "gradients saved by the forward in place, so it runs once per loss: a second "
-                                   "backward through it (retain_graph=True) needs weight_grad_dtype=None")
+                raise RuntimeError(f"{_FLCE}: with the weight's gradient summed in its dtype ({ctx.weight_grad_dtype}, "
+                                   "the default) the backward scales the gradients saved by the forward in place, so "
+                                   "it runs once per loss: a second backward through it (retain_graph=True) needs "
+                                   "weight_grad_dtype=torch.float32")
             ctx.scaled = True
-            dh, dw, db = (g if g is None else g.mul_(dloss) for g in ctx.saved_tensors)
+            dh, dw, db = (g if g is None else g.mul_(factor) for g in ctx.saved_tensors)
         else:
-            dh, dw, db = (g if g is None else g * dloss for g in ctx.saved_tensors)
+            dh, dw, db = (g if g is None else torch.mul(g, factor, out=torch.empty_like(g)) for g in ctx.saved_tensors)
         return dh, dw, None, db, None, None, None, None
 
 
@@ -373,53 +433,58 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, b
     """``cross_entropy(linear(hidden, weight, bias), target, ...)`` (an LM head and its loss) without
     the ``[tokens, vocab]`` logits in memory: the tokens go through in chunks of ``chunk_size`` rows
     (llmk.linear for the logits, llmk's cross-entropy kernels for the loss and the logits'
-    gradient, llmk.linear for the gradients), so at most one chunk of logits and its gradient are
-    in memory. Arguments and result as :func:`llmk.cross_entropy` (the loss is float32;
-    ``reduction="mean"`` averages over the rows not ignored in the whole batch, NaN when all are
-    ignored, as PyTorch, their gradients then zero; ``z_loss * lse**2`` per row).
+    gradient, then the gradients' products), so one chunk of logits is in memory at a time.
+    Arguments and result as :func:`llmk.cross_entropy` (the loss is float32; ``reduction="mean"``
+    averages over the rows not ignored in the whole batch, NaN when all are ignored, as PyTorch,
+    their gradients then zero; ``z_loss * lse**2`` per row).
 
     hidden ``[..., H]`` and weight ``[V, H]`` (nn.Linear's layout; bias ``[V]``) are float16 or
     bfloat16, the same dtype (float32 is rejected, as by llmk.linear); target ``[...]`` (hidden's
     leading shape) int64 or int32. Rows are 16-byte aligned for llmk's GEMM kernels when H and V
-    are multiples of 8; other sizes send the GEMMs that need it to torch's F.linear.
+    are multiples of 8; other sizes send the logits' product to torch's F.linear.
 
     Gradients (hidden, weight, bias) are computed during the forward for ``reduction="mean"`` and
     ``"sum"`` (Liger-Kernel's approach: the backward only multiplies them by the upstream
-    gradient): per chunk, ``dhidden = dlogits · weight``, ``dweight += dlogitsᵀ · hidden`` (summed
-    in ``weight_grad_dtype``, below), ``dbias`` += the column sums of dlogits.
-    ``reduction="none"`` computes the loss rows in the forward (saving their lse, 4 bytes a token)
-    and the gradients in the backward, which recomputes the logits chunk by chunk with the per-row
-    upstream gradient. Without a gradient to track (torch.no_grad, or no input requiring one) only
-    the loss is computed.
+    gradient). Per chunk the loss kernel writes the gradient of the chunk's summed losses over
+    the chunk's logits in the same pass (one chunk-sized buffer; for float16 "mean", whose
+    unscaled sums could overflow, the gradient with 1 / count goes to a buffer of its own), then
+    ``dhidden rows = dlogits · weight``, ``dweight += dlogitsᵀ · hidden`` (summed in
+    ``weight_grad_dtype``, below) and ``dbias +=`` the column sums of dlogits; on the GPU the
+    gradients' products are cuBLAS GEMMs writing in place (no product buffers or copies). The
+    backward multiplies them by the upstream gradient (and 1 / count for "mean") in float32,
+    rounding once. ``reduction="none"`` computes the loss rows in the forward (saving their lse,
+    4 bytes a token) and the gradients in the backward, which recomputes the logits chunk by
+    chunk with the per-row upstream gradient (the logits and their gradient, two chunk buffers).
+    Without a gradient to track (torch.no_grad, or no input requiring one) only the loss is
+    computed.
 
     ``weight_grad_dtype``: what the weight's gradient is summed in over the chunks.
 
-    - ``None`` or ``torch.float32`` (the default): a float32 accumulator, 4 x V x H bytes (2.0 GiB
-      at V 128256, H 4096), rounded to the weight's dtype once at the end; each chunk's product
-      is rounded once before it is added. Rounding error: at most u (Σ_chunks |product| +
-      |dweight|), u the dtype's unit roundoff (2^-8 bf16, 2^-11 fp16), close to the unfused
-      GEMM's one rounding.
-    - the weight's dtype: the sum is the returned gradient itself: each chunk's GEMM adds the
-      running sum in float32 and rounds the new sum once. No float32 accumulator (4 V H bytes
-      less; Liger-Kernel sums in the weight's dtype too), and the backward of "mean" / "sum"
-      scales the saved gradients in place (no second [V, H] while it runs), so it runs once per
-      loss: a second backward (``retain_graph=True``) raises. Rounding error: at most u Σ_c |S_c|
-      (S_c the sum after chunk c, the last one dweight): up to n u |dweight| over n chunks where
-      the products agree in sign, about sqrt(n) u |dweight| where their roundings are
-      independent. A smaller ``chunk_size`` means more chunks, more roundings.
+    - ``None`` (the default) or the weight's dtype: the sum is the returned gradient itself: each
+      chunk's product is added to the running sum in float32 and the new sum rounded once, in
+      place (as Liger-Kernel sums by default). No accumulator beyond the gradient, and the
+      backward of "mean" / "sum" scales the saved gradients in place (no second [V, H] while it
+      runs), so it runs once per loss: a second backward (``retain_graph=True``) raises. Rounding
+      error: at most u Σ_c |S_c| (u the dtype's unit roundoff, 2^-8 bf16, 2^-11 fp16; S_c the sum
+      after chunk c, the last one dweight): up to n u |dweight| over n chunks where the products
+      agree in sign, about sqrt(n) u |dweight| where their roundings are independent (measured at
+      Llama-3-8B's head: 4.9e-3 of max|dweight| against 4.4e-3 with float32 and Liger's 4.8e-3).
+      A smaller ``chunk_size`` means more chunks, more roundings.
+    - ``torch.float32``: a float32 accumulator, 4 x V x H bytes (2.0 GiB at V 128256, H 4096)
+      beyond the gradient, rounded to the weight's dtype once at the end (the products are added
+      unrounded): the unfused GEMM's one rounding. A second backward is allowed.
 
     Other dtypes are rejected. With a single chunk both give the same gradients (there is no sum).
 
     ``chunk_size`` (rows per chunk): by default Liger's ceil(tokens / ceil(V / H)) rounded up to a
     power of 2 (a chunk of logits about the size of hidden), at least 2^25 / V rows (a power of 2;
-    32 Mi logits), and when the weight's gradient is accumulated at least H / 4 rows with the
-    float32 accumulator and H / 8 rows with the weight's dtype (a power of 2: each chunk costs a
-    pass over the accumulator, and the chunk's logits and their gradient are then at most a
-    quarter of the accumulator's bytes). Memory beyond the inputs and the returned gradients: the
-    chunk's logits and their gradient (2 x chunk x V in the dtype), a product slice of about the
-    same size, and, when the weight's gradient spans several chunks, the float32 accumulator
-    (4 x V x H bytes; none with the weight's dtype). torch.compile traces it (the chunk loop
-    unrolled) but the tests do not cover it."""
+    32 Mi logits), and when the weight's gradient is accumulated at least H / 8 rows with the sum
+    in the weight's dtype and H / 4 with float32 (a power of 2: each chunk's product reads and
+    writes the accumulator, which then hides behind its multiply; the chunk's logits are an eighth
+    of the accumulator). Memory beyond the inputs and the returned gradients: one chunk of logits
+    (chunk x V in the dtype; two for "none"'s backward and float16 "mean"), the per-token float32
+    loss, and the float32 accumulator where asked for (when the weight's gradient spans several
+    chunks). torch.compile traces it (the chunk loop unrolled) but the tests do not cover it."""
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{_FLCE}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
     if hidden.dtype not in (torch.float16, torch.bfloat16):
@@ -440,10 +505,11 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, b
         raise TypeError(f"{_FLCE}: target is {target.dtype}, expected int64 or int32")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"{_FLCE}: chunk_size must be a positive int or None, got {chunk_size!r}")
-    accumulator = torch.float32 if weight_grad_dtype is None else weight_grad_dtype
-    if accumulator not in (torch.float32, weight.dtype):
-        raise ValueError(f"{_FLCE}: weight_grad_dtype must be None or torch.float32 (a float32 accumulator) or the "
-                         f"weight's dtype ({weight.dtype}: the gradient itself), got {weight_grad_dtype!r}")
+    accumulator = weight.dtype if weight_grad_dtype is None else weight_grad_dtype
+    if accumulator not in (weight.dtype, torch.float32):
+        raise ValueError(f"{_FLCE}: weight_grad_dtype must be None or the weight's dtype ({weight.dtype}: the "
+                         f"gradient itself, the default) or torch.float32 (a float32 accumulator), got "
+                         f"{weight_grad_dtype!r}")
     h2 = hidden.reshape(-1, hidden.shape[-1])
     if h2.stride(-1) != 1:
         h2 = h2.contiguous()
