@@ -8,20 +8,25 @@
 // the norm's gradient is dy * silu(z), recomputed from z in each pass, and
 // dz = dy * y * silu'(z) is written beside dx.
 //
-// Algorithm. Vector path: a persistent grid of `blocks` blocks, block b taking rows b,
-// b + blocks, ...; each thread owns the same columns in every row (16-byte vectors, as the
-// forward), so it accumulates its share of dweight (and dbias) in registers across rows and
-// writes it once to the partial rows of block b. Per row: one pass loads x and dy, block
-// reductions give the row statistics (LayerNorm: the mean first), a second pass over the
-// registers writes dx; two rows are in flight per block (when VPT <= 2) so that loads
-// overlap reductions without more partial sums. Loop path (unaligned rows or rows too long
-// for registers): a row kernel writes dx and stores mean and r per row, then a column
-// kernel sums over contiguous row chunks into the partial rows. Both paths end with a
+// Algorithm. Vector path: a persistent grid of `blocks` blocks (no more than are resident
+// at once), block b taking rows b, b + blocks, ...; each thread owns the same columns in
+// every row (16-byte vectors, as the forward), so it accumulates its share of dweight (and
+// dbias) in registers across rows and writes it once to the partial rows of block b. Per
+// row: one pass loads x and dy, block reductions give the row statistics (LayerNorm: the
+// mean first), a second pass over the registers writes dx; two rows are in flight per
+// block (when VPT <= 2) so that loads overlap reductions without more partial sums. Warp
+// path (LayerNorm over many rows of 33-128 vectors): one warp per row, one 16-warp block per
+// SM, shuffle reductions, the column sums in per-warp slices of shared memory, one partial
+// row per block (see norm_backward_warp_kernel). Loop path (unaligned rows or rows too
+// long for registers): a row kernel writes dx and stores mean and r per row, then a column
+// kernel sums over contiguous row chunks into the partial rows. Every path ends with a
 // column reduction of the partial rows in a fixed order: the gradients are deterministic.
 //
 // Roofline (bf16, rows x d): read dy and x, write dx = 3 * rows * d * 2 bytes (+ partial
-// sums, blocks * d * 4 written and read, twice for LayerNorm). 8192 x 4096 bf16: 201 MB +
-// 8.7 MB -> 70 us at 3.0 TB/s.
+// sums, blocks * d * 4 bytes written and read, twice for LayerNorm). 8192 x 4096 bf16
+// (LayerNorm, 264 blocks): 201 MB + 17 MB -> 73 us at 3.0 TB/s; 8192 x 1024 on the warp path
+// (132 blocks): 50.3 MB + 2.2 MB -> 17.5 us (the vector path's 792-1056 partial rows there
+// moved 13-17 MB of partial sums).
 #pragma once
 
 #include <cstdint>
@@ -61,11 +66,13 @@ __device__ __forceinline__ void store_partial(float* dst, const float (&sums)[N]
     *reinterpret_cast<float4*>(dst + j) = make_float4(sums[j], sums[j + 1], sums[j + 2], sums[j + 3]);
 }
 
-template <class T, class W, int N, int VPT, bool kCentered, bool kGate>
+// R: rows in flight per block iteration (2 by default where VPT <= 2; LayerNorm at VPT 1
+// takes 1: 62 registers instead of 80, two 512-thread blocks per SM instead of one, so one
+// block's reductions overlap the other's loads).
+template <class T, class W, int N, int VPT, bool kCentered, bool kGate, int R = (VPT <= 2 ? 2 : 1)>
 __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardParams p,
                                                                 NormWorkspace ws) {
   ptx::pdl_start();
-  constexpr int R = VPT <= 2 ? 2 : 1;          // rows in flight per iteration
   constexpr int K = kCentered ? 3 : 2;         // per row: sum xc^2, sum g*xc, (sum g)
   const int d = static_cast<int>(p.d);
   const float inv_d = 1.0f / static_cast<float>(d);
@@ -127,14 +134,15 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
       for (int i = 0; i < VPT; ++i) {
         const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
         if (valid[q] && col < d) {
-          Vec<W, N> w{};
-          if (has_weight) w = load_vec<W, N>(weight + col);
+          // LayerNorm: no fp32 copy of x kept from the mean's pass across its reduction.
+          if constexpr (kCentered) opaque(xv[q][i]);
+          const Vec<W, N> w = has_weight ? load_vec<W, N>(weight + col) : filled_vec<W, N>(1.0f);
 #pragma unroll
           for (int j = 0; j < N; ++j) {
             const float xc = to_float(xv[q][i].v[j]) - mean[q];
             float g = to_float(dyv[q][i].v[j]);
             if constexpr (kGate) g *= silu(to_float(zv[q][i].v[j]));
-            g *= norm_scale(p.offset, has_weight, w.v[j]);
+            g *= p.offset + to_float(w.v[j]);
             sums[q * K] += xc * xc;
             sums[q * K + 1] += g * xc;
             if constexpr (kCentered) sums[q * K + 2] += g;
@@ -159,8 +167,7 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
         if (col < d) {
           opaque(xv[q][i]);
           opaque(dyv[q][i]);
-          Vec<W, N> w{};
-          if (has_weight) w = load_vec<W, N>(weight + col);
+          const Vec<W, N> w = has_weight ? load_vec<W, N>(weight + col) : filled_vec<W, N>(1.0f);
           Vec<T, N> extra;
           if (dres != nullptr) extra = load_vec<T, N>(dres + col);
           Vec<T, N> out, dz;
@@ -168,7 +175,7 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
 #pragma unroll
           for (int j = 0; j < N; ++j) {
             const float xhat = (to_float(xv[q][i].v[j]) - mean[q]) * r;
-            const float scale = norm_scale(p.offset, has_weight, w.v[j]);
+            const float scale = p.offset + to_float(w.v[j]);
             float dyf = to_float(dyv[q][i].v[j]);
             if constexpr (kGate) {
               float act, slope;
@@ -195,6 +202,156 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
     if (col < d) {
       store_partial(ws.dweight + blockIdx.x * p.d + col, dw[i]);
       if constexpr (kCentered) store_partial(ws.dbias + blockIdx.x * p.d + col, db[i]);
+    }
+  }
+}
+
+// K warp sums in one butterfly pass (interleaved, so the shuffles' latencies overlap).
+template <int K>
+__device__ __forceinline__ void warp_sums(float (&v)[K]) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], offset);
+}
+
+// Warp path (rows of 33..VPL * 32 vectors; no gate): one warp per row, a persistent grid
+// of one block of kNormBackwardWarps warps per SM. Warp w of block b takes rows
+// b * kNormBackwardWarps + w, then every (kNormBackwardWarps * gridDim.x)-th row. Each
+// lane holds VPL vectors of x and dy at columns (i * 32 + lane) * N, the same in every
+// row; the row statistics come from butterfly shuffles (no barrier). The lane adds its
+// columns' dweight (and dbias) terms into its warp's slice of shared memory (dynamic:
+// kNormBackwardWarps x [dweight, dbias] x VPL * 32 * N floats, up to 128 KB): in registers
+// they were 64 floats per lane (157 registers at bf16 VPL 4, one 8-warp block per SM),
+// and blocks of fewer warps mean more partial rows to write and reduce. At the end the
+// block adds its warps' slices in warp order and writes one partial row: a fixed order
+// for a given grid, so the gradients are deterministic.
+inline constexpr int kNormBackwardWarps = 16;
+
+template <int VPL, int N, bool kCentered>
+constexpr int norm_backward_warp_smem_bytes() {
+  return kNormBackwardWarps * (kCentered ? 2 : 1) * VPL * 32 * N * static_cast<int>(sizeof(float));
+}
+
+template <class T, class W, int N, int VPL, bool kCentered>
+__global__ void __launch_bounds__(kNormBackwardWarps * 32) norm_backward_warp_kernel(NormBackwardParams p,
+                                                                                    NormWorkspace ws) {
+  ptx::pdl_start();
+  constexpr int kStep = 32 * N;               // elements between a lane's vectors
+  constexpr int kSlice = VPL * kStep;         // floats of one warp's column sums
+  constexpr int K = kCentered ? 3 : 2;        // per row: sum xc^2, sum g*xc, (sum g)
+  extern __shared__ __align__(16) float column_sums[];  // [warp][dweight, dbias][kSlice]
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  const int d = static_cast<int>(p.d);
+  const float inv_d = 1.0f / static_cast<float>(d);
+  const int first = lane * N;
+  auto in_row = [&](int i) { return first + i * kStep < d; };
+  const W* weight = static_cast<const W*>(p.weight) + first;
+  const bool has_weight = !kCentered || p.weight != nullptr;  // RMSNorm: always, at compile time
+  float* dw_sums = column_sums + warp * (kCentered ? 2 : 1) * kSlice + first;  // this lane's columns
+  float* db_sums = dw_sums + kSlice;
+  // Only this lane ever touches its columns of its warp's slice: no barrier until the end.
+#pragma unroll
+  for (int i = 0; i < VPL; ++i)
+    if (in_row(i))
+#pragma unroll
+      for (int j = 0; j < N; j += 4) {
+        *reinterpret_cast<float4*>(dw_sums + i * kStep + j) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if constexpr (kCentered) *reinterpret_cast<float4*>(db_sums + i * kStep + j) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+  for (int64_t row = int64_t{blockIdx.x} * kNormBackwardWarps + warp; row < p.rows;
+       row += int64_t{gridDim.x} * kNormBackwardWarps) {
+    const T* x = static_cast<const T*>(p.x) + row * p.x_stride + first;
+    const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride + first;
+    Vec<T, N> xv[VPL], dyv[VPL];
+#pragma unroll
+    for (int i = 0; i < VPL; ++i)
+      if (in_row(i)) {
+        xv[i] = load_vec<T, N>(x + i * kStep);
+        dyv[i] = load_vec<T, N>(dy + i * kStep);
+      }
+    float mean = 0.0f;
+    if constexpr (kCentered) {
+#pragma unroll
+      for (int i = 0; i < VPL; ++i)
+        if (in_row(i))
+#pragma unroll
+          for (int j = 0; j < N; ++j) mean += to_float(xv[i].v[j]);
+      mean = warp_sum(mean) * inv_d;
+    }
+    float sums[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) sums[k] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPL; ++i)
+      if (in_row(i)) {
+        if constexpr (kCentered) opaque(xv[i]);  // no fp32 copy of x across the mean's reduction
+        const Vec<W, N> w = has_weight ? load_vec<W, N>(weight + i * kStep) : filled_vec<W, N>(1.0f);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float xc = to_float(xv[i].v[j]) - mean;
+          const float g = to_float(dyv[i].v[j]) * (p.offset + to_float(w.v[j]));
+          sums[0] += xc * xc;
+          sums[1] += g * xc;
+          if constexpr (kCentered) sums[2] += g;
+        }
+      }
+    warp_sums(sums);
+    const float r = rsqrtf(sums[0] * inv_d + p.eps);
+    const float mean_gxhat = r * sums[1] * inv_d;
+    const float mean_g = kCentered ? sums[K - 1] * inv_d : 0.0f;
+    T* dx = static_cast<T*>(p.dx) + row * p.dx_stride + first;
+    const T* dres = p.dresidual == nullptr
+                        ? nullptr
+                        : static_cast<const T*>(p.dresidual) + row * p.dresidual_stride + first;
+#pragma unroll
+    for (int i = 0; i < VPL; ++i)
+      if (in_row(i)) {
+        opaque(xv[i]);
+        opaque(dyv[i]);
+        const Vec<W, N> w = has_weight ? load_vec<W, N>(weight + i * kStep) : filled_vec<W, N>(1.0f);
+        Vec<T, N> extra;
+        if (dres != nullptr) extra = load_vec<T, N>(dres + i * kStep);
+        Vec<T, N> out;
+#pragma unroll
+        for (int j = 0; j < N; j += 4) {
+          float4 dwv = *reinterpret_cast<const float4*>(dw_sums + i * kStep + j);
+          float4 dbv = kCentered ? *reinterpret_cast<const float4*>(db_sums + i * kStep + j) : float4{};
+          float* dw4 = &dwv.x;
+          float* db4 = &dbv.x;
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float xhat = (to_float(xv[i].v[j + k]) - mean) * r;
+            const float dyf = to_float(dyv[i].v[j + k]);
+            float v = r * (dyf * (p.offset + to_float(w.v[j + k])) - mean_g - xhat * mean_gxhat);
+            if (dres != nullptr) v += to_float(extra.v[j + k]);
+            out.v[j + k] = from_float<T>(v);
+            dw4[k] += dyf * xhat;
+            db4[k] += dyf;
+          }
+          *reinterpret_cast<float4*>(dw_sums + i * kStep + j) = dwv;
+          if constexpr (kCentered) *reinterpret_cast<float4*>(db_sums + i * kStep + j) = dbv;
+        }
+        store_vec(dx + i * kStep, out);
+      }
+  }
+  __syncthreads();
+  // One partial row per block (two for LayerNorm): the warps' slices added in warp order.
+#pragma unroll
+  for (int part = 0; part < (kCentered ? 2 : 1); ++part) {
+    float* partial_row = (part == 0 ? ws.dweight : ws.dbias) + blockIdx.x * p.d;
+    for (int c = static_cast<int>(threadIdx.x) * 4; c < d; c += static_cast<int>(blockDim.x) * 4) {
+      const float* slice = column_sums + part * kSlice + c;
+      float4 total = *reinterpret_cast<const float4*>(slice);
+#pragma unroll
+      for (int w = 1; w < kNormBackwardWarps; ++w) {
+        const float4 add = *reinterpret_cast<const float4*>(slice + w * (kCentered ? 2 : 1) * kSlice);
+        total.x += add.x;
+        total.y += add.y;
+        total.z += add.z;
+        total.w += add.w;
+      }
+      *reinterpret_cast<float4*>(partial_row + c) = total;
     }
   }
 }

@@ -8,25 +8,35 @@
 //   with the row when the weight is, so a decode-sized call still pays one round trip)
 // (a missing weight counts as 1, a missing bias as 0).
 //
-// Algorithm. One block per row (grid-strided over rows); rows of at most 32 vectors share a
-// block, blockDim.y rows of blockDim.x lanes each, reduced by shuffles within the row's
-// lanes (RMSNorm over a 128-wide head, as Qwen3's q/k norm and Qwen3-Next's gated norm, was
-// a 32-thread block with half its lanes idle). The vector kernel keeps the whole row in
-// registers: thread t holds VPT 16-byte vectors at columns (i * blockDim + t) * N,
-// so each of the VPT loads is coalesced across the block. One pass reads the row, block
-// reductions give the statistics (LayerNorm: the mean first, then the centered sum of
-// squares from registers, which is exact where E[x^2] - E[x]^2 would cancel), a second
-// pass over the registers writes the output: the row is read from memory exactly once.
-// The row stays in registers in its storage dtype (4 registers per vector). The launcher
-// picks VPT (and so the block size, d / (N * VPT)) that keeps the most threads resident per
-// SM, from the compiled kernels' register counts; for a few rows (decode) it picks the most
-// threads per row instead, for the shortest latency. The loop kernel serves rows that are
-// not 16-byte aligned (or longer than the vector kernel holds): scalar accesses, the row
-// re-read from L1/L2.
+// Algorithm. Three kernels hold the row in registers in its storage dtype (4 registers per
+// 16-byte vector) and share one row body (norm_row): one pass reads the row, reductions
+// give the statistics (LayerNorm: the mean first, then the centered sum of squares from
+// registers, which is exact where E[x^2] - E[x]^2 would cancel), a second pass over the
+// registers writes the output: the row is read from memory exactly once.
+//  - norm_vec_kernel, the register kernel: one block per row (grid-strided); thread t holds
+//    VPT vectors at columns (i * blockDim + t) * N, so each load is coalesced; block
+//    reductions (two barriers each). The launcher picks VPT (and so the block size) that
+//    keeps the most threads resident per SM, from the compiled kernels' register counts;
+//    for a few rows (decode) the most threads per row, for latency. Rows of at most 32
+//    vectors share a block (VPT 1: blockDim.y rows of blockDim.x lanes, shuffles within
+//    the row's lanes). With VPT <= 4 the weight (and gate) come with the row: a lone row
+//    pays one memory round trip. kLean (LayerNorm over many rows) prefetches nothing and
+//    re-converts the row after each reduction: 32-49 registers at VPT 1-4 instead of 38-94.
+//  - norm_warp_kernel: one warp per row (rows of 33-128 vectors), 8 rows per 256-thread
+//    block; each lane holds VPL = 2-4 vectors; reductions are 5 butterfly shuffles (no
+//    barrier, no shared memory); the weight and bias come from L1 in the output pass.
+//    LayerNorm with weight and bias (kAffine, both known present at compile time):
+//    32-40 registers in 16-bit types (48 with fp32 parameters).
+//  - norm_loop_kernel (not a register kernel): each thread strides over the row, which is
+//    re-read from L1/L2 for each pass; vectors for RMSNorm over many long rows (32
+//    registers, 2048 threads per SM), scalars for rows that are not 16-byte aligned.
 //
 // Roofline (bf16, rows x d): bytes = 2 * rows * d * 2 (+ 2 * rows * d * 2 with kAdd: read
 // residual, write residual_out) + weight (+ bias); FLOPs ~4-6 per element, so purely
-// bandwidth bound. 8192 x 4096 bf16: 134 MB -> 44.7 us at the measured 3.0 TB/s copy rate.
+// bandwidth bound: 8192 x 4096 bf16 moves 134 MB -> 44.7 us, 8192 x 1024 moves 33.6 MB ->
+// 11.2 us, at the measured 3.0 TB/s copy rate. What keeps a kernel off that floor is bytes
+// in flight per SM (~20 KB at ~1 us latency): the register count sets the resident rows,
+// and each row's loads are in flight only until its first reduction.
 #pragma once
 
 #include <cstdint>
@@ -40,15 +50,20 @@
 
 namespace llmk::detail {
 
-// Weight and bias of one column as the affine step uses them: scale = offset + w (w = 1
-// when there is no weight), shift = b (0 when there is no bias).
+// The weight of one column as the affine step uses it: offset + w (w = 1 when there is no
+// weight; the loop backward's scalar path).
 template <class W>
 __device__ __forceinline__ float norm_scale(float offset, bool has_weight, W w) {
   return offset + (has_weight ? to_float(w) : 1.0f);
 }
-template <class W>
-__device__ __forceinline__ float norm_shift(bool has_bias, W b) {
-  return has_bias ? to_float(b) : 0.0f;
+
+// A vector of N copies of v (exact in every dtype for the 0 and 1 it is used with).
+template <class W, int N>
+__device__ __forceinline__ Vec<W, N> filled_vec(float v) {
+  Vec<W, N> out;
+#pragma unroll
+  for (int j = 0; j < N; ++j) out.v[j] = from_float<W>(v);
+  return out;
 }
 
 __device__ __forceinline__ float silu(float g) { return ActivationMath<Activation::silu>::value(g); }
@@ -60,122 +75,159 @@ __device__ __forceinline__ float norm_sum(float v) {
   else return block_sum(v);
 }
 
-template <class T, class W, int N, int VPT, bool kAdd, bool kCentered, bool kGate>
-__global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
-  ptx::pdl_start();
-  // With few vectors per thread the weight is loaded with the row, before the reduction,
-  // so that a lone row (decode) pays one memory round trip instead of two.
-  constexpr bool kPrefetchWeight = VPT <= 4;
+// One row normalized by `lanes` threads: thread t holds VPT 16-byte vectors of the row at
+// columns (i * lanes + t) * N, so each of the VPT loads is coalesced across the threads.
+// `sum(v)` returns the row's total of v over those threads; `writer` is the one thread that
+// stores the row's statistics. kLean holds only the row across the reductions (no weight or
+// gate prefetch, each pass converts the row from its storage dtype again): the fewest
+// registers, for many rows; otherwise the weight (and gate) come with the row when VPT <= 4,
+// so that a lone row (decode) pays one memory round trip instead of two.
+template <class T, class W, int N, int VPT, bool kAdd, bool kCentered, bool kGate, bool kLean, bool kAffine,
+          int kLanes, class RowSum>
+__device__ __forceinline__ void norm_row(const NormParams& p, int64_t row, int t, bool writer, RowSum sum) {
+  const int lanes = kLanes > 0 ? kLanes : static_cast<int>(blockDim.x);
+  constexpr bool kPrefetchWeight = !kLean && VPT <= 4;
   const int d = static_cast<int>(p.d);
   const float inv_d = 1.0f / static_cast<float>(d);
-  const W* weight = static_cast<const W*>(p.weight);
-  const W* bias = static_cast<const W*>(p.bias);
-  // RMSNorm always has a weight and never a bias: known at compile time, so its kernels
-  // spend no registers or branches on the optional parameters of LayerNorm.
-  const bool has_weight = !kCentered || weight != nullptr;
-  const bool has_bias = kCentered && bias != nullptr;
-  // VPT 1 serves short rows too: blockDim.y rows per block of blockDim.x <= 32 lanes each.
-  // Larger VPT compile without that path (its reductions cost 16 registers at VPT 4).
-  constexpr bool kShortRows = VPT == 1;
-  const int rows_per_block = kShortRows ? blockDim.y : 1;
-  for (int64_t row = int64_t{blockIdx.x} * rows_per_block + (kShortRows ? threadIdx.y : 0); row < p.rows;
-       row += int64_t{gridDim.x} * rows_per_block) {
-    const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
-    Vec<T, N> s[VPT];
-    Vec<W, N> w[kPrefetchWeight ? VPT : 1];
-    Vec<T, N> z[kGate && kPrefetchWeight ? VPT : 1];
-    const T* gate = kGate ? static_cast<const T*>(p.gate) + row * p.gate_stride : nullptr;
-    float sum_sq = 0.0f;  // RMSNorm: accumulated as the row arrives
+  // Vector i of this thread is at column col(i) of the row. With lanes known at compile
+  // time (the warp kernel) the thread's first column is folded into the row pointers
+  // once and each vector is an immediate offset from them, at(i); the block kernel
+  // indexes by column (fewer registers when lanes is blockDim.x).
+  const int first = kLanes > 0 ? t * N : 0;
+  auto col = [&](int i) { return (i * lanes + t) * N; };
+  auto at = [&](int i) { return col(i) - first; };
+  auto in_row = [&](int i) { return col(i) < d; };
+  const W* weight = static_cast<const W*>(p.weight) + first;
+  const W* bias = static_cast<const W*>(p.bias) + first;
+  // RMSNorm always has a weight and never a bias, and kAffine (LayerNorm with both, as
+  // nn.LayerNorm calls it) has both: known at compile time, so those kernels spend no
+  // registers or branches on the optional parameters (8-12 registers in the warp kernel).
+  const bool has_weight = !kCentered || kAffine || p.weight != nullptr;
+  const bool has_bias = kCentered && (kAffine || p.bias != nullptr);
+  const T* x = static_cast<const T*>(p.x) + row * p.x_stride + first;
+  const T* gate = kGate ? static_cast<const T*>(p.gate) + row * p.gate_stride + first : nullptr;
+  Vec<T, N> s[VPT];
+  Vec<W, N> w[kPrefetchWeight ? VPT : 1];
+  Vec<T, N> z[kGate && kPrefetchWeight ? VPT : 1];
+  float sum_sq = 0.0f;  // RMSNorm: accumulated as the row arrives
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-      if (col < d) {
-        s[i] = load_vec<T, N>(x + col);
-        if constexpr (kPrefetchWeight) {
-          if (has_weight) w[i] = load_vec<W, N>(weight + col);
-          if constexpr (kGate) z[i] = load_vec<T, N>(gate + col);
-        }
-        if constexpr (kAdd) {
-          const T* res = static_cast<const T*>(p.residual) + row * p.residual_stride;
-          const Vec<T, N> rv = load_vec<T, N>(res + col);
-#pragma unroll
-          for (int j = 0; j < N; ++j) s[i].v[j] = from_float<T>(to_float(s[i].v[j]) + to_float(rv.v[j]));
-          store_vec(static_cast<T*>(p.residual_out) + row * p.residual_out_stride + col, s[i]);
-        }
-        if constexpr (!kCentered)
-#pragma unroll
-          for (int j = 0; j < N; ++j) {
-            const float v = to_float(s[i].v[j]);
-            sum_sq += v * v;
-          }
+  for (int i = 0; i < VPT; ++i) {
+    if (in_row(i)) {
+      s[i] = load_vec<T, N>(x + at(i));
+      if constexpr (kPrefetchWeight) {
+        w[i] = has_weight ? load_vec<W, N>(weight + at(i)) : filled_vec<W, N>(1.0f);
+        if constexpr (kGate) z[i] = load_vec<T, N>(gate + at(i));
       }
-    }
-    float mean = 0.0f, r;
-    if constexpr (kCentered) {
-      // The mean first, then the centered sum of squares from registers: exact where
-      // E[x^2] - E[x]^2 would cancel (rows far from zero, outliers).
-      float sum = 0.0f;
+      if constexpr (kAdd) {
+        const T* res = static_cast<const T*>(p.residual) + row * p.residual_stride + first;
+        const Vec<T, N> rv = load_vec<T, N>(res + at(i));
 #pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-        if (col < d)
-#pragma unroll
-          for (int j = 0; j < N; ++j) sum += to_float(s[i].v[j]);
+        for (int j = 0; j < N; ++j) s[i].v[j] = from_float<T>(to_float(s[i].v[j]) + to_float(rv.v[j]));
+        store_vec(static_cast<T*>(p.residual_out) + row * p.residual_out_stride + first + at(i), s[i]);
       }
-      mean = norm_sum<kShortRows>(sum) * inv_d;
-      float m2 = 0.0f;
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-        if (col < d)
-#pragma unroll
-          for (int j = 0; j < N; ++j) {
-            const float c = to_float(s[i].v[j]) - mean;
-            m2 += c * c;
-          }
-      }
-      r = rsqrtf(norm_sum<kShortRows>(m2) * inv_d + p.eps);
-    } else {
-      r = rsqrtf(norm_sum<kShortRows>(sum_sq) / static_cast<float>(d) + p.eps);
-    }
-    if (threadIdx.x == 0) {
-      if (p.rstd != nullptr) p.rstd[row] = r;
-      if constexpr (kCentered)
-        if (p.mean != nullptr) p.mean[row] = mean;
-    }
-    T* out = static_cast<T*>(p.out) + row * p.out_stride;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-      if (col < d) {
-        opaque(s[i]);
-        Vec<W, N> wv, bv;
-        if (has_weight) {
-          if constexpr (kPrefetchWeight) wv = w[i];
-          else wv = load_vec<W, N>(weight + col);
-        }
-        if (has_bias) bv = load_vec<W, N>(bias + col);
-        Vec<T, N> zv;
-        if constexpr (kGate) {
-          if constexpr (kPrefetchWeight) zv = z[i];
-          else zv = load_vec<T, N>(gate + col);
-        }
-        Vec<T, N> y;
+      if constexpr (!kCentered)
 #pragma unroll
         for (int j = 0; j < N; ++j) {
           const float v = to_float(s[i].v[j]);
-          if constexpr (kCentered)
-            y.v[j] = from_float<T>((v - mean) * r * norm_scale(p.offset, has_weight, wv.v[j]) +
-                                   norm_shift(has_bias, bv.v[j]));
-          else if constexpr (kGate)
-            y.v[j] = from_float<T>(v * r * (p.offset + to_float(wv.v[j])) * silu(to_float(zv.v[j])));
-          else
-            y.v[j] = from_float<T>(v * r * (p.offset + to_float(wv.v[j])));
+          sum_sq += v * v;
         }
-        store_vec(out + col, y);
-      }
     }
   }
+  float mean = 0.0f, r;
+  if constexpr (kCentered) {
+    // The mean first, then the centered sum of squares from registers: exact where
+    // E[x^2] - E[x]^2 would cancel (rows far from zero, outliers).
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (in_row(i))
+#pragma unroll
+        for (int j = 0; j < N; ++j) total += to_float(s[i].v[j]);
+    mean = sum(total) * inv_d;
+    float m2 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (in_row(i)) {
+        if constexpr (kLean) opaque(s[i]);  // no fp32 copy of the row across the reduction
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float c = to_float(s[i].v[j]) - mean;
+          m2 += c * c;
+        }
+      }
+    r = rsqrtf(sum(m2) * inv_d + p.eps);
+  } else {
+    r = rsqrtf(sum(sum_sq) / static_cast<float>(d) + p.eps);
+  }
+  if (writer) {
+    if (p.rstd != nullptr) p.rstd[row] = r;
+    if constexpr (kCentered)
+      if (p.mean != nullptr) p.mean[row] = mean;
+  }
+  T* out = static_cast<T*>(p.out) + row * p.out_stride + first;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (in_row(i)) {
+      opaque(s[i]);
+      // A missing weight reads as ones and a missing bias as zeros, so that both stay
+      // packed until used (a conditionally loaded vector was unpacked into one register
+      // per element: 16 more registers for the LayerNorm warp kernel).
+      Vec<W, N> wv, bv;
+      if constexpr (kPrefetchWeight) wv = w[i];
+      else wv = has_weight ? load_vec<W, N>(weight + at(i)) : filled_vec<W, N>(1.0f);
+      bv = has_bias ? load_vec<W, N>(bias + at(i)) : filled_vec<W, N>(0.0f);
+      Vec<T, N> zv;
+      if constexpr (kGate) {
+        if constexpr (kPrefetchWeight) zv = z[i];
+        else zv = load_vec<T, N>(gate + at(i));
+      }
+      Vec<T, N> y;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float v = to_float(s[i].v[j]);
+        if constexpr (kCentered)
+          y.v[j] = from_float<T>((v - mean) * r * (p.offset + to_float(wv.v[j])) + to_float(bv.v[j]));
+        else if constexpr (kGate)
+          y.v[j] = from_float<T>(v * r * (p.offset + to_float(wv.v[j])) * silu(to_float(zv.v[j])));
+        else
+          y.v[j] = from_float<T>(v * r * (p.offset + to_float(wv.v[j])));
+      }
+      store_vec(out + at(i), y);
+    }
+  }
+}
+
+// The register kernel: one block per row (grid-strided), or with VPT = 1 and !kLean
+// blockDim.y rows of blockDim.x <= 32 lanes per block. kLean, kAffine: see norm_row.
+template <class T, class W, int N, int VPT, bool kAdd, bool kCentered, bool kGate, bool kLean = false,
+          bool kAffine = false>
+__global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
+  ptx::pdl_start();
+  // Only VPT 1 serves short rows: the row-group reductions cost the VPT-4 kernel 16
+  // registers.
+  constexpr bool kShortRows = !kLean && VPT == 1;
+  const int rows_per_block = kShortRows ? blockDim.y : 1;
+  for (int64_t row = int64_t{blockIdx.x} * rows_per_block + (kShortRows ? threadIdx.y : 0); row < p.rows;
+       row += int64_t{gridDim.x} * rows_per_block)
+    norm_row<T, W, N, VPT, kAdd, kCentered, kGate, kLean, kAffine, 0>(p, row, threadIdx.x, threadIdx.x == 0,
+                                                                   [](float v) { return norm_sum<kShortRows>(v); });
+}
+
+// The warp kernel: one warp per row, kNormWarpRows rows per block, grid-strided over rows.
+// Rows of 33..VPL * 32 vectors: each lane holds VPL vectors (4 registers each), the
+// reductions are 5 butterfly shuffles each (no barrier, no shared memory), and the weight,
+// bias and gate come in the output pass from L1 (kLean). A block-per-row launch of such a
+// row had one vector per thread, two barriers per reduction and one 16-byte load in flight
+// per thread; here each lane has VPL in flight and the kernel stays near 32 registers.
+inline constexpr int kNormWarpRows = 8;
+template <class T, class W, int N, int VPL, bool kAdd, bool kCentered, bool kGate, bool kAffine = false>
+__global__ void __launch_bounds__(kNormWarpRows * 32) norm_warp_kernel(NormParams p) {
+  ptx::pdl_start();
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  for (int64_t row = int64_t{blockIdx.x} * kNormWarpRows + threadIdx.x / 32; row < p.rows;
+       row += int64_t{gridDim.x} * kNormWarpRows)
+    norm_row<T, W, N, VPL, kAdd, kCentered, kGate, true, kAffine, 32>(p, row, lane, lane == 0,
+                                                                      [](float v) { return warp_sum(v); });
 }
 
 // The streaming kernel: N-element vectors (N = 1: rows that are not 16-byte aligned),
@@ -191,6 +243,10 @@ __global__ void __launch_bounds__(1024, 2) norm_loop_kernel(NormParams p) {
   const bool has_bias = kCentered && bias != nullptr;
   const float inv_d = 1.0f / static_cast<float>(p.d);
   const int64_t vectors = p.d / N;
+  // Each pass is unrolled 4 steps, except for LayerNorm and the gated form with vectors
+  // (LLMK_NORM_PATH=stream only), whose output pass holds three 16-byte vectors per step:
+  // at 4 (or 2) steps they spilled 300+ bytes at this kernel's 32 registers.
+  constexpr int kUnroll = (kCentered || kGate) && N > 1 ? 1 : 4;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     T* residual_out = static_cast<T*>(p.residual_out) + row * p.residual_out_stride;
@@ -198,7 +254,7 @@ __global__ void __launch_bounds__(1024, 2) norm_loop_kernel(NormParams p) {
     // Each thread revisits exactly the vectors it read (and, with kAdd, wrote) in the
     // first pass, so in-place calls need no barrier between the passes.
     float sum = 0.0f;  // of s (LayerNorm) or of s^2 (RMSNorm)
-#pragma unroll 4
+#pragma unroll kUnroll
     for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
       Vec<T, N> s = load_vec<T, N>(x + v * N);
       if constexpr (kAdd) {
@@ -218,7 +274,7 @@ __global__ void __launch_bounds__(1024, 2) norm_loop_kernel(NormParams p) {
     if constexpr (kCentered) {  // a second pass (from L1/L2) for the centered sum of squares
       mean = block_sum(sum) * inv_d;
       sum = 0.0f;
-#pragma unroll 4
+#pragma unroll kUnroll
       for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
         const Vec<T, N> s = load_vec<T, N>(s_row + v * N);
 #pragma unroll
@@ -236,19 +292,17 @@ __global__ void __launch_bounds__(1024, 2) norm_loop_kernel(NormParams p) {
     }
     T* out = static_cast<T*>(p.out) + row * p.out_stride;
     const T* gate = kGate ? static_cast<const T*>(p.gate) + row * p.gate_stride : nullptr;
-#pragma unroll 4
+#pragma unroll kUnroll
     for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
       const Vec<T, N> s = load_vec<T, N>(s_row + v * N);
-      Vec<W, N> w, b;
-      if (has_weight) w = load_vec<W, N>(weight + v * N);
-      if (has_bias) b = load_vec<W, N>(bias + v * N);
+      const Vec<W, N> w = has_weight ? load_vec<W, N>(weight + v * N) : filled_vec<W, N>(1.0f);
+      const Vec<W, N> b = has_bias ? load_vec<W, N>(bias + v * N) : filled_vec<W, N>(0.0f);
       Vec<T, N> z;
       if constexpr (kGate) z = load_vec<T, N>(gate + v * N);
       Vec<T, N> y;
 #pragma unroll
       for (int j = 0; j < N; ++j) {
-        float f = (to_float(s.v[j]) - mean) * r * norm_scale(p.offset, has_weight, w.v[j]) +
-                  norm_shift(has_bias, b.v[j]);
+        float f = (to_float(s.v[j]) - mean) * r * (p.offset + to_float(w.v[j])) + to_float(b.v[j]);
         if constexpr (kGate) f *= silu(to_float(z.v[j]));
         y.v[j] = from_float<T>(f);
       }

@@ -1,9 +1,12 @@
 // Host-side launch of the normalization forward kernels (RMSNorm, RMSNorm with residual
-// add or a SiLU gate, LayerNorm): picks the vector kernel's shape from the row length and the compiled
-// kernels' occupancy, or the loop kernel for unaligned rows.
+// add or a SiLU gate, LayerNorm): the warp kernel, the register kernel (lean or with the
+// weight prefetched, its shape from the row length and the compiled kernels' occupancy), the
+// streaming kernel, or the scalar loop kernel for unaligned rows.
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "common/cuda_check.h"
 #include "common/occupancy.h"
@@ -14,19 +17,43 @@
 
 namespace llmk::detail {
 
-template <bool kAdd, bool kCentered, bool kGate, class T, class W>
+// LLMK_NORM_PATH, a test and benchmark switch read on every forward call (and by the
+// LayerNorm backward): which kernel takes 16-byte aligned rows. auto (or unset) follows the
+// launch rule below; warp: the warp kernel for rows of 33-128 vectors; lean: the lean
+// register kernel (LayerNorm only) for rows of more than 32 vectors; vec: the register
+// kernel with the weight prefetched, shaped as before the warp and lean kernels (the rule
+// of every op but RMSNorm over many long rows); stream: the streaming kernel. Each at any
+// row count; a call that the named kernel cannot take follows auto. Another value is an
+// error naming the op.
+enum class NormPath { automatic, warp, lean, vec, stream };
+
+inline NormPath norm_path(const char* op) {
+  const char* env = std::getenv("LLMK_NORM_PATH");
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return NormPath::automatic;
+  if (std::strcmp(env, "warp") == 0) return NormPath::warp;
+  if (std::strcmp(env, "lean") == 0) return NormPath::lean;
+  if (std::strcmp(env, "vec") == 0) return NormPath::vec;
+  if (std::strcmp(env, "stream") == 0) return NormPath::stream;
+  LLMK_CHECK(false, op, ": LLMK_NORM_PATH=", env, " is not one of auto, warp, lean, vec, stream");
+  return NormPath::automatic;
+}
+
+template <bool kAdd, bool kCentered, bool kGate, bool kLean, bool kAffine, class T, class W>
 const void* norm_vec_kernel_for(int vpt) {
   const void* kernel = nullptr;
   dispatch_vpt(vpt, [&](auto v) {
-    kernel = reinterpret_cast<const void*>(norm_vec_kernel<T, W, kVec16<T>, decltype(v)::value, kAdd, kCentered, kGate>);
+    kernel = reinterpret_cast<const void*>(
+        norm_vec_kernel<T, W, kVec16<T>, decltype(v)::value, kAdd, kCentered, kGate, kLean, kAffine>);
   });
   return kernel;
 }
 
-// The vector kernel's shape (common/row_shape.h) for rows of n 16-byte vectors.
-template <bool kAdd, bool kCentered, bool kGate, class T, class W>
+// The register kernel's shape (common/row_shape.h) for rows of n 16-byte vectors.
+template <bool kAdd, bool kCentered, bool kGate, bool kLean, bool kAffine, class T, class W>
 RowShape norm_shape(int64_t rows, int64_t n) {
-  return pick_row_shape(rows, n, [](int vpt) { return norm_vec_kernel_for<kAdd, kCentered, kGate, T, W>(vpt); });
+  return pick_row_shape(rows, n, [](int vpt) {
+    return norm_vec_kernel_for<kAdd, kCentered, kGate, kLean, kAffine, T, W>(vpt);
+  });
 }
 
 // RMSNorm (plain or with the residual add) over many rows of at least kStreamMinVectors
@@ -40,8 +67,43 @@ RowShape norm_shape(int64_t rows, int64_t n) {
 // the register kernel, as do few rows (decode): one memory round trip.
 inline constexpr int64_t kStreamMinVectors = 512;
 
+// Rows the warp kernel takes: 33..kWarpMaxVectors 16-byte vectors (up to 4 per lane).
+// Shorter rows already share blocks (the short-row layout of the register kernel).
+inline constexpr int64_t kWarpMinVectors = 33;
+inline constexpr int64_t kWarpMaxVectors = 128;
+
 inline int stream_threads(int64_t vectors) {
   return round_up_warp(std::min<int64_t>((vectors + 1) / 2, 1024));
+}
+
+// Which kernel takes an aligned call (the rule; LLMK_NORM_PATH may name another).
+// LayerNorm over many rows (at least two per SM): the warp kernel for 33-128 vectors (the
+// register kernel gave such a row one vector per thread of a 128-thread block, two
+// barriers per reduction, and 61-64 registers: 50% occupancy, where Triton's one warp per
+// row at 32 registers ran 1.5x faster), the lean register kernel for longer rows (the
+// prefetched weight and an fp32 copy of the row held across the reductions cost it
+// 20-30 registers). RMSNorm and add_rmsnorm over many rows of >= 512 vectors: the streaming
+// kernel. Everything else, and few rows (decode: one memory round trip matters more than
+// occupancy), the register kernel with the weight prefetched.
+template <bool kAdd, bool kCentered, bool kGate>
+NormPath norm_rule(NormPath asked, int64_t rows, int64_t vectors) {
+  constexpr bool kLayerNorm = kCentered && !kAdd && !kGate;
+  const bool warp_takes = vectors >= kWarpMinVectors && vectors <= kWarpMaxVectors;
+  const bool lean_takes = kLayerNorm && vectors >= kWarpMinVectors;
+  switch (asked) {
+    case NormPath::warp: if (warp_takes) return asked; break;
+    case NormPath::lean: if (lean_takes) return asked; break;
+    case NormPath::vec:
+    case NormPath::stream: return asked;
+    case NormPath::automatic: break;
+  }
+  const bool rmsnorm_stream = !kCentered && !kGate && vectors >= kStreamMinVectors;
+  if (!kLayerNorm && !rmsnorm_stream) return NormPath::vec;  // no query for the SM count
+  int device = 0;
+  LLMK_CUDA_CHECK(cudaGetDevice(&device));
+  if (few_rows(rows, sm_count_of(device))) return NormPath::vec;
+  if (rmsnorm_stream) return NormPath::stream;
+  return warp_takes ? NormPath::warp : NormPath::lean;
 }
 
 // `act`: x's dtype; `affine`: the weight's (and bias's) dtype. `vector_ok`: every pointer
@@ -50,24 +112,53 @@ template <bool kAdd, bool kCentered, bool kGate = false>
 void launch_norm(const char* op, const NormParams& p, DType act, DType affine, bool vector_ok,
                  cudaStream_t stream) {
   const int blocks = static_cast<int>(std::min(p.rows, kMaxRowBlocks));
+  const NormPath asked = norm_path(op);
+  // LayerNorm with both weight and bias (nn.LayerNorm's call): the warp and lean kernels
+  // compiled knowing both are there.
+  const bool affine_both = p.weight != nullptr && p.bias != nullptr;
   dispatch_act_weight(act, affine, op, [&](auto act_tag, auto weight_tag) {
     using T = device_type_t<decltype(act_tag)>;
     using W = device_type_t<decltype(weight_tag)>;
     constexpr int N = kVec16<T>;
     const int64_t vectors = p.d / N;
-    if constexpr (!kCentered && !kGate) {
-      if (vector_ok && vectors >= kStreamMinVectors) {
-        int device = 0;
-        LLMK_CUDA_CHECK(cudaGetDevice(&device));
-        if (!few_rows(p.rows, sm_count_of(device))) {
-          launch_pdl(norm_loop_kernel<T, W, N, kAdd, kCentered, kGate>, dim3(blocks), dim3(stream_threads(vectors)),
-                     0, stream, p);
-          return;
-        }
+    const NormPath path = vector_ok ? norm_rule<kAdd, kCentered, kGate>(asked, p.rows, vectors) : NormPath::vec;
+    if (path == NormPath::stream) {
+      launch_pdl(norm_loop_kernel<T, W, N, kAdd, kCentered, kGate>, dim3(blocks), dim3(stream_threads(vectors)), 0,
+                 stream, p);
+      return;
+    }
+    if (path == NormPath::warp) {
+      const dim3 grid(static_cast<unsigned>(std::min((p.rows + kNormWarpRows - 1) / kNormWarpRows, kMaxRowBlocks)));
+      const dim3 block(kNormWarpRows * 32);
+      auto launch = [&](auto vpl) {
+        constexpr int kVpl = decltype(vpl)::value;
+        if (kCentered && affine_both)
+          launch_pdl(norm_warp_kernel<T, W, N, kVpl, kAdd, kCentered, kGate, kCentered>, grid, block, 0, stream, p);
+        else
+          launch_pdl(norm_warp_kernel<T, W, N, kVpl, kAdd, kCentered, kGate, false>, grid, block, 0, stream, p);
+      };
+      if (vectors <= 64) launch(std::integral_constant<int, 2>{});
+      else if (vectors <= 96) launch(std::integral_constant<int, 3>{});
+      else launch(std::integral_constant<int, 4>{});
+      return;
+    }
+    if constexpr (kCentered && !kAdd && !kGate) {
+      if (path == NormPath::lean) {
+        // Rows of more than 32 vectors, so VPT 1 has at least 33 threads: one row per block.
+        auto launch_lean = [&](auto affine_tag) {
+          constexpr bool kAffine = decltype(affine_tag)::value;
+          const RowShape shape = norm_shape<kAdd, kCentered, kGate, true, kAffine, T, W>(p.rows, vectors);
+          return dispatch_vpt(shape.vpt, [&](auto v) {
+            launch_pdl(norm_vec_kernel<T, W, N, decltype(v)::value, kAdd, kCentered, kGate, true, kAffine>,
+                       dim3(blocks), dim3(shape.threads), 0, stream, p);
+          });
+        };
+        const bool launched = affine_both ? launch_lean(std::true_type{}) : launch_lean(std::false_type{});
+        if (launched) return;
       }
     }
     const RowShape shape =
-        vector_ok ? norm_shape<kAdd, kCentered, kGate, T, W>(p.rows, vectors) : RowShape{0, 0};
+        vector_ok ? norm_shape<kAdd, kCentered, kGate, false, false, T, W>(p.rows, vectors) : RowShape{0, 0};
     // Rows of at most 32 vectors: 256-thread blocks of 256 / lanes rows.
     const bool short_rows = shape.vpt == 1 && vectors <= 32;
     dim3 block(shape.threads), grid(blocks);
@@ -80,7 +171,7 @@ void launch_norm(const char* op, const NormParams& p, DType act, DType affine, b
     const bool vector_launched = dispatch_vpt(shape.vpt, [&](auto v) {
       launch_pdl(norm_vec_kernel<T, W, N, decltype(v)::value, kAdd, kCentered, kGate>, grid, block, 0, stream, p);
     });
-    if (!vector_launched)
+    if (!vector_launched)  // unaligned, or longer than the register kernel holds
       launch_pdl(norm_loop_kernel<T, W, 1, kAdd, kCentered, kGate>, dim3(blocks),
                  dim3(round_up_warp(std::min<int64_t>(p.d, 512))), 0, stream, p);
   });

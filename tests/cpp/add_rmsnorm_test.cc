@@ -2,6 +2,8 @@
 // rmsnorm), the CUDA kernels against the CPU reference in both forms (in place and out of
 // place), and bad inputs (aliasing that is not the in-place form, shape and dtype
 // mismatches).
+#include <cstdlib>
+
 #include "test_util.h"
 
 namespace llmk::test {
@@ -82,6 +84,28 @@ TEST(AddRMSNormGpu, ManyLongRowsTakeTheStreamingKernel) {
     run_gpu_case(dt, dt, 300, 641 * vec, 641 * vec * 2, false, 0.0);
     run_gpu_case(dt, dt, 300, 512 * vec, 512 * vec, true, 0.0);
     run_gpu_case(dt, DType::f32, 300, 2500 * vec, 2500 * vec + vec, true, 1.0);
+  }
+}
+
+// Sets LLMK_NORM_PATH (read on every call) for one scope.
+struct NormPathScope {
+  explicit NormPathScope(const char* path) { setenv("LLMK_NORM_PATH", path, 1); }
+  ~NormPathScope() { unsetenv("LLMK_NORM_PATH"); }
+};
+
+// Every forward path LLMK_NORM_PATH names (the warp kernel only when asked): warp-sized
+// rows, few and many rows, in place, strided, an fp32 weight.
+TEST(AddRMSNormGpu, EveryNormPathMatchesCpuReference) {
+  LLMK_REQUIRE_GPU();
+  for (const char* path : {"auto", "warp", "vec", "stream"}) {
+    SCOPED_TRACE(testing::Message() << "LLMK_NORM_PATH=" << path);
+    NormPathScope scope(path);
+    for (DType dt : all_dtypes()) {
+      const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
+      for (int64_t d : {33 * vec, 128 * vec, int64_t{4096}})
+        for (bool in_place : {false, true}) run_gpu_case(dt, dt, 301, d, d, in_place, 0.0);
+      run_gpu_case(dt, DType::f32, 7, 96 * vec, 2 * 96 * vec, false, 1.0);
+    }
   }
 }
 

@@ -1,6 +1,10 @@
 // layernorm_backward: the CPU reference against finite differences of the CPU forward, the
 // CUDA kernels against the CPU reference on every path (with and without weight and
-// gradients), determinism, and bad inputs.
+// gradients), determinism, and bad inputs. The paths: the warp path (many rows of 33-128
+// vectors), the vector path (other aligned rows; LLMK_NORM_PATH=vec also for those), the
+// loop path (unaligned or very long rows).
+#include <cstdlib>
+
 #include "test_util.h"
 
 namespace llmk::test {
@@ -97,6 +101,48 @@ TEST(LayerNormBackwardGpu, ManyRowsStridesNoWeightFp32Params) {
     run_gpu_case(dt, dt, 2000, 256, 256 + 5, true);      // unaligned: loop path, many rows
     run_gpu_case(dt, dt, 77, 2048, 3 * 2048, false);
     run_gpu_case(dt, DType::f32, 77, 2048, 2048, true);
+  }
+}
+
+// Sets LLMK_NORM_PATH (read on every call) for one scope; nullptr: unset (the rule).
+struct NormPathScope {
+  explicit NormPathScope(const char* path) {
+    if (path != nullptr) setenv("LLMK_NORM_PATH", path, 1);
+    else unsetenv("LLMK_NORM_PATH");
+  }
+  ~NormPathScope() { unsetenv("LLMK_NORM_PATH"); }
+};
+
+// The warp path: at least 2 rows per SM (GPUs of up to 150 SMs) of 33-128 vectors, rows not
+// a multiple of the 16 warps per block, more rows than one pass of the persistent grid
+// (3000 > 16 x 150), strided rows, no weight, fp32 parameters; determinism is checked by
+// run_gpu_case (dbias bit for bit over two calls).
+TEST(LayerNormBackwardGpu, ManyRowsTakeTheWarpPath) {
+  LLMK_REQUIRE_GPU();
+  NormPathScope rule(nullptr);
+  for (DType dt : all_dtypes()) {
+    const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
+    for (int64_t vectors : {33, 64, 65, 96, 128}) run_gpu_case(dt, dt, 1031, vectors * vec, vectors * vec, true);
+    run_gpu_case(dt, dt, 3000, 128 * vec, 128 * vec, true);
+    run_gpu_case(dt, dt, 301, 96 * vec, 96 * vec + 2 * vec, true);
+    run_gpu_case(dt, dt, 301, 100 * vec, 100 * vec, false);
+    run_gpu_case(dt, DType::f32, 333, 128 * vec, 128 * vec, true);
+  }
+}
+
+// Every path LLMK_NORM_PATH names (the backward has the warp and vector paths; the others
+// follow the rule): few rows, many rows, warp-sized and longer rows.
+TEST(LayerNormBackwardGpu, EveryNormPathMatchesCpuReference) {
+  LLMK_REQUIRE_GPU();
+  for (const char* path : {"auto", "warp", "vec", "lean"}) {
+    SCOPED_TRACE(testing::Message() << "LLMK_NORM_PATH=" << path);
+    NormPathScope scope(path);
+    for (DType dt : all_dtypes()) {
+      const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
+      for (int64_t d : {33 * vec, 128 * vec, int64_t{4096}, int64_t{1000}})
+        for (int64_t rows : {1, 5, 300}) run_gpu_case(dt, dt, rows, d, d, true);
+      run_gpu_case(dt, DType::f32, 77, 64 * vec, 3 * 64 * vec, false);
+    }
   }
 }
 

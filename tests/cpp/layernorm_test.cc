@@ -1,6 +1,12 @@
 // layernorm: the CPU reference against hand-computed values and its defining properties,
 // the CUDA kernels against the CPU reference (every kernel path, optional weight and bias,
-// fp32 parameters, strided rows, in place, inputs far from zero), and bad inputs.
+// fp32 parameters, strided rows, in place, inputs far from zero), and bad inputs. The
+// kernel paths are the launch rule's choices (the warp kernel for many rows of 33-128
+// vectors, the lean register kernel for longer rows, the register kernel with the weight
+// prefetched for few rows, the loop kernel for unaligned rows) and each path that
+// LLMK_NORM_PATH names, run on the same cases.
+#include <cstdlib>
+
 #include "test_util.h"
 
 namespace llmk::test {
@@ -102,6 +108,68 @@ TEST(LayerNormGpu, OptionalParamsStridesInPlaceFarFromZero) {
     run_gpu_case({dt, dt, 1100, 64 * 16 / dtype_size(dt), 64 * 16 / dtype_size(dt), true, true, false, 0.0f});
     run_gpu_case({dt, dt, 1031, 112 * 16 / dtype_size(dt), 112 * 16 / dtype_size(dt), true, true, false, 20.0f});
   }
+}
+
+// Sets LLMK_NORM_PATH (read on every call) for one scope; nullptr: unset (the rule).
+struct NormPathScope {
+  explicit NormPathScope(const char* path) {
+    if (path != nullptr) setenv("LLMK_NORM_PATH", path, 1);
+    else unsetenv("LLMK_NORM_PATH");
+  }
+  ~NormPathScope() { unsetenv("LLMK_NORM_PATH"); }
+};
+
+// Many rows (>= 2 per SM on GPUs of up to 150 SMs, so the rule takes the warp or the lean
+// kernel), rows not a multiple of the warp kernel's 8 rows per block, and each row length
+// class of the warp kernel: 33 (the shortest), 64, 65, 96 (768 in 16-bit types), 112 and 128
+// (1024 in 16-bit types) 16-byte vectors; then the lean kernel's 4096-column rows.
+TEST(LayerNormGpu, ManyRowsTakeTheWarpAndLeanKernels) {
+  LLMK_REQUIRE_GPU();
+  NormPathScope rule(nullptr);
+  for (DType dt : all_dtypes()) {
+    const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
+    for (int64_t vectors : {33, 64, 65, 96, 112, 128}) {
+      const int64_t d = vectors * vec;
+      run_gpu_case({dt, dt, 1031, d, d, true, true, false, 0.0f});
+      run_gpu_case({dt, dt, 301, d, d + 3 * vec, true, true, false, 10.0f});  // strided, far from zero
+    }
+    run_gpu_case({dt, DType::f32, 333, 96 * vec, 96 * vec, true, true, false, 0.0f});  // fp32 parameters
+    run_gpu_case({dt, dt, 333, 128 * vec, 128 * vec, false, true, false, 0.0f});       // bias only
+    run_gpu_case({dt, dt, 333, 128 * vec, 128 * vec, true, false, true, 0.0f});        // weight only, in place
+    run_gpu_case({dt, dt, 333, 100 * vec, 100 * vec, false, false, false, 0.0f});      // neither
+    run_gpu_case({dt, dt, 300, 4096, 4096, true, true, false, 0.0f});                  // lean kernel
+    run_gpu_case({dt, DType::f32, 300, 4096, 2 * 4096, true, true, true, 0.0f});
+    run_gpu_case({dt, dt, 300, 520 * vec, 520 * vec, false, true, false, 5.0f});
+  }
+}
+
+// Every path LLMK_NORM_PATH names, on rows it takes and on rows it does not (those follow
+// the rule): few and many rows, short, warp-sized, long and unaligned rows.
+TEST(LayerNormGpu, EveryNormPathMatchesCpuReference) {
+  LLMK_REQUIRE_GPU();
+  for (const char* path : {"auto", "warp", "lean", "vec", "stream"}) {
+    SCOPED_TRACE(testing::Message() << "LLMK_NORM_PATH=" << path);
+    NormPathScope scope(path);
+    for (DType dt : all_dtypes()) {
+      const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
+      for (int64_t d : {int64_t{8}, 33 * vec, 96 * vec, 128 * vec, int64_t{4096}, 129 * vec, int64_t{1000}})
+        for (int64_t rows : {1, 37, 300}) run_gpu_case({dt, dt, rows, d, d, true, true, false, 0.0f});
+      run_gpu_case({dt, DType::f32, 77, 64 * vec, 64 * vec + vec, false, true, true, 20.0f});
+      run_gpu_case({dt, dt, 77, 2048, 3 * 2048, true, false, false, 0.0f});
+      run_gpu_case({dt, dt, 19, 1024, 1024 + 3, true, true, false, 0.0f});  // unaligned: loop kernel
+    }
+  }
+}
+
+TEST(LayerNormGpu, UnknownNormPathIsAnError) {
+  LLMK_REQUIRE_GPU();
+  NormPathScope scope("fastest");
+  HostTensor x(DType::bf16, 4, 1024), out(DType::bf16, 4, 1024);
+  x.randomize();
+  out.poison();
+  DeviceTensor gx(x), gout(out);
+  expect_error([&] { layernorm(gout.view(), gx.view(), std::nullopt, std::nullopt, 1e-5); },
+               "layernorm: LLMK_NORM_PATH=fastest is not one of auto, warp, lean, vec, stream");
 }
 
 class LayerNormBadInput : public testing::Test {

@@ -1,6 +1,8 @@
 // rmsnorm_backward: the CPU reference against finite differences of the CPU forward (in
 // double-precision spirit: f32 tensors, central differences), the CUDA kernels against the
 // CPU reference on every path, determinism of dweight, and bad inputs.
+#include <cstdlib>
+
 #include "test_util.h"
 
 namespace llmk::test {
@@ -112,6 +114,28 @@ TEST(RMSNormBackwardGpu, ManyRowsStridedDresidualWeightDtypes) {
 
 // dx past element 2^31 (int64 indexing). dweight sums every row, so it is not compared here:
 // the smaller shapes above check it.
+// Sets LLMK_NORM_PATH (read on every call) for one scope.
+struct NormPathScope {
+  explicit NormPathScope(const char* path) { setenv("LLMK_NORM_PATH", path, 1); }
+  ~NormPathScope() { unsetenv("LLMK_NORM_PATH"); }
+};
+
+// Every path LLMK_NORM_PATH names: the warp path (RMSNorm only when asked) with and
+// without dresidual, the vector path with and without the resident-block limit.
+TEST(RMSNormBackwardGpu, EveryNormPathMatchesCpuReference) {
+  LLMK_REQUIRE_GPU();
+  for (const char* path : {"auto", "warp", "vec"}) {
+    SCOPED_TRACE(testing::Message() << "LLMK_NORM_PATH=" << path);
+    NormPathScope scope(path);
+    for (DType dt : all_dtypes()) {
+      const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
+      for (int64_t d : {33 * vec, 112 * vec, 128 * vec, int64_t{8192}})
+        for (int64_t rows : {5, 1031}) run_gpu_case(dt, dt, rows, d, d, rows == 1031, 0.0);
+      run_gpu_case(dt, DType::f32, 3000, 96 * vec, 96 * vec + vec, true, 1.0);
+    }
+  }
+}
+
 TEST(RMSNormBackwardGpu, MoreThan2To31Elements) {
   LLMK_REQUIRE_GPU();
   const int64_t d = 4096, rows = (int64_t{1} << 31) / d + 2;

@@ -2,6 +2,8 @@
 // reference against the composition rmsnorm -> swiglu and against finite differences, the
 // CUDA kernels against the CPU reference on the register and the loop paths (odd and
 // strided rows, weight dtypes, Gemma's offset, in-place forward), and bad inputs.
+#include <cstdlib>
+
 #include "test_util.h"
 
 namespace llmk::test {
@@ -119,6 +121,28 @@ TEST(RMSNormSwigluGpu, MatchesCpuReference) {
     run_gpu_case(dt, dt, 500, 96, 96 + 3, 0.0);             // unaligned rows: loop path
     run_gpu_case(dt, dt, 5001, 128, 128, 0.0);             // per-head rows: several per block
     run_gpu_case(dt, dt, 2000, 1000, 1000, 0.0);           // many rows of 125 (bf16) vectors
+  }
+}
+
+// Sets LLMK_NORM_PATH (read on every call) for one scope.
+struct NormPathScope {
+  explicit NormPathScope(const char* path) { setenv("LLMK_NORM_PATH", path, 1); }
+  ~NormPathScope() { unsetenv("LLMK_NORM_PATH"); }
+};
+
+// Every forward path LLMK_NORM_PATH names (the warp and streaming kernels only when asked;
+// the backward has no warp path for the gate and keeps its vector path).
+TEST(RMSNormSwigluGpu, EveryNormPathMatchesCpuReference) {
+  LLMK_REQUIRE_GPU();
+  for (const char* path : {"auto", "warp", "vec", "stream"}) {
+    SCOPED_TRACE(testing::Message() << "LLMK_NORM_PATH=" << path);
+    NormPathScope scope(path);
+    for (DType dt : all_dtypes()) {
+      const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
+      for (int64_t d : {33 * vec, 128 * vec, int64_t{4096}})
+        for (int64_t rows : {3, 301}) run_gpu_case(dt, dt, rows, d, d, 0.0);
+      run_gpu_case(dt, DType::f32, 1031, 96 * vec, 96 * vec + vec, 1.0);
+    }
   }
 }
 

@@ -1,6 +1,8 @@
 // rmsnorm: the CPU reference against hand-computed values, the CUDA kernels against the
 // CPU reference (fresh random inputs, poisoned outputs, odd and strided shapes, every
 // kernel path), and the rejection of bad inputs (nothing written).
+#include <cstdlib>
+
 #include "test_util.h"
 
 namespace llmk::test {
@@ -114,6 +116,30 @@ TEST(RMSNormGpu, ManyLongRowsTakeTheStreamingKernel) {
     run_gpu_case({dt, dt, rows, 641 * vec, 641 * vec, 0.0, false, true});
     run_gpu_case({dt, DType::f32, rows, 600 * vec, 600 * vec + vec, 1.0, true, false});
     run_gpu_case({dt, dt, rows, 2500 * vec, 2500 * vec, 0.0, true, true});
+  }
+}
+
+// Sets LLMK_NORM_PATH (read on every call) for one scope.
+struct NormPathScope {
+  explicit NormPathScope(const char* path) { setenv("LLMK_NORM_PATH", path, 1); }
+  ~NormPathScope() { unsetenv("LLMK_NORM_PATH"); }
+};
+
+// Every forward path LLMK_NORM_PATH names (RMSNorm's rule keeps the register and streaming
+// kernels; the warp kernel runs only when asked): warp-sized rows (33-128 vectors: 896 and
+// 1024 in 16-bit types), rows it does not take, few and many rows, strided, in place.
+TEST(RMSNormGpu, EveryNormPathMatchesCpuReference) {
+  LLMK_REQUIRE_GPU();
+  for (const char* path : {"auto", "warp", "lean", "vec", "stream"}) {
+    SCOPED_TRACE(testing::Message() << "LLMK_NORM_PATH=" << path);
+    NormPathScope scope(path);
+    for (DType dt : all_dtypes()) {
+      const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
+      for (int64_t d : {33 * vec, 112 * vec, 128 * vec, int64_t{4096}, int64_t{128}})
+        for (int64_t rows : {1, 301}) run_gpu_case({dt, dt, rows, d, d, 0.0, true, false});
+      run_gpu_case({dt, DType::f32, 1031, 96 * vec, 96 * vec + vec, 1.0, false, false});
+      run_gpu_case({dt, dt, 1031, 65 * vec, 65 * vec, 0.0, true, true});
+    }
   }
 }
 
