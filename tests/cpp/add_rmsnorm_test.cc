@@ -87,12 +87,6 @@ TEST(AddRMSNormGpu, ManyLongRowsTakeTheStreamingKernel) {
   }
 }
 
-// Sets LLMK_NORM_PATH (read on every call) for one scope.
-struct NormPathScope {
-  explicit NormPathScope(const char* path) { setenv("LLMK_NORM_PATH", path, 1); }
-  ~NormPathScope() { unsetenv("LLMK_NORM_PATH"); }
-};
-
 // Every forward path LLMK_NORM_PATH names (the warp kernel only when asked): warp-sized
 // rows, few and many rows, in place, strided, an fp32 weight.
 TEST(AddRMSNormGpu, EveryNormPathMatchesCpuReference) {

@@ -104,15 +104,6 @@ TEST(LayerNormBackwardGpu, ManyRowsStridesNoWeightFp32Params) {
   }
 }
 
-// Sets LLMK_NORM_PATH (read on every call) for one scope; nullptr: unset (the rule).
-struct NormPathScope {
-  explicit NormPathScope(const char* path) {
-    if (path != nullptr) setenv("LLMK_NORM_PATH", path, 1);
-    else unsetenv("LLMK_NORM_PATH");
-  }
-  ~NormPathScope() { unsetenv("LLMK_NORM_PATH"); }
-};
-
 // The warp path: at least 2 rows per SM (GPUs of up to 150 SMs) of 33-128 vectors, rows not
 // a multiple of the 16 warps per block, more rows than one pass of the persistent grid
 // (3000 > 16 x 150), strided rows, no weight, fp32 parameters; determinism is checked by

@@ -110,15 +110,6 @@ TEST(LayerNormGpu, OptionalParamsStridesInPlaceFarFromZero) {
   }
 }
 
-// Sets LLMK_NORM_PATH (read on every call) for one scope; nullptr: unset (the rule).
-struct NormPathScope {
-  explicit NormPathScope(const char* path) {
-    if (path != nullptr) setenv("LLMK_NORM_PATH", path, 1);
-    else unsetenv("LLMK_NORM_PATH");
-  }
-  ~NormPathScope() { unsetenv("LLMK_NORM_PATH"); }
-};
-
 // Many rows (>= 2 per SM on GPUs of up to 150 SMs, so the rule takes the warp or the lean
 // kernel), rows not a multiple of the warp kernel's 8 rows per block, and each row length
 // class of the warp kernel: 33 (the shortest), 64, 65, 96 (768 in 16-bit types), 112 and 128

@@ -114,12 +114,6 @@ TEST(RMSNormBackwardGpu, ManyRowsStridedDresidualWeightDtypes) {
 
 // dx past element 2^31 (int64 indexing). dweight sums every row, so it is not compared here:
 // the smaller shapes above check it.
-// Sets LLMK_NORM_PATH (read on every call) for one scope.
-struct NormPathScope {
-  explicit NormPathScope(const char* path) { setenv("LLMK_NORM_PATH", path, 1); }
-  ~NormPathScope() { unsetenv("LLMK_NORM_PATH"); }
-};
-
 // Every path LLMK_NORM_PATH names: the warp path (RMSNorm only when asked) with and
 // without dresidual, the vector path with and without the resident-block limit.
 TEST(RMSNormBackwardGpu, EveryNormPathMatchesCpuReference) {

@@ -124,12 +124,6 @@ TEST(RMSNormSwigluGpu, MatchesCpuReference) {
   }
 }
 
-// Sets LLMK_NORM_PATH (read on every call) for one scope.
-struct NormPathScope {
-  explicit NormPathScope(const char* path) { setenv("LLMK_NORM_PATH", path, 1); }
-  ~NormPathScope() { unsetenv("LLMK_NORM_PATH"); }
-};
-
 // Every forward path LLMK_NORM_PATH names (the warp and streaming kernels only when asked;
 // the backward has no warp path for the gate and keeps its vector path).
 TEST(RMSNormSwigluGpu, EveryNormPathMatchesCpuReference) {

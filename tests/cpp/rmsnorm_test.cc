@@ -119,12 +119,6 @@ TEST(RMSNormGpu, ManyLongRowsTakeTheStreamingKernel) {
   }
 }
 
-// Sets LLMK_NORM_PATH (read on every call) for one scope.
-struct NormPathScope {
-  explicit NormPathScope(const char* path) { setenv("LLMK_NORM_PATH", path, 1); }
-  ~NormPathScope() { unsetenv("LLMK_NORM_PATH"); }
-};
-
 // Every forward path LLMK_NORM_PATH names (RMSNorm's rule keeps the register and streaming
 // kernels; the warp kernel runs only when asked): warp-sized rows (33-128 vectors: 896 and
 // 1024 in 16-bit types), rows it does not take, few and many rows, strided, in place.

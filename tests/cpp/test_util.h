@@ -194,4 +194,14 @@ void expect_error(F&& fn, const std::string& needle) {
   }
 }
 
+// Sets LLMK_NORM_PATH (read on every call; norm_launch.cuh) for one scope; nullptr: unset
+// (the launch rule).
+struct NormPathScope {
+  explicit NormPathScope(const char* path) {
+    if (path != nullptr) setenv("LLMK_NORM_PATH", path, 1);
+    else unsetenv("LLMK_NORM_PATH");
+  }
+  ~NormPathScope() { unsetenv("LLMK_NORM_PATH"); }
+};
+
 }  // namespace llmk::test
