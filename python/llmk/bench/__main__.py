@@ -1,4 +1,4 @@
-"""python -m llmk.bench --op rmsnorm [--op ...] [--all] [--csv F] [--plot F] [--table F]
+"""python -m llmk.bench --op rmsnorm [--op ...] [--all] [--dtype float16] [--csv F] [--plot F] [--table F]
 python -m llmk.bench --op gemm [--gemm-shapes ...] [--gemm-m ...] [--gemm-parts ...]
 python -m llmk.bench --e2e [--e2e-families ...] [--e2e-layers N] [--e2e-phases ...] [--e2e-impls ...]
 python -m llmk.bench --gaps [--csv F] [--plot F] [--table F]
@@ -361,6 +361,8 @@ def main(argv=None):
     parser.add_argument("--all", action="store_true", help="every op, and the overhead case")
     parser.add_argument("--tokens", type=int, nargs="*", help="token counts (default: each op's sweep; not overhead)")
     parser.add_argument("--hidden", type=int, nargs="*", help="hidden sizes (default: each op's sweep; not overhead)")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16",
+                        help="the activations' dtype of the per-op sweep (default bfloat16; the CSV's dtype column)")
     parser.add_argument("--csv", help="write every timing here")
     parser.add_argument("--table", help="write the markdown table here")
     parser.add_argument("--plot", help="write a PNG plot here")
@@ -390,7 +392,7 @@ def main(argv=None):
     info = machine(device, ops + [op for op, _, _ in cases])
     print(_header(info, _commit(), datetime.date.today()), flush=True)
     failures = []
-    rows = run(cases, torch.bfloat16, device, info, failures)
+    rows = run(cases, getattr(torch, args.dtype), device, info, failures)
     if GEMM in ops:
         rows += gemm_cases.run(args, torch.bfloat16, device, info, failures)
     if "cross_entropy" in ops:  # with it, the fused linear + cross-entropy (GPU only: a note on CPU)
