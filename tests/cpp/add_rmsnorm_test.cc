@@ -91,16 +91,11 @@ TEST(AddRMSNormGpu, ManyLongRowsTakeTheStreamingKernel) {
 // rows, few and many rows, in place, strided, an fp32 weight.
 TEST(AddRMSNormGpu, EveryNormPathMatchesCpuReference) {
   LLMK_REQUIRE_GPU();
-  for (const char* path : {"auto", "warp", "vec", "stream"}) {
-    SCOPED_TRACE(testing::Message() << "LLMK_NORM_PATH=" << path);
-    NormPathScope scope(path);
-    for (DType dt : all_dtypes()) {
-      const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
-      for (int64_t d : {33 * vec, 128 * vec, int64_t{4096}})
-        for (bool in_place : {false, true}) run_gpu_case(dt, dt, 301, d, d, in_place, 0.0);
-      run_gpu_case(dt, DType::f32, 7, 96 * vec, 2 * 96 * vec, false, 1.0);
-    }
-  }
+  for_each_norm_path({"auto", "warp", "vec", "stream"}, [](DType dt, int64_t vec) {
+    for (int64_t d : {33 * vec, 128 * vec, int64_t{4096}})
+      for (bool in_place : {false, true}) run_gpu_case(dt, dt, 301, d, d, in_place, 0.0);
+    run_gpu_case(dt, DType::f32, 7, 96 * vec, 2 * 96 * vec, false, 1.0);
+  });
 }
 
 TEST(AddRMSNormGpu, MoreThan2To31Elements) {

@@ -125,16 +125,11 @@ TEST(LayerNormBackwardGpu, ManyRowsTakeTheWarpPath) {
 // follow the rule): few rows, many rows, warp-sized and longer rows.
 TEST(LayerNormBackwardGpu, EveryNormPathMatchesCpuReference) {
   LLMK_REQUIRE_GPU();
-  for (const char* path : {"auto", "warp", "vec", "lean"}) {
-    SCOPED_TRACE(testing::Message() << "LLMK_NORM_PATH=" << path);
-    NormPathScope scope(path);
-    for (DType dt : all_dtypes()) {
-      const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
-      for (int64_t d : {33 * vec, 128 * vec, int64_t{4096}, int64_t{1000}})
-        for (int64_t rows : {1, 5, 300}) run_gpu_case(dt, dt, rows, d, d, true);
-      run_gpu_case(dt, DType::f32, 77, 64 * vec, 3 * 64 * vec, false);
-    }
-  }
+  for_each_norm_path({"auto", "warp", "vec", "lean"}, [](DType dt, int64_t vec) {
+    for (int64_t d : {33 * vec, 128 * vec, int64_t{4096}, int64_t{1000}})
+      for (int64_t rows : {1, 5, 300}) run_gpu_case(dt, dt, rows, d, d, true);
+    run_gpu_case(dt, DType::f32, 77, 64 * vec, 3 * 64 * vec, false);
+  });
 }
 
 TEST(LayerNormBackwardBadInput, Arguments) {

@@ -138,18 +138,13 @@ TEST(LayerNormGpu, ManyRowsTakeTheWarpAndLeanKernels) {
 // the rule): few and many rows, short, warp-sized, long and unaligned rows.
 TEST(LayerNormGpu, EveryNormPathMatchesCpuReference) {
   LLMK_REQUIRE_GPU();
-  for (const char* path : {"auto", "warp", "lean", "vec", "stream"}) {
-    SCOPED_TRACE(testing::Message() << "LLMK_NORM_PATH=" << path);
-    NormPathScope scope(path);
-    for (DType dt : all_dtypes()) {
-      const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
-      for (int64_t d : {int64_t{8}, 33 * vec, 96 * vec, 128 * vec, int64_t{4096}, 129 * vec, int64_t{1000}})
-        for (int64_t rows : {1, 37, 300}) run_gpu_case({dt, dt, rows, d, d, true, true, false, 0.0f});
-      run_gpu_case({dt, DType::f32, 77, 64 * vec, 64 * vec + vec, false, true, true, 20.0f});
-      run_gpu_case({dt, dt, 77, 2048, 3 * 2048, true, false, false, 0.0f});
-      run_gpu_case({dt, dt, 19, 1024, 1024 + 3, true, true, false, 0.0f});  // unaligned: loop kernel
-    }
-  }
+  for_each_norm_path({"auto", "warp", "lean", "vec", "stream"}, [](DType dt, int64_t vec) {
+    for (int64_t d : {int64_t{8}, 33 * vec, 96 * vec, 128 * vec, int64_t{4096}, 129 * vec, int64_t{1000}})
+      for (int64_t rows : {1, 37, 300}) run_gpu_case({dt, dt, rows, d, d, true, true, false, 0.0f});
+    run_gpu_case({dt, DType::f32, 77, 64 * vec, 64 * vec + vec, false, true, true, 20.0f});
+    run_gpu_case({dt, dt, 77, 2048, 3 * 2048, true, false, false, 0.0f});
+    run_gpu_case({dt, dt, 19, 1024, 1024 + 3, true, true, false, 0.0f});  // unaligned: loop kernel
+  });
 }
 
 TEST(LayerNormGpu, UnknownNormPathIsAnError) {

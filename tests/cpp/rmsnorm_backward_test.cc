@@ -118,16 +118,11 @@ TEST(RMSNormBackwardGpu, ManyRowsStridedDresidualWeightDtypes) {
 // without dresidual, the vector path with and without the resident-block limit.
 TEST(RMSNormBackwardGpu, EveryNormPathMatchesCpuReference) {
   LLMK_REQUIRE_GPU();
-  for (const char* path : {"auto", "warp", "vec"}) {
-    SCOPED_TRACE(testing::Message() << "LLMK_NORM_PATH=" << path);
-    NormPathScope scope(path);
-    for (DType dt : all_dtypes()) {
-      const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
-      for (int64_t d : {33 * vec, 112 * vec, 128 * vec, int64_t{8192}})
-        for (int64_t rows : {5, 1031}) run_gpu_case(dt, dt, rows, d, d, rows == 1031, 0.0);
-      run_gpu_case(dt, DType::f32, 3000, 96 * vec, 96 * vec + vec, true, 1.0);
-    }
-  }
+  for_each_norm_path({"auto", "warp", "vec"}, [](DType dt, int64_t vec) {
+    for (int64_t d : {33 * vec, 112 * vec, 128 * vec, int64_t{8192}})
+      for (int64_t rows : {5, 1031}) run_gpu_case(dt, dt, rows, d, d, rows == 1031, 0.0);
+    run_gpu_case(dt, DType::f32, 3000, 96 * vec, 96 * vec + vec, true, 1.0);
+  });
 }
 
 TEST(RMSNormBackwardGpu, MoreThan2To31Elements) {

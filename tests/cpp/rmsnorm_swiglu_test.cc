@@ -128,16 +128,11 @@ TEST(RMSNormSwigluGpu, MatchesCpuReference) {
 // the backward has no warp path for the gate and keeps its vector path).
 TEST(RMSNormSwigluGpu, EveryNormPathMatchesCpuReference) {
   LLMK_REQUIRE_GPU();
-  for (const char* path : {"auto", "warp", "vec", "stream"}) {
-    SCOPED_TRACE(testing::Message() << "LLMK_NORM_PATH=" << path);
-    NormPathScope scope(path);
-    for (DType dt : all_dtypes()) {
-      const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
-      for (int64_t d : {33 * vec, 128 * vec, int64_t{4096}})
-        for (int64_t rows : {3, 301}) run_gpu_case(dt, dt, rows, d, d, 0.0);
-      run_gpu_case(dt, DType::f32, 1031, 96 * vec, 96 * vec + vec, 1.0);
-    }
-  }
+  for_each_norm_path({"auto", "warp", "vec", "stream"}, [](DType dt, int64_t vec) {
+    for (int64_t d : {33 * vec, 128 * vec, int64_t{4096}})
+      for (int64_t rows : {3, 301}) run_gpu_case(dt, dt, rows, d, d, 0.0);
+    run_gpu_case(dt, DType::f32, 1031, 96 * vec, 96 * vec + vec, 1.0);
+  });
 }
 
 TEST(RMSNormSwigluBadInput, ShapesDtypesAndAliasing) {

@@ -124,17 +124,12 @@ TEST(RMSNormGpu, ManyLongRowsTakeTheStreamingKernel) {
 // 1024 in 16-bit types), rows it does not take, few and many rows, strided, in place.
 TEST(RMSNormGpu, EveryNormPathMatchesCpuReference) {
   LLMK_REQUIRE_GPU();
-  for (const char* path : {"auto", "warp", "lean", "vec", "stream"}) {
-    SCOPED_TRACE(testing::Message() << "LLMK_NORM_PATH=" << path);
-    NormPathScope scope(path);
-    for (DType dt : all_dtypes()) {
-      const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dt));
-      for (int64_t d : {33 * vec, 112 * vec, 128 * vec, int64_t{4096}, int64_t{128}})
-        for (int64_t rows : {1, 301}) run_gpu_case({dt, dt, rows, d, d, 0.0, true, false});
-      run_gpu_case({dt, DType::f32, 1031, 96 * vec, 96 * vec + vec, 1.0, false, false});
-      run_gpu_case({dt, dt, 1031, 65 * vec, 65 * vec, 0.0, true, true});
-    }
-  }
+  for_each_norm_path({"auto", "warp", "lean", "vec", "stream"}, [](DType dt, int64_t vec) {
+    for (int64_t d : {33 * vec, 112 * vec, 128 * vec, int64_t{4096}, int64_t{128}})
+      for (int64_t rows : {1, 301}) run_gpu_case({dt, dt, rows, d, d, 0.0, true, false});
+    run_gpu_case({dt, DType::f32, 1031, 96 * vec, 96 * vec + vec, 1.0, false, false});
+    run_gpu_case({dt, dt, 1031, 65 * vec, 65 * vec, 0.0, true, true});
+  });
 }
 
 TEST(RMSNormGpu, MoreThan2To31Elements) {

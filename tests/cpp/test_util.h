@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <vector>
 
@@ -203,5 +204,16 @@ struct NormPathScope {
   }
   ~NormPathScope() { unsetenv("LLMK_NORM_PATH"); }
 };
+
+// body(dt, vec) for every dtype (vec: its elements per 16-byte vector) under each
+// LLMK_NORM_PATH in `paths`, the path named in a failure's trace.
+template <class F>
+void for_each_norm_path(std::initializer_list<const char*> paths, F&& body) {
+  for (const char* path : paths) {
+    SCOPED_TRACE(testing::Message() << "LLMK_NORM_PATH=" << path);
+    NormPathScope scope(path);
+    for (DType dt : all_dtypes()) body(dt, 16 / static_cast<int64_t>(dtype_size(dt)));
+  }
+}
 
 }  // namespace llmk::test
