@@ -136,6 +136,16 @@ def _geometry(seqlen, head_dim, dtype, device, causal):
     return batch, heads, min(CHECK_ROWS, seqlen), torch.tensor([], dtype=dtype).element_size(), flops
 
 
+def _scores(qd, kd, seqlen, causal):
+    """float64 scores of the last rows of a seqlen x seqlen problem, qd . kd^T / sqrt(head dim),
+    -inf above the causal diagonal (row i sees keys j <= i): the references' first step."""
+    s = qd @ kd.T / qd.shape[-1]**0.5
+    if causal:
+        i = torch.arange(seqlen - qd.shape[0], seqlen, device=qd.device)[:, None]
+        s = s.masked_fill(torch.arange(seqlen, device=qd.device)[None, :] > i, float("-inf"))
+    return s
+
+
 def attention_case(causal):
     def case(seqlen, head_dim, dtype, device):
         batch, heads, check_rows, elt, flops = _geometry(seqlen, head_dim, dtype, device, causal)
@@ -152,10 +162,7 @@ def attention_case(causal):
         def reference(q, k, v):
             rows = slice(seqlen - check_rows, seqlen)
             qd, kd, vd = q[0, rows, 0].double(), k[0, :, 0].double(), v[0, :, 0].double()
-            s = qd @ kd.T / head_dim**0.5
-            if causal:  # row i of the square sees keys j <= i
-                i = torch.arange(seqlen - check_rows, seqlen, device=q.device)[:, None]
-                s = s.masked_fill(torch.arange(seqlen, device=q.device)[None, :] > i, float("-inf"))
+            s = _scores(qd, kd, seqlen, causal)
             return torch.softmax(s, -1) @ vd, lambda out: out[0, rows, 0]
 
         return 4 * batch * seqlen * heads * head_dim * elt, make, impls, reference, flops
@@ -211,10 +218,7 @@ def attention_backward_case(causal):
             """dq of the last rows of head 0 (batch entry 0) from float64 math."""
             rows = slice(seqlen - check_rows, seqlen)
             qd, kd, vd, dod = q[0, rows, 0].double(), k[0, :, 0].double(), v[0, :, 0].double(), dout[0, rows, 0].double()
-            s = qd @ kd.T * scale
-            if causal:
-                i = torch.arange(seqlen - check_rows, seqlen, device=q.device)[:, None]
-                s = s.masked_fill(torch.arange(seqlen, device=q.device)[None, :] > i, float("-inf"))
+            s = _scores(qd, kd, seqlen, causal)
             p = torch.softmax(s, -1)
             ds = p * (dod @ vd.T - (dod * (p @ vd)).sum(-1, keepdim=True))
             return ds @ kd * scale, lambda dq: dq[0, rows, 0]
@@ -254,10 +258,7 @@ def attention_gqa_case(causal):
             """The last rows of query head group - 1 (the first group's last head, KV head 0)."""
             rows = slice(seqlen - check_rows, seqlen)
             qd, kd, vd = q[0, rows, group - 1].double(), k[0, :, 0].double(), v[0, :, 0].double()
-            s = qd @ kd.T / head_dim**0.5
-            if causal:
-                i = torch.arange(seqlen - check_rows, seqlen, device=q.device)[:, None]
-                s = s.masked_fill(torch.arange(seqlen, device=q.device)[None, :] > i, float("-inf"))
+            s = _scores(qd, kd, seqlen, causal)
             return torch.softmax(s, -1) @ vd, lambda out: out[0, rows, group - 1]
 
         return 2 * (heads_q + heads_kv) * seqlen * head_dim * elt, make, impls, reference, flops
