@@ -37,20 +37,23 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   maps.v = rows_k > 0 ? attention_tma_map(p.v, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
   const void* kernel = kernel_for<T, kHeadDim>();
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
-  // Persistent (one block per SM walks the tiles) where the tiles cost the same; causal
-  // tiles do not (a static stride over them left some SMs with twice the work: 16k tokens
-  // at hd 128 fell from 638 to 424 TFLOP/s), so there one block per tile lets the hardware
-  // balance them, longest first. Nor did an order of all heads' longest tiles first, dealt
-  // to a persistent grid in rounds of alternating direction: balanced, but blocks running at
-  // once no longer shared K and V in L2 (hd 128, seqlen 2048: 338 against 469 TFLOP/s).
+  // Persistent: one block per SM walks the work units (AttentionSchedule). Causal tiles
+  // go in pairs of equal total work: a static stride over single causal tiles left some
+  // SMs with twice the work (16k tokens at hd 128 fell from 638 to 424 TFLOP/s), and an
+  // order of all heads' longest tiles first, dealt in rounds of alternating direction, was
+  // balanced but lost the L2 sharing of K and V between the blocks running at once (hd 128,
+  // seqlen 2048: 338 against 469 TFLOP/s with one block per tile). The pairs against one
+  // block per tile (H100, same run): causal +12-46% at seqlen 512-2048 (the next tile's Q
+  // and first keys load during this one), -2% at 16k with hd 128 (units in the last
+  // round: 1024 on 132 SMs leave 3% idle where the hardware balanced single tiles).
   const int m_blocks = (p.seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;
-  const int64_t tiles = static_cast<int64_t>(m_blocks) * p.heads_q * p.batch;
+  const sm90::AttentionSchedule schedule = sm90::attention_schedule(m_blocks, p.heads_q, p.batch, p.causal);
   int device = 0;
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
-  const int sms = sm_count_of(device);
-  const int grid = static_cast<int>(p.causal || tiles < sms ? tiles : sms);
+  const int64_t sms = sm_count_of(device);
+  const int grid = static_cast<int>(schedule.units < sms ? schedule.units : sms);
   sm90::attention_forward_sm90_kernel<T, kHeadDim>
-      <<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(maps, p, m_blocks, tiles);
+      <<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(maps, p, schedule);
 }
 
 }  // namespace

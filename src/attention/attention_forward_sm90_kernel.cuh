@@ -16,13 +16,15 @@
 //     bits, O rescaled where a row max grew.
 //   O /= row sum, stored from registers; lse = max + log(sum).
 // Intra-warpgroup overlap: the exp2/MUFU work of block j runs beside the tensor work of S_j
-// and P_{j-1} V_{j-1}. Pingpong (D <= 128): the two consumers take turns issuing their
+// and P_{j-1} V_{j-1}; at D = 64 across tiles too (kCrossTile): a tile's last P V is issued
+// with the next tile's S_0, and its output stored once both are done (the tile stays
+// `pending` until then); at D = 128 and 256 each tile ends with its last P V alone. Pingpong (D <= 128): the two consumers take turns issuing their
 // GEMMs, ordered by two named barriers, so one's softmax runs while the other's GEMMs do
 // (FA3 leaves it off at D = 256, where the O accumulators take half the registers).
-// Causal blocks skip the key blocks above the diagonal. Without a causal mask the grid is
-// persistent (one block per SM walking the tiles), and the next tile's Q loads while this
-// one finishes (double-buffered at D <= 128; at D = 256 once this tile's last S GEMM is
-// done); causal calls get one block per tile, the longest rows first.
+// Causal blocks skip the key blocks above the diagonal. The grid is persistent (one block
+// per SM walking the tiles; causal tiles in pairs of equal total work, AttentionSchedule),
+// and the next tile's Q and first keys load while this one finishes (Q double-buffered at
+// D <= 128; at D = 256 once this tile's last S GEMM is done).
 //
 // Shared memory (128-byte swizzle, 64-column chunks of rows x 128 bytes): Q D/64 chunks of
 // 128 rows, each stage K and V D/64 chunks of kBlockN rows: D = 64: 2 x 16 + 2 x 32 = 96 KB;
@@ -53,6 +55,11 @@ struct AttentionSm90Tile {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = 128, kBlockN = kHeadDim <= 128 ? 128 : 64, kStages = 2, kConsumers = 2;
   static constexpr bool kPingpong = kHeadDim <= 128;
+  // A tile's last P V issued with the next tile's S_0: at D = 64 (H100, same run: +5-7%
+  // non-causal, +1-5% causal over the tile-by-tile loop); at D = 128 it measured 2-4%
+  // slower from seqlen 1024, and at D = 256 the pending tile's state beside O's 128
+  // registers spilled 88 bytes.
+  static constexpr bool kCrossTile = kHeadDim == 64;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   static constexpr int kChunks = kHeadDim / 64;                  // 64-column swizzle chunks
   static constexpr uint32_t kQChunkBytes = kBlockM * 128;        // rows x 128 bytes
@@ -75,24 +82,46 @@ struct AttentionSm90Maps {
   CUtensorMap q, k, v;
 };
 
-// The block's work tile t (persistent grid: t = blockIdx.x, + gridDim.x, ...): the query
-// blocks of one (batch, head) are consecutive (the blocks running at once share its K and V
-// in L2), the longest causal rows first within it.
+// The persistent schedule: block b takes the work units b, b + gridDim.x, ... A unit is one
+// tile (128 query rows of one (batch, head)) without a causal mask, where tiles cost the
+// same; with one, the pair of query blocks i and m_blocks - 1 - i of one (batch, head),
+// whose key blocks add up to m_blocks + 1 whatever i (seqlen_q = seqlen_k), so a static
+// stride over equal units stays balanced while the producer loads a tile's Q and first
+// keys during the one before. A (batch, head)'s units are consecutive: the blocks running
+// at once share its K and V in L2.
+struct AttentionSchedule {
+  int m_blocks, units_per_head;
+  bool paired;
+  int64_t units;
+};
+
+inline AttentionSchedule attention_schedule(int m_blocks, int heads_q, int batch, bool causal) {
+  const int units_per_head = causal ? (m_blocks + 1) / 2 : m_blocks;
+  return {m_blocks, units_per_head, causal, static_cast<int64_t>(units_per_head) * heads_q * batch};
+}
+
 struct AttentionTileCoord {
   int m_block, head, batch;
 };
 
-__device__ __forceinline__ AttentionTileCoord attention_tile(const AttentionParams& p, int m_blocks, int64_t t) {
-  const int64_t hb = t / m_blocks;
-  return {m_blocks - 1 - static_cast<int>(t % m_blocks), static_cast<int>(hb % p.heads_q),
-          static_cast<int>(hb / p.heads_q)};
+// Calls body(tile) for each tile of the block's units, in order (longest first in a unit).
+template <class F>
+__device__ __forceinline__ void for_each_attention_tile(const AttentionParams& p, const AttentionSchedule& s, F&& body) {
+  for (int64_t u = blockIdx.x; u < s.units; u += gridDim.x) {
+    const int64_t hb = u / s.units_per_head;
+    const int i = static_cast<int>(u - hb * s.units_per_head);
+    const int head = static_cast<int>(hb % p.heads_q), batch = static_cast<int>(hb / p.heads_q);
+    const int tiles = s.paired && 2 * i + 1 != s.m_blocks ? 2 : 1;
+    for (int k = 0; k < tiles; ++k) body(AttentionTileCoord{k == 0 ? s.m_blocks - 1 - i : i, head, batch});
+  }
 }
 
-// grid: min(tiles, SMs) blocks (causal: tiles), tiles = m_blocks x heads_q x batch.
+// grid: min(units, SMs) blocks.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
     attention_forward_sm90_kernel(const __grid_constant__ AttentionSm90Maps maps,
-                                  const __grid_constant__ AttentionParams p, int m_blocks, int64_t tiles) {
+                                  const __grid_constant__ AttentionParams p,
+                                  const AttentionSchedule schedule) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tile = AttentionSm90Tile<kHeadDim>;
   const bool varlen = p.cu_seqlens_q != nullptr;
@@ -137,12 +166,11 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
     if (threadIdx.x != 0) return;
     RingState<Tile::kStages> k_ring, v_ring;
     RingState<Tile::kQBuffers> q_ring;
-    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-      const AttentionTileCoord c = attention_tile(p, m_blocks, t);
+    for_each_attention_tile(p, schedule, [&](const AttentionTileCoord& c) {
       SequenceBounds seq;
       int m0, n_blocks;
       tile_work(c, seq, m0, n_blocks);
-      if (n_blocks == 0) continue;
+      if (n_blocks == 0) return;
       const int kv_head = c.head / p.group;
       const int32_t map_batch = varlen ? 0 : c.batch;
       mbarrier_wait(&q_empty[q_ring.stage], q_ring.phase ^ 1u);
@@ -165,7 +193,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
         load_block(j - 1, v_ring, 1, &maps.v, v_full, v_empty);
       }
       load_block(n_blocks - 1, v_ring, 1, &maps.v, v_full, v_empty);
-    }
+    });
     return;
   }
 
@@ -181,54 +209,108 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
   if (Tile::kPingpong && consumer == 1) named_barrier_arrive(1, kPairThreads);
   RingState<Tile::kStages> k_ring, v_ring;
   RingState<Tile::kQBuffers> q_ring;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const AttentionTileCoord c = attention_tile(p, m_blocks, t);
+  // The tile in flight: O, P_{j-1} as the A fragments of the 16-key steps of P V, the
+  // online softmax. A tile's last P V is issued beside the next tile's first S GEMM, so a
+  // finished tile stays `pending` (its 1 / row sum and lse computed, where its rows go)
+  // until then.
+  float o[1][kDTiles][4];
+  auto& o_flat = reinterpret_cast<float(&)[kHeadDim / 2]>(o);
+  uint32_t pa[Tile::kBlockN / 16][4];
+  OnlineSoftmax<1> softmax;
+  struct Rows {
+    T* out;      // the (batch, head)'s first output row
+    float* lse;  // its first lse entry, or null
+    int first, end;  // the thread's first row; the sequence's rows
+  } pending_rows{};
+  bool pending = false;
+  float inv_sum[1][2], row_lse[1][2];
+
+  // S_j = Q K_j^T issued (not waited for) into s.
+  auto issue_scores = [&](float (&s)[1][kNTiles][4], uint32_t q_addr) {
+    auto& s_flat = reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s);
+    const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(kv_smem(k_ring.stage, 0)));
+    mbarrier_wait(&k_full[k_ring.stage], k_ring.phase);
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint64_t a = smem_descriptor(q_addr + (kk / 4) * Tile::kQChunkBytes + 32 * (kk % 4), 16, 1024);
+      const uint64_t b = smem_descriptor(k_addr + (kk / 4) * Tile::kKvChunkBytes + 32 * (kk % 4), 16, 1024);
+      if constexpr (Tile::kBlockN == 128) wgmma_m64n128k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
+      else wgmma_m64n64k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
+    }
+    wgmma_commit();
+  };
+  // O += P_{j-1} V_{j-1} issued. A stand-in (a tile's S_0 with no pending tile) multiplies
+  // whatever O and P hold by K_0's stage, unwaited: its result is discarded, and it keeps
+  // the S_0 step one straight line of wgmma groups (see below).
+  auto issue_pv = [&](bool stand_in = false) {
+    const uint32_t v_addr = static_cast<uint32_t>(
+        __cvta_generic_to_shared(stand_in ? kv_smem(k_ring.stage, 0) : kv_smem(v_ring.stage, 1)));
+    if (!stand_in) mbarrier_wait(&v_full[v_ring.stage], v_ring.phase);
+#pragma unroll
+    for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
+      const uint64_t b = smem_descriptor(v_addr + 2048 * kk, Tile::kKvChunkBytes, 1024);
+      if constexpr (kHeadDim == 256) wgmma_m64n256k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
+      else if constexpr (kHeadDim == 128) wgmma_m64n128k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
+      else wgmma_m64n64k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
+    }
+    wgmma_commit();
+  };
+  auto release = [&](uint64_t* empty, RingState<Tile::kStages>& ring) {
+    if (leader) mbarrier_arrive(&empty[ring.stage]);
+    ring.advance();
+  };
+  // After the P V in flight: V's stage is free.
+  auto pv_done = [&]() {
+    wgmma_wait<0>();
+    wgmma_fence_operands(o_flat);
+    wgmma_fence_operands(pa);
+    release(v_empty, v_ring);
+  };
+  // O / row sum and lse to the rows of `rows`.
+  auto store_output = [&](const Rows& rows) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = rows.first + 8 * half;
+      if (row >= rows.end) continue;
+      T* out_row = rows.out + row * p.out.row_stride + 2 * (lane % 4);
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+        *reinterpret_cast<uint32_t*>(out_row + 8 * dt) =
+            ptx::pack2<T>(o[0][dt][2 * half] * inv_sum[0][half], o[0][dt][2 * half + 1] * inv_sum[0][half]);
+      if (rows.lse && lane % 4 == 0) rows.lse[row] = row_lse[0][half];
+    }
+  };
+  // The pending tile's last P V alone (no next S GEMM to ride with), then its output.
+  auto flush_pending = [&]() {
+    if (!pending) return;
+    wgmma_fence();
+    issue_pv();
+    pv_done();
+    store_output(pending_rows);
+    pending = false;
+  };
+
+  for_each_attention_tile(p, schedule, [&](const AttentionTileCoord& c) {
     SequenceBounds seq;
     int m0, n_blocks;
     tile_work(c, seq, m0, n_blocks);
-    if (m0 >= seq.seqlen_q) continue;
+    if (m0 >= seq.seqlen_q) return;
     const int causal_shift = seq.seqlen_k - seq.seqlen_q;
-
-    float o[1][kDTiles][4];
+    const Rows rows{static_cast<T*>(p.out.data) + c.batch * p.out.batch_stride + c.head * p.out.head_stride +
+                        seq.q_start * p.out.row_stride,
+                    p.lse ? p.lse + c.batch * p.lse_batch_stride + c.head * p.lse_head_stride + seq.q_start : nullptr,
+                    m0 + row_in_tile, seq.seqlen_q};
+    softmax = OnlineSoftmax<1>();
+    if (n_blocks == 0) {  // no key to see: O = 0, lse = -inf
+      flush_pending();
 #pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.0f;
-    auto& o_flat = reinterpret_cast<float(&)[kHeadDim / 2]>(o);
-    OnlineSoftmax<1> softmax;
-    uint32_t pa[Tile::kBlockN / 16][4];  // P_{j-1} as the A fragments of the 16-key steps of P V
+      for (int i = 0; i < kHeadDim / 2; ++i) o_flat[i] = 0.0f;
+      softmax.finish(inv_sum, row_lse, p.scale_log2);
+      store_output(rows);
+      return;
+    }
     const int q_buffer = q_ring.stage;
     const uint32_t q_addr = static_cast<uint32_t>(__cvta_generic_to_shared(q_smem(q_buffer))) + consumer * 64 * 128;
-
-    // S_j = Q K_j^T issued (not waited for) into s.
-    auto issue_scores = [&](float (&s)[1][kNTiles][4]) {
-      auto& s_flat = reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s);
-      const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(kv_smem(k_ring.stage, 0)));
-      mbarrier_wait(&k_full[k_ring.stage], k_ring.phase);
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        const uint64_t a = smem_descriptor(q_addr + (kk / 4) * Tile::kQChunkBytes + 32 * (kk % 4), 16, 1024);
-        const uint64_t b = smem_descriptor(k_addr + (kk / 4) * Tile::kKvChunkBytes + 32 * (kk % 4), 16, 1024);
-        if constexpr (Tile::kBlockN == 128) wgmma_m64n128k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
-        else wgmma_m64n64k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
-      }
-      wgmma_commit();
-    };
-    // O += P_{j-1} V_{j-1} issued.
-    auto issue_pv = [&]() {
-      const uint32_t v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(kv_smem(v_ring.stage, 1)));
-      mbarrier_wait(&v_full[v_ring.stage], v_ring.phase);
-#pragma unroll
-      for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
-        const uint64_t b = smem_descriptor(v_addr + 2048 * kk, Tile::kKvChunkBytes, 1024);
-        if constexpr (kHeadDim == 256) wgmma_m64n256k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
-        else if constexpr (kHeadDim == 128) wgmma_m64n128k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
-        else wgmma_m64n64k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
-      }
-      wgmma_commit();
-    };
-    auto release = [&](uint64_t* empty, RingState<Tile::kStages>& ring) {
-      if (leader) mbarrier_arrive(&empty[ring.stage]);
-      ring.advance();
-    };
     // After the tile's last S GEMM: Q is free for the next tile's.
     auto release_q = [&]() {
       if (leader) mbarrier_arrive(&q_empty[q_buffer]);
@@ -245,23 +327,42 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
       return softmax.update_scores(s, correction, p.scale_log2);
     };
 
-    if (n_blocks > 0) {
-      mbarrier_wait(&q_full[q_buffer], q_ring.phase);
+    // S_0, beside the pending tile's last P V when there is one (a pingpong turn, as in the
+    // loop below); that tile's output is stored once its P V is done. Without a pending
+    // tile a stand-in P V takes its place: ptxas tracks wgmma groups without branch
+    // conditions, and a P V issued or waited for on one path only made it serialize every
+    // wgmma of the kernel (C7513, C7519; 0.72x at D = 128 on the H100).
+    mbarrier_wait(&q_full[q_buffer], q_ring.phase);
+    {
       float s[1][kNTiles][4], correction[1][2];
+      const bool overlap = Tile::kCrossTile && pending;
+      if (Tile::kPingpong && overlap) named_barrier_sync(1 + consumer, kPairThreads);
       wgmma_fence();
-      issue_scores(s);
-      wgmma_wait<0>();
+      issue_scores(s, q_addr);
+      if (Tile::kCrossTile) issue_pv(!overlap);
+      if (Tile::kPingpong && overlap) named_barrier_arrive(2 - consumer, kPairThreads);
+      wgmma_wait<Tile::kCrossTile ? 1 : 0>();  // S_0
       wgmma_fence_operands(reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s));
       release(k_empty, k_ring);
       if (n_blocks == 1) release_q();
-      softmax_scores(s, 0, correction);  // O is still 0: nothing to rescale
+      softmax_scores(s, 0, correction);  // the first block: nothing to rescale
+      wgmma_wait<0>();
+      if (overlap) {
+        wgmma_fence_operands(o_flat);
+        wgmma_fence_operands(pa);
+        release(v_empty, v_ring);
+        store_output(pending_rows);
+        pending = false;
+      }
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 2; ++i) o_flat[i] = 0.0f;
       accumulators_as_a<T>(pa, s);
     }
     for (int j = 1; j < n_blocks; ++j) {
       float s[1][kNTiles][4], correction[1][2];
       if constexpr (Tile::kPingpong) named_barrier_sync(1 + consumer, kPairThreads);
       wgmma_fence();
-      issue_scores(s);
+      issue_scores(s, q_addr);
       issue_pv();
       if constexpr (Tile::kPingpong) named_barrier_arrive(2 - consumer, kPairThreads);
       wgmma_wait<1>();
@@ -269,37 +370,16 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
       release(k_empty, k_ring);
       if (j == n_blocks - 1) release_q();
       const bool rescale = softmax_scores(s, j, correction);
-      wgmma_wait<0>();
-      wgmma_fence_operands(o_flat);
-      wgmma_fence_operands(pa);
-      release(v_empty, v_ring);
+      pv_done();
       accumulators_as_a<T>(pa, s);
       if (rescale) OnlineSoftmax<1>::rescale(o, correction);
     }
-    if (n_blocks > 0) {
-      wgmma_fence();
-      issue_pv();
-      wgmma_wait<0>();
-      wgmma_fence_operands(o_flat);
-      release(v_empty, v_ring);
-    }
-
-    float inv_sum[1][2], row_lse[1][2];
-    softmax.finish(inv_sum, row_lse, p.scale_log2);
-    T* out = static_cast<T*>(p.out.data) + c.batch * p.out.batch_stride + c.head * p.out.head_stride;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = m0 + row_in_tile + 8 * half;
-      if (row >= seq.seqlen_q) continue;
-      T* out_row = out + (seq.q_start + row) * p.out.row_stride + 2 * (lane % 4);
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt)
-        *reinterpret_cast<uint32_t*>(out_row + 8 * dt) =
-            ptx::pack2<T>(o[0][dt][2 * half] * inv_sum[0][half], o[0][dt][2 * half + 1] * inv_sum[0][half]);
-      if (p.lse && lane % 4 == 0)
-        p.lse[c.batch * p.lse_batch_stride + c.head * p.lse_head_stride + seq.q_start + row] = row_lse[0][half];
-    }
-  }
+    softmax.finish(inv_sum, row_lse, p.scale_log2);  // no score is added after the last block
+    pending_rows = rows;
+    pending = true;
+    if constexpr (!Tile::kCrossTile) flush_pending();
+  });
+  flush_pending();
 #endif
 }
 

@@ -229,6 +229,18 @@ TEST(AttentionGpu, LongSequence) {
   check_dense(DType::f16, {1, 2048, 1100, 1, 1, 64}, false);
 }
 
+// More tiles than the H100's 132 SMs, so each block of the Hopper kernel's persistent grid
+// walks several: a tile's last P V runs beside the next tile's first S GEMM, causal tiles go
+// in pairs, and tiles whose rows see no key (causal, seq_q > seq_k) sit between others.
+TEST(AttentionGpu, ManyTilesPerBlock) {
+  LLMK_REQUIRE_GPU();
+  for (bool causal : {false, true}) {
+    check_dense(DType::bf16, {8, 200, 200, 20, 4, 64}, causal);  // 320 tiles; causal 160 pairs
+    check_dense(DType::f16, {6, 300, 40, 24, 8, 128}, causal);   // causal: rows 0-259 see no key
+    check_dense(DType::bf16, {4, 129, 257, 40, 8, 256}, causal);
+  }
+}
+
 TEST(AttentionGpu, GqaGroupSizes) {
   LLMK_REQUIRE_GPU();
   gqa_cases(check_dense);
@@ -377,6 +389,12 @@ TEST(AttentionVarlen, EmptySequencesAndTileEdges) {
     check_varlen(DType::bf16, {127, 1, 129, 0}, {129, 7, 127, 0}, 8, 2, 64, causal);
     check_varlen(DType::bf16, {7, 129}, {0, 0}, 4, 2, 128, causal);  // no keys at all (total_k = 0)
   }
+}
+
+// More tiles than SMs (AttentionGpu.ManyTilesPerBlock) over sequences of uneven lengths.
+TEST(AttentionVarlen, ManyTilesPerBlock) {
+  for (bool causal : {false, true})
+    check_varlen(DType::bf16, {300, 1, 0, 257, 90, 400}, {300, 5, 3, 100, 90, 400}, 32, 8, 128, causal);
 }
 
 TEST(AttentionErrors, BadInputsWriteNothing) {
