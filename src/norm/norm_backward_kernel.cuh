@@ -66,9 +66,10 @@ __device__ __forceinline__ void store_partial(float* dst, const float (&sums)[N]
     *reinterpret_cast<float4*>(dst + j) = make_float4(sums[j], sums[j + 1], sums[j + 2], sums[j + 3]);
 }
 
-// R: rows in flight per block iteration (2 by default where VPT <= 2; LayerNorm at VPT 1
-// takes 1: 62 registers instead of 80, two 512-thread blocks per SM instead of one, so one
-// block's reductions overlap the other's loads).
+// R: rows in flight per block iteration (2 by default where VPT <= 2; LayerNorm and the
+// gated form at VPT 1 take 1: 62 and 64 registers instead of 80 and 84 in bf16, two
+// 512-thread blocks per SM instead of one, so one block's reductions overlap the other's
+// loads).
 template <class T, class W, int N, int VPT, bool kCentered, bool kGate, int R = (VPT <= 2 ? 2 : 1)>
 __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardParams p,
                                                                 NormWorkspace ws) {

@@ -100,8 +100,9 @@ void launch_norm_backward(const char* op, const NormBackwardParams& params, DTyp
       using Two = std::integral_constant<int, 2>;
       switch (vpt) {
         case 1:
-          // LayerNorm: one row in flight, two blocks per SM (norm_backward_vec_kernel's R).
-          if constexpr (kCentered) {
+          // LayerNorm and the gated form: one row in flight, two blocks per SM
+          // (norm_backward_vec_kernel's R).
+          if constexpr (kCentered || kGate) {
             if (asked != NormPath::vec) {
               launch(One{}, One{});
               break;

@@ -20,21 +20,25 @@
 //    for a few rows (decode) the most threads per row, for latency. Rows of at most 32
 //    vectors share a block (VPT 1: blockDim.y rows of blockDim.x lanes, shuffles within
 //    the row's lanes). With VPT <= 4 the weight (and gate) come with the row: a lone row
-//    pays one memory round trip. kLean (LayerNorm over many rows) prefetches nothing and
-//    re-converts the row after each reduction: 32-49 registers at VPT 1-4 instead of 38-94.
+//    pays one memory round trip. kLean (LayerNorm and the gated form over many rows)
+//    prefetches nothing (the gate is read from memory in the output pass, the weight from
+//    L1/L2: a second round trip per row, which the doubled resident rows cover),
+//    re-converts the row after each reduction and takes the fast silu: 32-50 registers at
+//    VPT 1-4 in bf16 instead of 38-112.
 //  - norm_warp_kernel: one warp per row (rows of 33-128 vectors), 8 rows per 256-thread
 //    block; each lane holds VPL = 2-4 vectors; reductions are 5 butterfly shuffles (no
 //    barrier, no shared memory); the weight and bias come from L1 in the output pass.
 //    LayerNorm with weight and bias (kAffine, both known present at compile time):
-//    32-40 registers in 16-bit types (48 with fp32 parameters).
+//    32-40 registers in 16-bit types (48 with fp32 parameters); the gated form 40 (48).
 //  - norm_loop_kernel (not a register kernel): each thread strides over the row, which is
 //    re-read from L1/L2 for each pass; vectors for RMSNorm over many long rows (32
 //    registers, 2048 threads per SM), scalars for rows that are not 16-byte aligned.
 //
 // Roofline (bf16, rows x d): bytes = 2 * rows * d * 2 (+ 2 * rows * d * 2 with kAdd: read
-// residual, write residual_out) + weight (+ bias); FLOPs ~4-6 per element, so purely
-// bandwidth bound: 8192 x 4096 bf16 moves 134 MB -> 44.7 us, 8192 x 1024 moves 33.6 MB ->
-// 11.2 us, at the measured 3.0 TB/s copy rate. What keeps a kernel off that floor is bytes
+// residual, write residual_out; + rows * d * 2 with kGate: read the gate) + weight (+ bias);
+// FLOPs ~4-6 per element (the gate's exp and division ~8 more), so purely bandwidth bound:
+// 8192 x 4096 bf16 moves 134 MB -> 44.7 us (gated: 201 MB -> 67 us), 8192 x 1024 moves
+// 33.6 MB -> 11.2 us, at the measured 3.0 TB/s copy rate. What keeps a kernel off that floor is bytes
 // in flight per SM (~20 KB at ~1 us latency): the register count sets the resident rows,
 // and each row's loads are in flight only until its first reduction.
 #pragma once
@@ -66,7 +70,16 @@ __device__ __forceinline__ Vec<W, N> filled_vec(float v) {
   return out;
 }
 
-__device__ __forceinline__ float silu(float g) { return ActivationMath<Activation::silu>::value(g); }
+// silu(g) = g / (1 + exp(-g)). kFast (the lean, warp and streaming kernels) divides with
+// __fdividef, an approximate reciprocal within 2 ulp (as __expf's own error; 0 for
+// denominators over 2^126, where g / (1 + exp(-g)) is below 1e-36): the IEEE division's slow
+// path held 7-14 registers more in the gated warp and lean kernels (VPL 4: 57 -> 48, lean
+// VPT 2: 46 -> 32 in bf16) and made the gated streaming kernel spill at its 32 registers.
+template <bool kFast = false>
+__device__ __forceinline__ float silu(float g) {
+  if constexpr (kFast) return __fdividef(g, 1.0f + __expf(-g));
+  else return ActivationMath<Activation::silu>::value(g);
+}
 
 // A row's sum: over the row's lanes when a block may hold several short rows, else the block.
 template <bool kShortRows>
@@ -188,7 +201,7 @@ __device__ __forceinline__ void norm_row(const NormParams& p, int64_t row, int t
         if constexpr (kCentered)
           y.v[j] = from_float<T>((v - mean) * r * (p.offset + to_float(wv.v[j])) + to_float(bv.v[j]));
         else if constexpr (kGate)
-          y.v[j] = from_float<T>(v * r * (p.offset + to_float(wv.v[j])) * silu(to_float(zv.v[j])));
+          y.v[j] = from_float<T>(v * r * (p.offset + to_float(wv.v[j])) * silu<kLean>(to_float(zv.v[j])));
         else
           y.v[j] = from_float<T>(v * r * (p.offset + to_float(wv.v[j])));
       }
@@ -220,8 +233,21 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
 // row had one vector per thread, two barriers per reduction and one 16-byte load in flight
 // per thread; here each lane has VPL in flight and the kernel stays near 32 registers.
 inline constexpr int kNormWarpRows = 8;
+
+// Blocks per SM the warp kernel is compiled for (0: no bound, the other ops' kernels as
+// they were). Left free, ptxas hoists the gated form's output-pass weight and gate loads
+// of all VPL vectors: 48 registers at bf16 VPL 4 (5 blocks per SM), 56-64 with fp32
+// parameters for 16-bit x (4); bounded, 40 (6 blocks) and 48 (5) without spilling (fp32
+// parameters spilled at 40).
+template <class T, class W, bool kGate>
+constexpr int norm_warp_min_blocks() {
+  if constexpr (!kGate) return 0;
+  else return sizeof(W) <= sizeof(T) ? 6 : 5;
+}
+
 template <class T, class W, int N, int VPL, bool kAdd, bool kCentered, bool kGate, bool kAffine = false>
-__global__ void __launch_bounds__(kNormWarpRows * 32) norm_warp_kernel(NormParams p) {
+__global__ void __launch_bounds__(kNormWarpRows * 32, (norm_warp_min_blocks<T, W, kGate>()))
+    norm_warp_kernel(NormParams p) {
   ptx::pdl_start();
   const int lane = static_cast<int>(threadIdx.x) % 32;
   for (int64_t row = int64_t{blockIdx.x} * kNormWarpRows + threadIdx.x / 32; row < p.rows;
@@ -303,7 +329,7 @@ __global__ void __launch_bounds__(1024, 2) norm_loop_kernel(NormParams p) {
 #pragma unroll
       for (int j = 0; j < N; ++j) {
         float f = (to_float(s.v[j]) - mean) * r * (p.offset + to_float(w.v[j])) + to_float(b.v[j]);
-        if constexpr (kGate) f *= silu(to_float(z.v[j]));
+        if constexpr (kGate) f *= silu<(N > 1)>(to_float(z.v[j]));
         y.v[j] = from_float<T>(f);
       }
       store_vec(out + v * N, y);

@@ -18,13 +18,13 @@
 namespace llmk::detail {
 
 // LLMK_NORM_PATH, a test and benchmark switch read on every forward call (and by the
-// LayerNorm backward): which kernel takes 16-byte aligned rows. auto (or unset) follows the
-// launch rule below; warp: the warp kernel for rows of 33-128 vectors; lean: the lean
-// register kernel (LayerNorm only) for rows of more than 32 vectors; vec: the register
+// backward): which kernel takes 16-byte aligned rows. auto (or unset) follows the launch
+// rule below; warp: the warp kernel for rows of 33-128 vectors; lean: the lean register
+// kernel (LayerNorm and the gated form) for rows of more than 32 vectors; vec: the register
 // kernel with the weight prefetched, shaped as before the warp and lean kernels (the rule
-// of every op but RMSNorm over many long rows); stream: the streaming kernel. Each at any
-// row count; a call that the named kernel cannot take follows auto. Another value is an
-// error naming the op.
+// for few rows, rows of at most 32 vectors, and RMSNorm and add_rmsnorm under 512
+// vectors); stream: the streaming kernel. Each at any row count; a call that the named
+// kernel cannot take follows auto. Another value is an error naming the op.
 enum class NormPath { automatic, warp, lean, vec, stream };
 
 inline NormPath norm_path(const char* op) {
@@ -67,6 +67,15 @@ RowShape norm_shape(int64_t rows, int64_t n) {
 // the register kernel, as do few rows (decode): one memory round trip.
 inline constexpr int64_t kStreamMinVectors = 512;
 
+// The ops that have the lean register kernel (and take the warp kernel by the rule):
+// LayerNorm and the gated RMSNorm, whose prefetching register kernel holds a third vector
+// per row vector (the weight and bias, or the weight and the gate). RMSNorm and add_rmsnorm
+// over many long rows take the streaming kernel instead.
+template <bool kAdd, bool kCentered, bool kGate>
+constexpr bool norm_has_lean() {
+  return !kAdd && (kCentered || kGate);
+}
+
 // Rows the warp kernel takes: 33..kWarpMaxVectors 16-byte vectors (up to 4 per lane).
 // Shorter rows already share blocks (the short-row layout of the register kernel).
 inline constexpr int64_t kWarpMinVectors = 33;
@@ -77,19 +86,21 @@ inline int stream_threads(int64_t vectors) {
 }
 
 // Which kernel takes an aligned call (the rule; LLMK_NORM_PATH may name another).
-// LayerNorm over many rows (at least two per SM): the warp kernel for 33-128 vectors (the
-// register kernel gave such a row one vector per thread of a 128-thread block, two
-// barriers per reduction, and 61-64 registers: 50% occupancy, where Triton's one warp per
-// row at 32 registers ran 1.5x faster), the lean register kernel for longer rows (the
-// prefetched weight and an fp32 copy of the row held across the reductions cost it
-// 20-30 registers). RMSNorm and add_rmsnorm over many rows of >= 512 vectors: the streaming
-// kernel. Everything else, and few rows (decode: one memory round trip matters more than
-// occupancy), the register kernel with the weight prefetched.
+// LayerNorm and the gated form over many rows (at least two per SM): the warp kernel for
+// 33-128 vectors (the register kernel gave such a row one vector per thread of a 128-thread
+// block, two barriers per reduction, and 56-64 registers: 50% occupancy, where Triton's one
+// warp per row at 32 registers ran 1.5x faster on LayerNorm), the lean register kernel for
+// longer rows (the prefetched weight, the prefetched gate and an fp32 copy of the row held
+// across the reductions cost it 20-40 registers: the gated kernel at 4096 bf16 columns
+// held 1024 threads per SM at 56 registers, the lean one 2048 at 32). RMSNorm and
+// add_rmsnorm over many rows of >= 512 vectors: the streaming kernel. Everything else, and
+// few rows (decode: one memory round trip matters more than occupancy), the register
+// kernel with the weight (and gate) prefetched.
 template <bool kAdd, bool kCentered, bool kGate>
 NormPath norm_rule(NormPath asked, int64_t rows, int64_t vectors) {
-  constexpr bool kLayerNorm = kCentered && !kAdd && !kGate;
+  constexpr bool kLean = norm_has_lean<kAdd, kCentered, kGate>();
   const bool warp_takes = vectors >= kWarpMinVectors && vectors <= kWarpMaxVectors;
-  const bool lean_takes = kLayerNorm && vectors >= kWarpMinVectors;
+  const bool lean_takes = kLean && vectors >= kWarpMinVectors;
   switch (asked) {
     case NormPath::warp: if (warp_takes) return asked; break;
     case NormPath::lean: if (lean_takes) return asked; break;
@@ -98,12 +109,14 @@ NormPath norm_rule(NormPath asked, int64_t rows, int64_t vectors) {
     case NormPath::automatic: break;
   }
   const bool rmsnorm_stream = !kCentered && !kGate && vectors >= kStreamMinVectors;
-  if (!kLayerNorm && !rmsnorm_stream) return NormPath::vec;  // no query for the SM count
+  if (!kLean && !rmsnorm_stream) return NormPath::vec;  // no query for the SM count
   int device = 0;
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
   if (few_rows(rows, sm_count_of(device))) return NormPath::vec;
   if (rmsnorm_stream) return NormPath::stream;
-  return warp_takes ? NormPath::warp : NormPath::lean;
+  // The gated form takes the lean kernel at 33-128 vectors too (H100, 8192 x 1024 bf16:
+  // 18.4 us lean against 20.4 us warp).
+  return warp_takes && !kGate ? NormPath::warp : NormPath::lean;
 }
 
 // `act`: x's dtype; `affine`: the weight's (and bias's) dtype. `vector_ok`: every pointer
@@ -142,9 +155,10 @@ void launch_norm(const char* op, const NormParams& p, DType act, DType affine, b
       else launch(std::integral_constant<int, 4>{});
       return;
     }
-    if constexpr (kCentered && !kAdd && !kGate) {
+    if constexpr (norm_has_lean<kAdd, kCentered, kGate>()) {
       if (path == NormPath::lean) {
         // Rows of more than 32 vectors, so VPT 1 has at least 33 threads: one row per block.
+        // kAffine only for LayerNorm (the gated form's weight is always there, its bias never).
         auto launch_lean = [&](auto affine_tag) {
           constexpr bool kAffine = decltype(affine_tag)::value;
           const RowShape shape = norm_shape<kAdd, kCentered, kGate, true, kAffine, T, W>(p.rows, vectors);
@@ -153,7 +167,8 @@ void launch_norm(const char* op, const NormParams& p, DType act, DType affine, b
                        dim3(blocks), dim3(shape.threads), 0, stream, p);
           });
         };
-        const bool launched = affine_both ? launch_lean(std::true_type{}) : launch_lean(std::false_type{});
+        const bool launched =
+            affine_both ? launch_lean(std::bool_constant<kCentered>{}) : launch_lean(std::false_type{});
         if (launched) return;
       }
     }

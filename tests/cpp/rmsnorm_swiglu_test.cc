@@ -124,14 +124,19 @@ TEST(RMSNormSwigluGpu, MatchesCpuReference) {
   }
 }
 
-// Every forward path LLMK_NORM_PATH names (the warp and streaming kernels only when asked;
-// the backward has no warp path for the gate and keeps its vector path).
+// Every forward path LLMK_NORM_PATH names: the warp kernel (auto: many rows of 33-128
+// vectors), the lean register kernel (auto: many longer rows), the register kernel with the
+// weight and gate prefetched (vec, and auto for few rows) and the streaming kernel (only
+// when asked). The backward has no warp path for the gate: its vector path keeps one row in
+// flight at VPT 1 except under vec (two, as before).
 TEST(RMSNormSwigluGpu, EveryNormPathMatchesCpuReference) {
   LLMK_REQUIRE_GPU();
-  for_each_norm_path({"auto", "warp", "vec", "stream"}, [](DType dt, int64_t vec) {
+  for_each_norm_path({"auto", "warp", "lean", "vec", "stream"}, [](DType dt, int64_t vec) {
     for (int64_t d : {33 * vec, 128 * vec, int64_t{4096}})
       for (int64_t rows : {3, 301}) run_gpu_case(dt, dt, rows, d, d, 0.0);
-    run_gpu_case(dt, DType::f32, 1031, 96 * vec, 96 * vec + vec, 1.0);
+    run_gpu_case(dt, DType::f32, 1031, 96 * vec, 96 * vec + vec, 1.0);      // warp VPL 3, strided
+    run_gpu_case(dt, dt, 301, 129 * vec, 129 * vec + 2 * vec, 0.0);         // lean VPT 1, 160 threads
+    run_gpu_case(dt, DType::f32, 300, 1793 * vec, 1793 * vec + vec, 1.0);   // lean VPT 4-8, odd row
   });
 }
 
