@@ -47,7 +47,7 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   // and first keys load during this one), -2% at 16k with hd 128 (units in the last
   // round: 1024 on 132 SMs leave 3% idle where the hardware balanced single tiles).
   const int m_blocks = (p.seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;
-  const sm90::AttentionSchedule schedule = sm90::attention_schedule(m_blocks, p.heads_q, p.batch, p.causal);
+  const sm90::AttentionSchedule schedule = sm90::attention_schedule(m_blocks, Tile::kBlockM, p.heads_q, p.batch, p.causal);
   int device = 0;
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
   const int64_t sms = sm_count_of(device);

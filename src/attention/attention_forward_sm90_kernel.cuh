@@ -1,7 +1,8 @@
 // Attention forward on Hopper (sm_90a): TMA + wgmma, warp-specialized, FlashAttention 3's
-// schedule. One block computes 128 query rows of one (batch, head):
+// schedule. A persistent block walks tiles of 128 query rows of one (batch, head)
+// (AttentionSchedule); per tile:
 //
-//   warpgroup 0, the producer (one thread, 24 registers): Q [128, D] once, then the key
+//   warpgroup 0, the producer (one thread, 24 registers): Q [128, D], then the key
 //     blocks of kBlockN keys (128; 64 at D = 256) the rows may see, in the order the
 //     consumers use them: K_0, then K_j and V_{j-1} for j = 1.., then the last V. K and V
 //     have their own full and empty barriers in a 2-stage ring, so K_{j+1} loads as soon as
@@ -18,9 +19,10 @@
 // Intra-warpgroup overlap: the exp2/MUFU work of block j runs beside the tensor work of S_j
 // and P_{j-1} V_{j-1}; at D = 64 across tiles too (kCrossTile): a tile's last P V is issued
 // with the next tile's S_0, and its output stored once both are done (the tile stays
-// `pending` until then); at D = 128 and 256 each tile ends with its last P V alone. Pingpong (D <= 128): the two consumers take turns issuing their
-// GEMMs, ordered by two named barriers, so one's softmax runs while the other's GEMMs do
-// (FA3 leaves it off at D = 256, where the O accumulators take half the registers).
+// `pending` until then); at D = 128 and 256 each tile ends with its last P V alone.
+// Pingpong (D <= 128): the two consumers take turns issuing their GEMMs, ordered by two
+// named barriers, so one's softmax runs while the other's GEMMs do (FA3 leaves it off at
+// D = 256, where the O accumulators take half the registers).
 // Causal blocks skip the key blocks above the diagonal. The grid is persistent (one block
 // per SM walking the tiles; causal tiles in pairs of equal total work, AttentionSchedule),
 // and the next tile's Q and first keys load while this one finishes (Q double-buffered at
@@ -84,20 +86,23 @@ struct AttentionSm90Maps {
 
 // The persistent schedule: block b takes the work units b, b + gridDim.x, ... A unit is one
 // tile (128 query rows of one (batch, head)) without a causal mask, where tiles cost the
-// same; with one, the pair of query blocks i and m_blocks - 1 - i of one (batch, head),
-// whose key blocks add up to m_blocks + 1 whatever i (seqlen_q = seqlen_k), so a static
-// stride over equal units stays balanced while the producer loads a tile's Q and first
-// keys during the one before. A (batch, head)'s units are consecutive: the blocks running
-// at once share its K and V in L2.
+// same; with one, the pair of query blocks i and mb - 1 - i of one (batch, head), mb its
+// sequence's query blocks (varlen: that sequence's own), whose key blocks add up to the same
+// count for every i (seqlen_q = seqlen_k; the middle block of an odd mb is a unit alone, half
+// the work). A static stride over equal units stays balanced while the producer loads a
+// tile's Q and first keys during the one before. A (batch, head)'s units are consecutive:
+// the blocks running at once share its K and V in L2.
 struct AttentionSchedule {
-  int m_blocks, units_per_head;
+  int m_blocks;        // query blocks of the longest sequence
+  int block_m;         // query rows per tile
+  int units_per_head;  // m_blocks, or (m_blocks + 1) / 2 pairs
   bool paired;
   int64_t units;
 };
 
-inline AttentionSchedule attention_schedule(int m_blocks, int heads_q, int batch, bool causal) {
+inline AttentionSchedule attention_schedule(int m_blocks, int block_m, int heads_q, int batch, bool causal) {
   const int units_per_head = causal ? (m_blocks + 1) / 2 : m_blocks;
-  return {m_blocks, units_per_head, causal, static_cast<int64_t>(units_per_head) * heads_q * batch};
+  return {m_blocks, block_m, units_per_head, causal, static_cast<int64_t>(units_per_head) * heads_q * batch};
 }
 
 struct AttentionTileCoord {
@@ -111,8 +116,10 @@ __device__ __forceinline__ void for_each_attention_tile(const AttentionParams& p
     const int64_t hb = u / s.units_per_head;
     const int i = static_cast<int>(u - hb * s.units_per_head);
     const int head = static_cast<int>(hb % p.heads_q), batch = static_cast<int>(hb / p.heads_q);
-    const int tiles = s.paired && 2 * i + 1 != s.m_blocks ? 2 : 1;
-    for (int k = 0; k < tiles; ++k) body(AttentionTileCoord{k == 0 ? s.m_blocks - 1 - i : i, head, batch});
+    int mb = s.m_blocks;
+    if (s.paired && p.cu_seqlens_q) mb = (sequence_bounds(p, batch).seqlen_q + s.block_m - 1) / s.block_m;
+    const int tiles_in_unit = !s.paired ? 1 : 2 * i + 1 < mb ? 2 : 2 * i + 1 == mb ? 1 : 0;
+    for (int t = 0; t < tiles_in_unit; ++t) body(AttentionTileCoord{t == 0 ? mb - 1 - i : i, head, batch});
   }
 }
 
@@ -240,8 +247,9 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
     wgmma_commit();
   };
   // O += P_{j-1} V_{j-1} issued. A stand-in (a tile's S_0 with no pending tile) multiplies
-  // whatever O and P hold by K_0's stage, unwaited: its result is discarded, and it keeps
-  // the S_0 step one straight line of wgmma groups (see below).
+  // whatever O and P hold by K_0's stage (full: S_0 waited for it): its result is discarded,
+  // and it keeps the S_0 step one straight line of wgmma groups (see below). K_0's stage is
+  // then released only once the stand-in is done.
   auto issue_pv = [&](bool stand_in = false) {
     const uint32_t v_addr = static_cast<uint32_t>(
         __cvta_generic_to_shared(stand_in ? kv_smem(k_ring.stage, 0) : kv_smem(v_ring.stage, 1)));
@@ -336,20 +344,22 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
     {
       float s[1][kNTiles][4], correction[1][2];
       const bool overlap = Tile::kCrossTile && pending;
+      const bool stand_in = Tile::kCrossTile && !pending;
       if (Tile::kPingpong && overlap) named_barrier_sync(1 + consumer, kPairThreads);
       wgmma_fence();
       issue_scores(s, q_addr);
-      if (Tile::kCrossTile) issue_pv(!overlap);
+      if (Tile::kCrossTile) issue_pv(stand_in);
       if (Tile::kPingpong && overlap) named_barrier_arrive(2 - consumer, kPairThreads);
       wgmma_wait<Tile::kCrossTile ? 1 : 0>();  // S_0
       wgmma_fence_operands(reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s));
-      release(k_empty, k_ring);
+      if (!stand_in) release(k_empty, k_ring);
       if (n_blocks == 1) release_q();
       softmax_scores(s, 0, correction);  // the first block: nothing to rescale
       wgmma_wait<0>();
+      wgmma_fence_operands(o_flat);
+      wgmma_fence_operands(pa);
+      if (stand_in) release(k_empty, k_ring);
       if (overlap) {
-        wgmma_fence_operands(o_flat);
-        wgmma_fence_operands(pa);
         release(v_empty, v_ring);
         store_output(pending_rows);
         pending = false;

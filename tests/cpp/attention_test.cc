@@ -237,6 +237,7 @@ TEST(AttentionGpu, ManyTilesPerBlock) {
   for (bool causal : {false, true}) {
     check_dense(DType::bf16, {8, 200, 200, 20, 4, 64}, causal);  // 320 tiles; causal 160 pairs
     check_dense(DType::f16, {6, 300, 40, 24, 8, 128}, causal);   // causal: rows 0-259 see no key
+    check_dense(DType::bf16, {6, 300, 40, 24, 8, 64}, causal);   // the same where tiles overlap
     check_dense(DType::bf16, {4, 129, 257, 40, 8, 256}, causal);
   }
 }
@@ -391,10 +392,13 @@ TEST(AttentionVarlen, EmptySequencesAndTileEdges) {
   }
 }
 
-// More tiles than SMs (AttentionGpu.ManyTilesPerBlock) over sequences of uneven lengths.
+// More tiles than SMs (AttentionGpu.ManyTilesPerBlock) over sequences of uneven lengths:
+// tiles past a short sequence's end between others; causal pairs within each sequence.
 TEST(AttentionVarlen, ManyTilesPerBlock) {
-  for (bool causal : {false, true})
+  for (bool causal : {false, true}) {
     check_varlen(DType::bf16, {300, 1, 0, 257, 90, 400}, {300, 5, 3, 100, 90, 400}, 32, 8, 128, causal);
+    check_varlen(DType::f16, {300, 1, 0, 257, 90, 400}, {300, 5, 3, 100, 90, 400}, 32, 8, 64, causal);
+  }
 }
 
 TEST(AttentionErrors, BadInputsWriteNothing) {
