@@ -39,6 +39,7 @@
 #include <cuda.h>
 
 #include "attention/attention_params.h"
+#include "attention/attention_schedule.h"
 #include "attention/attention_softmax.cuh"
 #include "common/ptx.cuh"
 #include "common/sm90/mbarrier.cuh"
@@ -84,42 +85,12 @@ struct AttentionSm90Maps {
   CUtensorMap q, k, v;
 };
 
-// The persistent schedule: block b takes the work units b, b + gridDim.x, ... A unit is one
-// tile (128 query rows of one (batch, head)) without a causal mask, where tiles cost the
-// same; with one, the pair of query blocks i and mb - 1 - i of one (batch, head), mb its
-// sequence's query blocks (varlen: that sequence's own), whose key blocks add up to the same
-// count for every i (seqlen_q = seqlen_k; the middle block of an odd mb is a unit alone, half
-// the work). A static stride over equal units stays balanced while the producer loads a
-// tile's Q and first keys during the one before. A (batch, head)'s units are consecutive:
-// the blocks running at once share its K and V in L2.
-struct AttentionSchedule {
-  int m_blocks;        // query blocks of the longest sequence
-  int block_m;         // query rows per tile
-  int units_per_head;  // m_blocks, or (m_blocks + 1) / 2 pairs
-  bool paired;
-  int64_t units;
-};
-
-inline AttentionSchedule attention_schedule(int m_blocks, int block_m, int heads_q, int batch, bool causal) {
-  const int units_per_head = causal ? (m_blocks + 1) / 2 : m_blocks;
-  return {m_blocks, block_m, units_per_head, causal, static_cast<int64_t>(units_per_head) * heads_q * batch};
-}
-
-struct AttentionTileCoord {
-  int m_block, head, batch;
-};
-
-// Calls body(tile) for each tile of the block's units, in order (longest first in a unit).
+// Calls body(tile) for each tile of the block's units (attention_schedule.h), in order.
 template <class F>
 __device__ __forceinline__ void for_each_attention_tile(const AttentionParams& p, const AttentionSchedule& s, F&& body) {
   for (int64_t u = blockIdx.x; u < s.units; u += gridDim.x) {
-    const int64_t hb = u / s.units_per_head;
-    const int i = static_cast<int>(u - hb * s.units_per_head);
-    const int head = static_cast<int>(hb % p.heads_q), batch = static_cast<int>(hb / p.heads_q);
-    int mb = s.m_blocks;
-    if (s.paired && p.cu_seqlens_q) mb = (sequence_bounds(p, batch).seqlen_q + s.block_m - 1) / s.block_m;
-    const int tiles_in_unit = !s.paired ? 1 : 2 * i + 1 < mb ? 2 : 2 * i + 1 == mb ? 1 : 0;
-    for (int t = 0; t < tiles_in_unit; ++t) body(AttentionTileCoord{t == 0 ? mb - 1 - i : i, head, batch});
+    const AttentionUnit unit = attention_unit(p, s, u);
+    for (int t = 0; t < unit.count; ++t) body(unit.tile(t));
   }
 }
 

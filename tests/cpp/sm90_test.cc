@@ -1,12 +1,17 @@
 // Tests of the shared Hopper pieces that can be tested alone: the persistent tile
-// scheduler's raster order (host code) and TMA map creation (needs a CUDA driver).
+// scheduler's raster order and the attention forward's schedule (host code), and TMA map
+// creation (needs a CUDA driver).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <set>
+#include <tuple>
 #include <utility>
+#include <vector>
 
+#include "attention/attention_schedule.h"
 #include "common/sm90/tile_scheduler.h"
 #include "common/sm90/tma.h"
 #include "test_util.h"
@@ -31,6 +36,99 @@ TEST(GroupedRaster, VisitsEveryTileOnce) {
         }
         EXPECT_EQ(static_cast<int64_t>(seen.size()), r.tiles()) << tm << "x" << tn << " group " << group;
       }
+    }
+  }
+}
+
+// The attention forward's units over a call: how often each (query block, head, batch) is
+// visited, and each unit's key blocks (128-key blocks of a 128-row tile, causal when asked).
+struct ScheduleVisit {
+  std::map<std::tuple<int, int, int>, int> visits;
+  std::vector<std::pair<int, int64_t>> unit_work;  // (batch, key blocks) per unit with a tile
+};
+
+ScheduleVisit walk_schedule(const detail::AttentionParams& p, bool causal) {
+  const int m_blocks = (p.seqlen_q + 127) / 128;
+  const AttentionSchedule s = attention_schedule(m_blocks, 128, p.heads_q, p.batch, causal);
+  ScheduleVisit v;
+  for (int64_t u = 0; u < s.units; ++u) {
+    const AttentionUnit unit = attention_unit(p, s, u);
+    int64_t work = 0;
+    for (int t = 0; t < unit.count; ++t) {
+      const AttentionTileCoord c = unit.tile(t);
+      ++v.visits[{c.m_block, c.head, c.batch}];
+      const detail::SequenceBounds seq = detail::sequence_bounds(p, c.batch);
+      work += (detail::visible_keys(seq, causal, int64_t{c.m_block} * 128 + 127) + 127) / 128;
+    }
+    if (unit.count > 0) v.unit_work.push_back({unit.batch, work});
+  }
+  return v;
+}
+
+// Dense calls: every tile exactly once; causal pairs carry m_blocks + 1 key blocks each
+// (the middle block of an odd count, a unit alone, (m_blocks + 1) / 2).
+TEST(AttentionSchedule, DenseVisitsEveryTileOnceInEqualUnits) {
+  for (int m_blocks : {1, 2, 3, 4, 7, 8}) {
+    for (int heads : {1, 3}) {
+      for (int batch : {1, 2}) {
+        for (bool causal : {false, true}) {
+          SCOPED_TRACE(testing::Message() << m_blocks << " query blocks, " << heads << " heads, batch " << batch
+                                          << (causal ? ", causal" : ""));
+          detail::AttentionParams p;
+          p.heads_q = heads;
+          p.batch = batch;
+          p.seqlen_q = p.seqlen_k = m_blocks * 128 - 5;
+          const ScheduleVisit v = walk_schedule(p, causal);
+          EXPECT_EQ(static_cast<int>(v.visits.size()), m_blocks * heads * batch);
+          for (const auto& [tile, count] : v.visits) {
+            EXPECT_LT(std::get<0>(tile), m_blocks);
+            EXPECT_EQ(count, 1);
+          }
+          if (!causal) continue;
+          int halves = 0;
+          for (const auto& [b, work] : v.unit_work) {
+            if (work == m_blocks + 1) continue;
+            EXPECT_EQ(2 * work, m_blocks + 1) << "a unit that is neither a full pair nor the middle block";
+            ++halves;
+          }
+          EXPECT_EQ(halves, m_blocks % 2 ? heads * batch : 0);
+        }
+      }
+    }
+  }
+}
+
+// Varlen causal calls pair each sequence's own query blocks: every tile that holds rows of
+// its sequence exactly once, none past its end, equal pairs within a sequence. Without a
+// causal mask the units are the longest sequence's tiles (the kernel skips empty ones).
+TEST(AttentionSchedule, VarlenPairsWithinEachSequence) {
+  const std::vector<int32_t> cu = {0, 300, 301, 301, 558, 648, 1048};  // 300, 1, 0, 257, 90, 400
+  detail::AttentionParams p;
+  p.heads_q = 2;
+  p.batch = static_cast<int>(cu.size()) - 1;
+  p.seqlen_q = p.seqlen_k = 400;
+  p.cu_seqlens_q = p.cu_seqlens_k = cu.data();
+  p.total_q = p.total_k = cu.back();
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "not causal");
+    const ScheduleVisit v = walk_schedule(p, causal);
+    int expected = 0;
+    for (int b = 0; b < p.batch; ++b) {
+      const int own = (cu[b + 1] - cu[b] + 127) / 128;
+      for (int h = 0; h < p.heads_q; ++h)
+        for (int m = 0; m < 4; ++m) {
+          const auto it = v.visits.find({m, h, b});
+          const int count = it == v.visits.end() ? 0 : it->second;
+          const bool has_rows = m < own;
+          EXPECT_EQ(count, has_rows || !causal ? 1 : 0) << "block " << m << " head " << h << " sequence " << b;
+          expected += count;
+        }
+    }
+    EXPECT_EQ(static_cast<int>(v.visits.size()), expected);
+    if (!causal) continue;
+    for (const auto& [b, work] : v.unit_work) {
+      const int own = (cu[b + 1] - cu[b] + 127) / 128;
+      EXPECT_TRUE(work == own + 1 || 2 * work == own + 1) << "sequence " << b << ": a unit of " << work << " key blocks";
     }
   }
 }
