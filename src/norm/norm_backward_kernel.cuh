@@ -272,14 +272,7 @@ __global__ void __launch_bounds__(kNormBackwardWarps * 32) norm_backward_warp_ke
         dyv[i] = load_vec<T, N>(dy + i * kStep);
       }
     float mean = 0.0f;
-    if constexpr (kCentered) {
-#pragma unroll
-      for (int i = 0; i < VPL; ++i)
-        if (in_row(i))
-#pragma unroll
-          for (int j = 0; j < N; ++j) mean += to_float(xv[i].v[j]);
-      mean = warp_sum(mean) * inv_d;
-    }
+    if constexpr (kCentered) mean = warp_sum(thread_row_sum(xv, in_row)) * inv_d;
     float sums[K];
 #pragma unroll
     for (int k = 0; k < K; ++k) sums[k] = 0.0f;

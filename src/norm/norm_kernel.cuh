@@ -82,6 +82,19 @@ __device__ __forceinline__ float silu(float g) {
 }
 
 // A row's sum: over the row's lanes when a block may hold several short rows, else the block.
+// This thread's part of a row sum: the elements of its register vectors that lie in the row
+// (in_row(i): vector i does). The caller reduces it over the row's threads.
+template <class T, int N, int VPT, class InRow>
+__device__ __forceinline__ float thread_row_sum(const Vec<T, N> (&v)[VPT], InRow in_row) {
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    if (in_row(i))
+#pragma unroll
+      for (int j = 0; j < N; ++j) total += to_float(v[i].v[j]);
+  return total;
+}
+
 template <bool kShortRows>
 __device__ __forceinline__ float norm_sum(float v) {
   if constexpr (kShortRows) return row_sum(v);
@@ -150,13 +163,7 @@ __device__ __forceinline__ void norm_row(const NormParams& p, int64_t row, int t
   if constexpr (kCentered) {
     // The mean first, then the centered sum of squares from registers: exact where
     // E[x^2] - E[x]^2 would cancel (rows far from zero, outliers).
-    float total = 0.0f;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      if (in_row(i))
-#pragma unroll
-        for (int j = 0; j < N; ++j) total += to_float(s[i].v[j]);
-    mean = sum(total) * inv_d;
+    mean = sum(thread_row_sum(s, in_row)) * inv_d;
     float m2 = 0.0f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
