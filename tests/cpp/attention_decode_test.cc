@@ -20,6 +20,7 @@
 // represents exactly and its scales are applied in fp32, so the bound is the same with v
 // dequantized. The Python tests add the FlashAttention rule (at most 2x PyTorch's error).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -1004,19 +1005,23 @@ TEST(AttentionDecodeCpu, ComparisonHarnessSelfCheck) {
         change(bad);
         return [&p, &ref, bad] { expect_matches(p, bad, ref, true); };
       };
+      // A value that differs from v in every cache dtype: at least 1 away, or 1 for a NaN
+      // (poisoned) element (a fixed 1.0 could equal a random fp8 element already, and the
+      // change would not be one).
+      auto flipped = [](float v) { return std::isnan(v) ? 1.0f : v >= 0 ? -1.0f - v : 1.0f - v; };
       const int64_t o = p.token_index(1, 2, 5, 7);
       expect_reported(with([&](Outputs& b) { b.out.set(o, ref.out.get(o) + 0.5f); }), "out[1, 2, 5, 7]");
       expect_reported(with([&](Outputs& b) { b.out.set(p.token_index(1, 2, 0, 0) - 1, 0.0f); }),
                       "elements outside the view were written");
       expect_reported(with([&](Outputs& b) { b.lse.set(4, ref.lse.get(4) + 1e-2f); }), "lse[4]");
-      expect_reported(with([&](Outputs& b) { b.cache.set(p.cache_index(1, 1, 40, 2, 3), 1.0f); }),
-                      "outside the appended rows changed");  // a row past sequence 1's keys
+      const int64_t past = p.cache_index(1, 1, 40, 2, 3);  // a row past sequence 1's keys
+      expect_reported(with([&](Outputs& b) { b.cache.set(past, flipped(ref.cache.get(past))); }),
+                      "outside the appended rows changed");
       expect_reported(with([&](Outputs& b) { b.cache.set(p.cache_index(1, 2, 8, 1, 5), 100.0f); }),
                       "v_cache appended element");
       const int64_t k = p.cache_index(0, 2, 9, 0, 1);  // an appended, rotated k element: within a rounding passes
       with([&](Outputs& b) { b.cache.set(k, ref.cache.get(k) * (fp8 ? 1.1f : 1.004f)); })();
-      const float flipped = ref.cache.get(k) >= 0 ? -1.0f - ref.cache.get(k) : 1.0f - ref.cache.get(k);
-      expect_reported(with([&](Outputs& b) { b.cache.set(k, flipped); }),
+      expect_reported(with([&](Outputs& b) { b.cache.set(k, flipped(ref.cache.get(k))); }),
                       "k_cache appended element");
     }
   // A query that sees no key (no append; causal, 1 cached key, q_len 3: tokens 0 and 1) must be exactly 0.
