@@ -59,6 +59,10 @@ struct AttentionBackwardSm90Tile {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = 128, kBlockM = kHeadDim <= 64 ? 128 : 64, kStages = 2, kConsumers = 2;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
+  // dK += dS^T Q stays in flight over the next tile's S^T and dP^T at D = 128; at D = 64 the
+  // 128-row tile's dS^T fragments (32 registers) beside S^T and dP^T (64 each) spilled and
+  // serialized the wgmmas, so there it is waited for at the end of its tile.
+  static constexpr bool kDkAcrossTiles = kHeadDim == 128;
   static constexpr int kChunks = kHeadDim / 64;  // 64-column swizzle chunks of a row
   static constexpr uint32_t kKvChunkBytes = kBlockN * 128, kKvBytes = kChunks * kKvChunkBytes;
   static constexpr uint32_t kQChunkBytes = kBlockM * 128, kQBytes = kChunks * kQChunkBytes;
@@ -189,6 +193,9 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+  // dS^T as the A fragments of dK += dS^T Q: that GEMM is still running when the next
+  // tile's S^T and dP^T are issued, so the fragments live across iterations.
+  uint32_t dsa[M / 16][4];
   // Stage s is free once both consumers' GEMMs that read it (Q, dO) completed and their warps
   // read its lse2 and D: every warp arrives after its wait.
   auto release = [&](int stage) {
@@ -225,8 +232,12 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
     scores(s_flat, k_addr, q_addr);
     mbarrier_wait(&do_full[ring.stage], ring.phase);
     scores(dp_flat, v_addr, do_addr);
+    // The previous tile's dK and this S^T are done: that tile's stage (Q read by dK) is free.
     wgmma_wait<1>();
     wgmma_fence_operands(s_flat);
+    wgmma_fence_operands(dk);
+    wgmma_fence_operands(dsa);
+    if (Tile::kDkAcrossTiles && it > 0) release(ring.stage ^ 1);
 
     const int key0 = n0 + 64 * consumer + 16 * warp;  // the warp's first key
     const bool need_mask = key0 + 16 > seq.seqlen_k || (p.causal && key0 + 15 > m0 + shift);
@@ -254,22 +265,20 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
     wgmma_wait<0>();
     wgmma_fence_operands(dp_flat);
     bwd::score_gradients(dp, s, [&](int, int nt, int i) { return delta[nt * 8 + 2 * (lane % 4) + (i & 1)]; });
-    uint32_t pa[M / 16][4], dsa[M / 16][4];
+    uint32_t pa[M / 16][4];
     accumulators_as_a<T>(pa, s);
     accumulators_as_a<T>(dsa, dp);
-    // dS^T into this iteration's buffer for dQ (the other buffer may still be read by the
-    // other consumer's previous dQ GEMM), visible to the async proxy.
-    const uint32_t ds_addr = smem + Tile::kDs + (it & 1) * Tile::kDsBytes;
+
+    // Order dV, dQ, dK: dQ's write-out then runs beside dK, which also stays in flight over
+    // the next tile's S^T and dP^T. Each branch issues and waits itself: one wait after the
+    // branch, with dq declared outside it, made ptxas spill 264-396 bytes.
     if (with_dq) {
+      // dS^T into this iteration's buffer for dQ (the other buffer may still be read by the
+      // other consumer's previous dQ GEMM), visible to the async proxy.
+      const uint32_t ds_addr = smem + Tile::kDs + (it & 1) * Tile::kDsBytes;
       store_fragments_swizzled<M>(ds_addr + consumer * Tile::kDsHalfBytes, dsa);
       fence_async_shared();
-    }
-    add_product(dv, pa, do_addr);
-    add_product(dk, dsa, q_addr);
-
-    // Each branch waits and releases the stage itself: one wait after the branch, with dq
-    // declared outside it, made ptxas spill 264-396 bytes.
-    if (with_dq) {
+      add_product(dv, pa, do_addr);
       named_barrier_sync(1, Tile::kConsumers * kWarpgroupThreads);  // both halves of dS^T written
       // dQ = dS K over the 128 keys: k16 step kk is in consumer kk / 4's half of dS^T.
       float dq[32];
@@ -282,9 +291,11 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
         wgmma_m64n64k16<1, 1>(WgmmaTag<T>{}, dq, a, b, kk > 0);
       }
       wgmma_commit();
-      wgmma_wait<0>();
+      add_product(dk, dsa, q_addr);
+      wgmma_wait<1>();  // dV and dQ
       wgmma_fence_operands(dq);
-      release(ring.stage);
+      wgmma_fence_operands(dv);
+      wgmma_fence_operands(pa);
       // The warp's 16 rows of dQ into its boxes (after its previous reduction read them),
       // then one TMA reduce-add per box into the accumulator: rows past the sequence end
       // carry exact zeros (their P and dS are 0), and past the tensor's rows TMA skips them.
@@ -302,13 +313,24 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
         tma_store_commit();
       }
     } else {
+      add_product(dv, pa, do_addr);
+      add_product(dk, dsa, q_addr);
+      wgmma_wait<1>();  // dV
+      wgmma_fence_operands(dv);
+      wgmma_fence_operands(pa);
+    }
+    if constexpr (!Tile::kDkAcrossTiles) {
       wgmma_wait<0>();
+      wgmma_fence_operands(dk);
+      wgmma_fence_operands(dsa);
       release(ring.stage);
     }
-    wgmma_fence_operands(dv);
-    wgmma_fence_operands(dk);
     ring.advance();
   }
+  // The last tile's dK.
+  wgmma_wait<0>();
+  wgmma_fence_operands(dk);
+  wgmma_fence_operands(dsa);
 
   // The last reductions must have read their boxes before the block's shared memory goes.
   if (with_dq && lane == 0) tma_store_wait_read();
