@@ -35,6 +35,8 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   // TMA has no map of 0 rows.
   maps.k = rows_k > 0 ? attention_tma_map(p.k, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
   maps.v = rows_k > 0 ? attention_tma_map(p.v, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
+  maps.tma_out = Tile::kTmaOut && attention_tma_ok(p.out, varlen);
+  if (maps.tma_out) maps.out = attention_tma_map(p.out, dtype, kHeadDim, p.heads_q, rows_q, batch, 16);
   const void* kernel = kernel_for<T, kHeadDim>();
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
   // Persistent: one block per SM walks the work units (AttentionSchedule). Causal tiles

@@ -15,7 +15,9 @@
 //     diagonal, the online softmax of S_j (attention_softmax.cuh: a warp's accumulator is
 //     the mma.sync fragment of its 16 rows); after O's wgmma: P_j = S_j rounded to 16
 //     bits, O rescaled where a row max grew.
-//   O /= row sum, stored from registers; lse = max + log(sum).
+//   O /= row sum; lse = max + log(sum). O goes by stmatrix into shared memory and a TMA
+//     store per warp at D = 128 (a varlen sequence's last partial 16 rows from registers),
+//     from registers at D = 64 and 256.
 // Intra-warpgroup overlap: the exp2/MUFU work of block j runs beside the tensor work of S_j
 // and P_{j-1} V_{j-1}; at D = 64 across tiles too (kCrossTile): a tile's last P V is issued
 // with the next tile's S_0, and its output stored once both are done (the tile stays
@@ -43,6 +45,7 @@
 #include "attention/attention_softmax.cuh"
 #include "common/ptx.cuh"
 #include "common/sm90/mbarrier.cuh"
+#include "common/sm90/store_tile.cuh"
 #include "common/sm90/tma.cuh"
 #include "common/sm90/warpgroup.cuh"
 #include "common/sm90/wgmma.cuh"
@@ -75,14 +78,24 @@ struct AttentionSm90Tile {
   static constexpr uint32_t kKvBytes = kChunks * kKvChunkBytes;  // one key block of K (or V)
   static constexpr uint32_t kStageBytes = 2 * kKvBytes;
   static constexpr uint32_t kRingOffset = kQBuffers * kQBytes;
-  static constexpr int kSharedBytes =
-      kRingOffset + kStages * kStageBytes + (2 * kQBuffers + 4 * kStages) * 8 + 1024;
+  // O leaves through shared memory (stmatrix) and TMA stores at D = 128: per consumer two
+  // boxes of 64 rows x 64 columns, each warp storing its 16 rows. At D = 256 the 64 KB would
+  // not fit beside Q and the ring; at D = 64 the stmatrix store of the pending tile, between
+  // the cross-tile step's GEMMs, made ptxas serialize every wgmma (C7520: a compiler-inserted
+  // warpgroup.arrive in a divergent path). Both store O from registers.
+  static constexpr bool kTmaOut = kHeadDim == 128;
+  static constexpr uint32_t kOutOffset = kRingOffset + kStages * kStageBytes;
+  static constexpr uint32_t kOutConsumerBytes = kTmaOut ? kChunks * 8192 : 0;
+  static constexpr uint32_t kBarrierOffset = kOutOffset + kConsumers * kOutConsumerBytes;
+  static constexpr int kSharedBytes = kBarrierOffset + (2 * kQBuffers + 4 * kStages) * 8 + 1024;
 };
 
 // Maps over q, k, v as 4-d [batch, heads, rows, D] (dense) or [1, heads, total, D]
-// (varlen), D innermost; boxes of 128 rows x 64 columns.
+// (varlen), D innermost; boxes of 128 rows x 64 columns. out: the same over the output,
+// boxes of 16 rows x 64 columns, used where tma_out (Tile::kTmaOut and out TMA-addressable).
 struct AttentionSm90Maps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, out;
+  bool tma_out;
 };
 
 // Calls body(tile) for each tile of the block's units (attention_schedule.h), in order.
@@ -116,7 +129,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
   auto q_smem = [&](int b) { return base + b * Tile::kQBytes; };
   // Stage s of the ring holds K (part 0) then V (part 1).
   auto kv_smem = [&](int s, int part) { return base + Tile::kRingOffset + s * Tile::kStageBytes + part * Tile::kKvBytes; };
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(base + Tile::kRingOffset + Tile::kStages * Tile::kStageBytes);
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(base + Tile::kBarrierOffset);
   uint64_t* q_empty = q_full + Tile::kQBuffers;
   uint64_t* k_full = q_empty + Tile::kQBuffers;
   uint64_t* v_full = k_full + Tile::kStages;
@@ -199,6 +212,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
     T* out;      // the (batch, head)'s first output row
     float* lse;  // its first lse entry, or null
     int first, end;  // the thread's first row; the sequence's rows
+    int32_t map_row, head, map_batch;  // out's map coordinates of the warp's first row
   } pending_rows{};
   bool pending = false;
   float inv_sum[1][2], row_lse[1][2];
@@ -245,8 +259,34 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
     wgmma_fence_operands(pa);
     release(v_empty, v_ring);
   };
-  // O / row sum and lse to the rows of `rows`.
+  // O / row sum and lse to the rows of `rows`. A warp whose 16 rows TMA can store (all in
+  // the sequence, or past the tensor's end where TMA skips them) writes them into its part
+  // of the consumer's boxes and stores those, after its previous store read them.
+  const uint32_t out_boxes =
+      static_cast<uint32_t>(__cvta_generic_to_shared(base + Tile::kOutOffset)) + consumer * Tile::kOutConsumerBytes;
   auto store_output = [&](const Rows& rows) {
+    const int warp_first = rows.first - lane / 4;
+    if (Tile::kTmaOut && maps.tma_out && (!varlen || warp_first + 16 <= rows.end)) {
+      if (warp_first >= rows.end) return;
+      if (lane == 0) tma_store_wait_read();
+      __syncwarp();
+      store_accumulators_swizzled<T, kHeadDim>(out_boxes, o_flat, inv_sum[0][0], inv_sum[0][1]);
+      fence_async_shared();
+      __syncwarp();
+      if (lane == 0) {
+#pragma unroll
+        for (int c = 0; c < Tile::kChunks; ++c)
+          tma_store_4d(&maps.out, base + Tile::kOutOffset + consumer * Tile::kOutConsumerBytes + c * 8192 + 2048 * warp,
+                       64 * c, rows.map_row, rows.head, rows.map_batch);
+        tma_store_commit();
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = rows.first + 8 * half;
+        if (rows.lse && lane % 4 == 0 && row < rows.end) rows.lse[row] = row_lse[0][half];
+      }
+      return;
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = rows.first + 8 * half;
@@ -278,7 +318,8 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
     const Rows rows{static_cast<T*>(p.out.data) + c.batch * p.out.batch_stride + c.head * p.out.head_stride +
                         seq.q_start * p.out.row_stride,
                     p.lse ? p.lse + c.batch * p.lse_batch_stride + c.head * p.lse_head_stride + seq.q_start : nullptr,
-                    m0 + row_in_tile, seq.seqlen_q};
+                    m0 + row_in_tile, seq.seqlen_q,
+                    static_cast<int32_t>(seq.q_start + m0 + 64 * consumer + 16 * warp), c.head, varlen ? 0 : c.batch};
     softmax = OnlineSoftmax<1>();
     if (n_blocks == 0) {  // no key to see: O = 0, lse = -inf
       flush_pending();
@@ -361,6 +402,8 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
     if constexpr (!Tile::kCrossTile) flush_pending();
   });
   flush_pending();
+  // The last TMA stores must have read their boxes before the block's shared memory goes.
+  if (Tile::kTmaOut && lane == 0) tma_store_wait_read();
 #endif
 }
 

@@ -58,14 +58,16 @@ __device__ __forceinline__ void store_warp_f32_swizzled(uint32_t boxes, const fl
 }
 
 // Writes d[0 .. kCols/2) of this thread (warp w of the warpgroup holds rows 16w..16w+15)
-// into the boxes at shared address `boxes`.
+// into the boxes at shared address `boxes`, times `lo` in the thread's first row (lane/4)
+// and `hi` in its second (lane/4 + 8).
 template <class T, int kCols>
-__device__ __forceinline__ void store_accumulators_swizzled(uint32_t boxes, const float* d) {
+__device__ __forceinline__ void store_accumulators_swizzled(uint32_t boxes, const float* d, float lo = 1.0f,
+                                                            float hi = 1.0f) {
 #pragma unroll
   for (int c = 0; c < kCols / 16; ++c)
-    stmatrix_x4(swizzled_row_address(boxes, c), ptx::pack2<T>(d[8 * c], d[8 * c + 1]),
-                ptx::pack2<T>(d[8 * c + 2], d[8 * c + 3]), ptx::pack2<T>(d[8 * c + 4], d[8 * c + 5]),
-                ptx::pack2<T>(d[8 * c + 6], d[8 * c + 7]));
+    stmatrix_x4(swizzled_row_address(boxes, c), ptx::pack2<T>(d[8 * c] * lo, d[8 * c + 1] * lo),
+                ptx::pack2<T>(d[8 * c + 2] * hi, d[8 * c + 3] * hi), ptx::pack2<T>(d[8 * c + 4] * lo, d[8 * c + 5] * lo),
+                ptx::pack2<T>(d[8 * c + 6] * hi, d[8 * c + 7] * hi));
 }
 
 // The same from accumulators already rounded and packed as wgmma A fragments (a[c]: the 16

@@ -51,6 +51,14 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void*
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords, src);
 }
 
+// Shared -> global: the 4-d box at coordinates c (innermost first) from `src` (written by
+// ordinary stores: fence_async_shared() first); out-of-bounds elements are skipped.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* src, int32_t c0, int32_t c1, int32_t c2,
+                                             int32_t c3) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords, src);
+}
+
 // Shared -> global, added: the 4-d box at coordinates c (innermost first) += `src`, element
 // by element (float32 add in the L2), out-of-bounds elements skipped; completes on the
 // issuing thread's bulk-async group as a store (tma_store_commit, tma_store_wait_read).
