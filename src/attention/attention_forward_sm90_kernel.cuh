@@ -31,8 +31,9 @@
 // D <= 128; at D = 256 once this tile's last S GEMM is done).
 //
 // Shared memory (128-byte swizzle, 64-column chunks of rows x 128 bytes): Q D/64 chunks of
-// 128 rows, each stage K and V D/64 chunks of kBlockN rows: D = 64: 2 x 16 + 2 x 32 = 96 KB;
-// D = 128: 2 x 32 + 2 x 64 = 192 KB; D = 256 (64-key blocks): 64 + 2 x 64 = 192 KB.
+// 128 rows, each stage K and V D/64 chunks of kBlockN rows, O's TMA-store boxes: D = 64:
+// 2 x 16 + 2 x 32 = 96 KB; D = 128: 2 x 32 + 2 x 64 + 32 = 224 KB; D = 256 (64-key blocks):
+// 64 + 2 x 64 = 192 KB.
 // Registers per consumer thread: O D/2, S_j kBlockN/2, P_{j-1} kBlockN/4 (D = 128: 160).
 // Roofline as the sm_80 kernel's (attention_forward_kernel.cuh): 4 seq_q seq_k D FLOPs per
 // (batch, head), tensor-bound; wgmma's dense bf16 peak is ~990 TFLOP/s.
