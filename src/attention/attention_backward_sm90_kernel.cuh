@@ -237,6 +237,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
     wgmma_fence_operands(s_flat);
     wgmma_fence_operands(dk);
     wgmma_fence_operands(dsa);
+    static_assert(Tile::kStages == 2, "the previous tile's stage is ring.stage ^ 1");
     if (Tile::kDkAcrossTiles && it > 0) release(ring.stage ^ 1);
 
     const int key0 = n0 + 64 * consumer + 16 * warp;  // the warp's first key
