@@ -19,6 +19,7 @@
 #include <limits>
 #include <string>
 
+#include "attention/attention_sm90_maps.h"
 #include "attention_test_util.h"
 
 namespace llmk::test {
@@ -243,13 +244,20 @@ TEST(AttentionGpu, ManyTilesPerBlock) {
 }
 
 // An out TMA cannot address (a batch of 1 with a batch stride of 1 element, which the API
-// takes for a size-1 dim) beside q, k, v it can: the Hopper kernel stores O from registers
-// (at D = 128 it otherwise stores through shared memory and TMA). Bitwise the out of the
-// same call into an ordinary tensor, which matches the reference; the NaN gaps of both
-// outs' wider rows untouched.
+// takes for a size-1 dim) beside q, k, v it can: the Hopper kernel stores O (and lse) from
+// registers (at D = 128 it otherwise stores O through shared memory and TMA). Bitwise the
+// out and lse of the same call into ordinary tensors, which match the reference; the NaN
+// gaps of both outs' wider rows untouched. The premise, that the launcher's TMA check
+// refuses such an out, is checked first: without it both calls would take TMA.
 TEST(AttentionGpu, OutputTmaCannotAddress) {
-  LLMK_REQUIRE_GPU();
   const int64_t s = 300, h = 4, h_kv = 2;
+  {
+    Heads probe(DType::bf16, 1, s, h, 128);
+    const TensorView t = with_batch_stride(probe.host(), 1);
+    ASSERT_FALSE(detail::attention_tma_ok({t.data(), t.stride(0), t.stride(1), t.stride(2)}, false));
+    ASSERT_TRUE(detail::attention_tma_ok({t.data(), s * h * 128, t.stride(1), t.stride(2)}, false));
+  }
+  LLMK_REQUIRE_GPU();
   for (int64_t d : {64, 128, 256})
     for (bool causal : {false, true}) {
       SCOPED_TRACE(testing::Message() << "d " << d << (causal ? " causal" : ""));
@@ -258,14 +266,14 @@ TEST(AttentionGpu, OutputTmaCannotAddress) {
       k.randomize();
       v.randomize();
       Heads plain(DType::bf16, 1, s, h, d, h + 1), odd(DType::bf16, 1, s, h, d, h + 1), ref(DType::bf16, 1, s, h, d);
+      Lse plain_lse({1, h, s}), odd_lse({1, h, s}), ref_lse({1, h, s});
       const double scale = 1.0 / std::sqrt(double(d));
-      attention(ref.host(), q.host(), k.host(), v.host(), causal, scale);
-      for (const TensorView& out : {plain.gpu(), with_batch_stride(odd.gpu(), 1)}) {
-        const bool ran = run_on_path("sm90", d, "out TMA cannot address", [&] {
-          attention(out, q.gpu(), k.gpu(), v.gpu(), causal, scale);
-        });
-        if (!ran) return;
-      }
+      attention(ref.host(), q.host(), k.host(), v.host(), causal, scale, ref_lse.cpu());
+      bool ran = true;
+      for (auto [out, lse] : {std::pair{plain.gpu(), plain_lse.gpu()}, std::pair{with_batch_stride(odd.gpu(), 1), odd_lse.gpu()}})
+        ran = ran && run_on_path("sm90", d, "out TMA cannot address",
+                                 [&] { attention(out, q.gpu(), k.gpu(), v.gpu(), causal, scale, lse); });
+      if (!ran) continue;
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const HostTensor want = plain.download(), got = odd.download();
       int64_t differ = 0;
@@ -275,6 +283,11 @@ TEST(AttentionGpu, OutputTmaCannotAddress) {
       }
       expect_close(plain, want, ref, max_abs_v(v));
       EXPECT_EQ(differ, 0) << "elements differ from the ordinary out's";
+      const HostTensor want_lse = plain_lse.device->download(), got_lse = odd_lse.device->download();
+      expect_lse_close(want_lse, ref_lse.host, h * s);
+      int64_t lse_differ = 0;
+      for (int64_t i = 0; i < h * s; ++i) lse_differ += !(got_lse.get(0, i) == want_lse.get(0, i));
+      EXPECT_EQ(lse_differ, 0) << "lse differs from the ordinary call's";
     }
 }
 
