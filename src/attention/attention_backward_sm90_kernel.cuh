@@ -13,15 +13,17 @@
 //     S^T  = K Q_i^T        wgmma SS, m64 n(kBlockM), both K-major
 //     dP^T = V dO_i^T       wgmma SS, issued before S^T's softmax so the two overlap
 //     P^T  = exp2(S^T scale log2 e - lse_i log2 e), masked at the sequence end and diagonal
+//     dS^T = P^T (dP^T - D_i), to shared memory (stmatrix, swizzled)
+//     the GEMMs issued in this order, dV and dQ waited for, dK left running:
 //     dV  += P^T dO_i       wgmma RS (P^T is the accumulator of S^T: already an A fragment),
 //                           dO_i MN-major
-//     dS^T = P^T (dP^T - D_i)
-//     dK  += dS^T Q_i       wgmma RS
-//     dS^T -> shared memory (stmatrix, swizzled), both consumers meet (named barrier), then
-//     dQ_i = dS K            wgmma SS, A = dS^T read MN-major, B = K MN-major; each consumer
-//                           takes 64 x 64 of the kBlockM x D tile; each warp writes its 16
-//                           rows to shared memory and adds them to the fp32 accumulator
-//                           with two TMA reduce-adds (cp.reduce.async.bulk.tensor)
+//     dQ_i = dS K            after both consumers meet (named barrier): wgmma SS, A = dS^T
+//                           read MN-major, B = K MN-major; each consumer takes 64 x 64 of
+//                           the kBlockM x D tile; each warp writes its 16 rows to shared
+//                           memory and adds them to the fp32 accumulator with two TMA
+//                           reduce-adds (cp.reduce.async.bulk.tensor) while dK runs
+//     dK  += dS^T Q_i       wgmma RS; at D = 128 still running over the next tile's S^T
+//                           and dP^T (kDkAcrossTiles), at D = 64 waited for at the tile's end
 //   dK (times scale) and dV rounded and stored from registers at the end.
 // The key block's K and V stay in shared memory for the whole walk; Q_i/dO_i of the next
 // tile load while this one computes. Without dq_accum (the deterministic path) the dS^T
@@ -235,8 +237,10 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
     // The previous tile's dK and this S^T are done: that tile's stage (Q read by dK) is free.
     wgmma_wait<1>();
     wgmma_fence_operands(s_flat);
-    wgmma_fence_operands(dk);
-    wgmma_fence_operands(dsa);
+    if constexpr (Tile::kDkAcrossTiles) {
+      wgmma_fence_operands(dk);
+      wgmma_fence_operands(dsa);
+    }
     static_assert(Tile::kStages == 2, "the previous tile's stage is ring.stage ^ 1");
     if (Tile::kDkAcrossTiles && it > 0) release(ring.stage ^ 1);
 

@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
     int32_t map_row, head, map_batch;  // out's map coordinates of the warp's first row
   } pending_rows{};
   bool pending = false;
-  float inv_sum[1][2], row_lse[1][2];
+  float inv_sum[1][2] = {}, row_lse[1][2] = {};  // set by softmax.finish before any store
 
   // S_j = Q K_j^T issued (not waited for) into s.
   auto issue_scores = [&](float (&s)[1][kNTiles][4], uint32_t q_addr) {
