@@ -78,6 +78,7 @@ struct AttentionBackwardSm90Tile {
   static constexpr uint32_t kRows = kDq + kConsumers * 4 * kDqWarpBytes;
   static constexpr uint32_t kBarriers = kRows + 2 * kStages * kBlockM * 4;  // float lse2, D [kStages][kBlockM]
   static constexpr int kSharedBytes = kBarriers + (1 + 3 * kStages) * 8 + 1024;
+  static_assert(kSharedBytes <= kMaxBlockSharedBytes, "the tile's shared memory exceeds sm_90's 227 KB");
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "D = 64 or 128: whole swizzle chunks, dK + dV in registers");
 };
 

@@ -92,6 +92,7 @@ struct AttentionSm90Tile {
   static constexpr uint32_t kOutConsumerBytes = kTmaOut ? kChunks * 8192 : 0;
   static constexpr uint32_t kBarrierOffset = kOutOffset + kConsumers * kOutConsumerBytes;
   static constexpr int kSharedBytes = kBarrierOffset + (2 * kQBuffers + 4 * kStages) * 8 + 1024;
+  static_assert(kSharedBytes <= kMaxBlockSharedBytes, "the tile's shared memory exceeds sm_90's 227 KB");
 };
 
 // Maps over q, k, v as 4-d [batch, heads, rows, D] (dense) or [1, heads, total, D]

@@ -61,6 +61,7 @@ struct GemmSm90Config {
   // Ring + output buffers + barriers + slack to align the ring to 1024 bytes.
   static constexpr int kSharedBytes =
       kStages * kStageBytes + kConsumers * kOutBytes + (2 * kStages + kConsumers) * 8 + 1024;
+  static_assert(kSharedBytes <= kMaxBlockSharedBytes, "the tile's shared memory exceeds sm_90's 227 KB");
 };
 
 struct GemmSm90Args {

@@ -10,6 +10,8 @@
 namespace llmk::detail::sm90 {
 
 inline constexpr int kWarpgroupThreads = 128;
+// The most dynamic shared memory one block may opt into on sm_90 (227 KB).
+inline constexpr int kMaxBlockSharedBytes = 232448;
 
 template <int kRegs>
 __device__ __forceinline__ void warpgroup_release_registers() {
