@@ -81,7 +81,6 @@ __device__ __forceinline__ float silu(float g) {
   else return ActivationMath<Activation::silu>::value(g);
 }
 
-// A row's sum: over the row's lanes when a block may hold several short rows, else the block.
 // This thread's part of a row sum: the elements of its register vectors that lie in the row
 // (in_row(i): vector i does). The caller reduces it over the row's threads.
 template <class T, int N, int VPT, class InRow>
@@ -95,6 +94,7 @@ __device__ __forceinline__ float thread_row_sum(const Vec<T, N> (&v)[VPT], InRow
   return total;
 }
 
+// A row's sum: over the row's lanes when a block may hold several short rows, else the block.
 template <bool kShortRows>
 __device__ __forceinline__ float norm_sum(float v) {
   if constexpr (kShortRows) return row_sum(v);
