@@ -1,9 +1,10 @@
 // Launcher of the Hopper attention forward (kernel in attention_forward_sm90_kernel.cuh):
-// which calls it takes, the TMA maps over q, k, v, the grid.
+// which calls it takes, which tile, the TMA maps over q, k, v, the grid.
 //
-// Instantiations (the only list): {bf16, fp16} x head dim {64, 128, 256}. Head dims 32
-// and 96 (whose rows are not whole 128-byte swizzle chunks), head dims LLMK_HEAD_DIMS
-// leaves out, and strides TMA cannot address take the sm_80 kernel (attention_forward.cu).
+// Instantiations (the only list): {bf16, fp16} x {head dim 64 with 2 and 3 consumers, 128,
+// 256}. Head dims 32 and 96 (whose rows are not whole 128-byte swizzle chunks), head dims
+// LLMK_HEAD_DIMS leaves out, and strides TMA cannot address take the sm_80 kernel
+// (attention_forward.cu).
 #include "attention/attention_forward_sm90_kernel.cuh"
 #include "attention/attention_params.h"
 #include "attention/attention_sm90_maps.h"
@@ -16,14 +17,14 @@ namespace llmk::detail {
 
 namespace {
 
-template <class T, int kHeadDim>
+template <class T, int kHeadDim, int kConsumers = 2>
 const void* kernel_for() {
-  return reinterpret_cast<const void*>(sm90::attention_forward_sm90_kernel<T, kHeadDim>);
+  return reinterpret_cast<const void*>(sm90::attention_forward_sm90_kernel<T, kHeadDim, kConsumers>);
 }
 
-template <class T, int kHeadDim>
+template <class T, int kHeadDim, int kConsumers>
 void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
-  using Tile = sm90::AttentionSm90Tile<kHeadDim>;
+  using Tile = sm90::AttentionSm90Tile<kHeadDim, kConsumers>;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int heads_kv = p.heads_q / p.group;
   sm90::AttentionSm90Maps maps{};
@@ -37,7 +38,7 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   maps.v = rows_k > 0 ? attention_tma_map(p.v, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
   maps.tma_out = Tile::kTmaOut && attention_tma_ok(p.out, varlen);
   if (maps.tma_out) maps.out = attention_tma_map(p.out, dtype, kHeadDim, p.heads_q, rows_q, batch, 16);
-  const void* kernel = kernel_for<T, kHeadDim>();
+  const void* kernel = kernel_for<T, kHeadDim, kConsumers>();
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
   // Persistent: one block per SM walks the work units (AttentionSchedule). Causal tiles
   // go in pairs of equal total work: a static stride over single causal tiles left some
@@ -54,7 +55,7 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
   const int64_t sms = sm_count_of(device);
   const int grid = static_cast<int>(schedule.units < sms ? schedule.units : sms);
-  sm90::attention_forward_sm90_kernel<T, kHeadDim>
+  sm90::attention_forward_sm90_kernel<T, kHeadDim, kConsumers>
       <<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(maps, p, schedule);
 }
 
@@ -75,14 +76,23 @@ bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, con
   return true;
 }
 
+// Causal calls at head dim 64 take 192-row tiles from 8192 query rows: below, they lost
+// 2-39% to 128-row tiles at seqlen 512-4096 (and won 7-10% at 8192 and 16384; H100, same
+// run), computing key blocks wholly above a consumer's diagonal.
+int attention_sm90_consumers(const AttentionParams& p) {
+  return p.head_dim == 64 && (!p.causal || p.seqlen_q >= 8192) ? 3 : 2;
+}
+
 void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   const char* op = "attention_forward_sm90_kernel";
   auto with_type = [&](auto tag) {
     using T = device_type_t<decltype(tag)>;
     switch (p.head_dim) {
-      case 64: return launch<T, 64>(p, dtype, stream);
-      case 128: return launch<T, 128>(p, dtype, stream);
-      default: return launch<T, 256>(p, dtype, stream);
+      case 64:
+        if (attention_sm90_consumers(p) == 3) return launch<T, 64, 3>(p, dtype, stream);
+        return launch<T, 64, 2>(p, dtype, stream);
+      case 128: return launch<T, 128, 2>(p, dtype, stream);
+      default: return launch<T, 256, 2>(p, dtype, stream);
     }
   };
   if (dtype == DType::bf16) with_type(DTypeTag<DType::bf16>{});

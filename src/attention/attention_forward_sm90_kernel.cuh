@@ -1,13 +1,15 @@
 // Attention forward on Hopper (sm_90a): TMA + wgmma, warp-specialized, FlashAttention 3's
-// schedule. A persistent block walks tiles of 128 query rows of one (batch, head)
-// (AttentionSchedule); per tile:
+// schedule. A persistent block walks tiles of kBlockM = 64 x kConsumers query rows of one
+// (batch, head) (AttentionSchedule): 192 at D = 64 (but causal below 8192 query rows), else
+// 128 (AttentionSm90Tile); per tile:
 //
-//   warpgroup 0, the producer (one thread, 24 registers): Q [128, D], then the key
+//   warpgroup 0, the producer (one thread, 24 registers): Q [kBlockM, D], then the key
 //     blocks of kBlockN keys (128; 64 at D = 256) the rows may see, in the order the
 //     consumers use them: K_0, then K_j and V_{j-1} for j = 1.., then the last V. K and V
 //     have their own full and empty barriers in a 2-stage ring, so K_{j+1} loads as soon as
 //     S_{j-1} is done with its stage, a block ahead of V;
-//   warpgroups 1 and 2, the consumers (240 registers), 64 query rows each, for key block j:
+//   warpgroups 1.. kConsumers, the consumers (240 registers; 160 with 3), 64 query rows
+//     each, for key block j:
 //     S_j = Q K_j^T        wgmma m64nNk16 (N = kBlockN), both operands in shared memory
 //                          (K-major), issued before ...
 //     O += P_{j-1} V_{j-1} wgmma m64nDk16, P from registers, V MN-major (D contiguous),
@@ -19,20 +21,20 @@
 //     store per warp at D = 128 (a varlen sequence's last partial 16 rows from registers),
 //     from registers at D = 64 and 256.
 // Intra-warpgroup overlap: the exp2/MUFU work of block j runs beside the tensor work of S_j
-// and P_{j-1} V_{j-1}; at D = 64 across tiles too (kCrossTile): a tile's last P V is issued
-// with the next tile's S_0, and its output stored once both are done (the tile stays
-// `pending` until then); at D = 128 and 256 each tile ends with its last P V alone.
-// Pingpong (D <= 128): the two consumers take turns issuing their GEMMs, ordered by two
-// named barriers, so one's softmax runs while the other's GEMMs do (FA3 leaves it off at
-// D = 256, where the O accumulators take half the registers).
+// and P_{j-1} V_{j-1}; at D = 64 with 2 consumers across tiles too (kCrossTile): a tile's
+// last P V is issued with the next tile's S_0, and its output stored once both are done
+// (the tile stays `pending` until then); elsewhere each tile ends with its last P V alone.
+// Pingpong (D <= 128): the consumers take turns issuing their GEMMs, round their ring,
+// ordered by a named barrier each, so their softmaxes run while another's GEMMs do (FA3
+// leaves it off at D = 256, where the O accumulators take half the registers).
 // Causal blocks skip the key blocks above the diagonal. The grid is persistent (one block
 // per SM walking the tiles; causal tiles in pairs of equal total work, AttentionSchedule),
 // and the next tile's Q and first keys load while this one finishes (Q double-buffered at
 // D <= 128; at D = 256 once this tile's last S GEMM is done).
 //
 // Shared memory (128-byte swizzle, 64-column chunks of rows x 128 bytes): Q D/64 chunks of
-// 128 rows, each stage K and V D/64 chunks of kBlockN rows, O's TMA-store boxes: D = 64:
-// 2 x 16 + 2 x 32 = 96 KB; D = 128: 2 x 32 + 2 x 64 + 32 = 224 KB; D = 256 (64-key blocks):
+// kBlockM rows, each stage K and V D/64 chunks of kBlockN rows, O's TMA-store boxes: D = 64:
+// 2 x 16 + 2 x 32 = 96 KB (2 x 24 + 2 x 32 = 112 KB with 3 consumers); D = 128: 2 x 32 + 2 x 64 + 32 = 224 KB; D = 256 (64-key blocks):
 // 64 + 2 x 64 = 192 KB.
 // Registers per consumer thread: O D/2, S_j kBlockN/2, P_{j-1} kBlockN/4 (D = 128: 160).
 // Roofline as the sm_80 kernel's (attention_forward_kernel.cuh): 4 seq_q seq_k D FLOPs per
@@ -57,16 +59,32 @@ namespace llmk::detail::sm90 {
 // registers per thread and whose Q tile takes 64 KB. FA3's 176-key blocks at D = 128 (one Q
 // buffer to fit 208 KB) measured +1-3% non-causal at 16k and -6-13% causal at 512-2048
 // (H100, same run), so one kernel of 128 serves both.
-template <int kHeadDim_>
+template <int kHeadDim_, int kConsumers_ = 2>
 struct AttentionSm90Tile {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 128, kBlockN = kHeadDim <= 128 ? 128 : 64, kStages = 2, kConsumers = 2;
+  // Consumers of 64 query rows each. 3 at D = 64 (tiles of 192 rows, as FlashAttention 3
+  // and ThunderKittens take there), where the softmax's MUFU work per key block equals the
+  // tensor work, so a third warpgroup's softmax fills the tensor pipe's gaps: non-causal
+  // +2-16% at seqlen 512-16384 over 2 consumers (H100, same run), causal +7-10% at 8192
+  // and 16384 but 2-39% slower at 512-4096, where the 192-row tiles compute key blocks
+  // wholly above a consumer's diagonal and overhang short sequences (the launcher's rule,
+  // attention_forward_sm90.cu). 2 at D = 128 and 256, whose O accumulators need the
+  // registers of 240 per thread.
+  static constexpr int kConsumers = kConsumers_;
+  static_assert(kConsumers == 2 || (kConsumers == 3 && kHeadDim == 64), "3 consumers fit D = 64 only");
+  static constexpr int kBlockM = 64 * kConsumers, kBlockN = kHeadDim <= 128 ? 128 : 64, kStages = 2;
+  // setmaxnreg counts: the producer gives its registers to the consumers (64K per SM).
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = kConsumers == 3 ? 160 : 240;
+  static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 65536,
+                "setmaxnreg counts over the register file");
+  // Pingpong over the ring of consumers; measured with 3 too (without it 1-11% slower).
   static constexpr bool kPingpong = kHeadDim <= 128;
-  // A tile's last P V issued with the next tile's S_0: at D = 64 (H100, same run: +5-7%
-  // non-causal, +1-5% causal over the tile-by-tile loop); at D = 128 it measured 2-4%
-  // slower from seqlen 1024, and at D = 256 the pending tile's state beside O's 128
-  // registers spilled 88 bytes.
-  static constexpr bool kCrossTile = kHeadDim == 64;
+  // A tile's last P V issued with the next tile's S_0: at D = 64 with 2 consumers (H100,
+  // same run: +5-7% non-causal, +1-5% causal over the tile-by-tile loop). With 3 consumers
+  // the pending tile's state spilled 100 bytes within 160 registers and measured 0-5%
+  // slower; at D = 128 it measured 2-4% slower from seqlen 1024, and at D = 256 the
+  // pending tile's state beside O's 128 registers spilled 88 bytes.
+  static constexpr bool kCrossTile = kHeadDim == 64 && kConsumers == 2;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   static constexpr int kChunks = kHeadDim / 64;                  // 64-column swizzle chunks
   static constexpr uint32_t kQChunkBytes = kBlockM * 128;        // rows x 128 bytes
@@ -96,7 +114,7 @@ struct AttentionSm90Tile {
 };
 
 // Maps over q, k, v as 4-d [batch, heads, rows, D] (dense) or [1, heads, total, D]
-// (varlen), D innermost; boxes of 128 rows x 64 columns. out: the same over the output,
+// (varlen), D innermost; boxes of kBlockM (q) or kBlockN (k, v) rows x 64 columns. out: the same over the output,
 // boxes of 16 rows x 64 columns, used where tma_out (Tile::kTmaOut and out TMA-addressable).
 struct AttentionSm90Maps {
   CUtensorMap q, k, v, out;
@@ -113,13 +131,13 @@ __device__ __forceinline__ void for_each_attention_tile(const AttentionParams& p
 }
 
 // grid: min(units, SMs) blocks.
-template <class T, int kHeadDim>
-__global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
+template <class T, int kHeadDim, int kConsumers>
+__global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThreads, 1)
     attention_forward_sm90_kernel(const __grid_constant__ AttentionSm90Maps maps,
                                   const __grid_constant__ AttentionParams p,
                                   const AttentionSchedule schedule) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tile = AttentionSm90Tile<kHeadDim>;
+  using Tile = AttentionSm90Tile<kHeadDim, kConsumers>;
   const bool varlen = p.cu_seqlens_q != nullptr;
   // A tile's sequence, first row and key blocks (0: nothing to load).
   auto tile_work = [&](const AttentionTileCoord& c, SequenceBounds& seq, int& m0, int& n_blocks) {
@@ -158,7 +176,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
 
   const int wg = warpgroup_index();
   if (wg == 0) {
-    warpgroup_release_registers<24>();
+    warpgroup_release_registers<Tile::kProducerRegisters>();
     if (threadIdx.x != 0) return;
     RingState<Tile::kStages> k_ring, v_ring;
     RingState<Tile::kQBuffers> q_ring;
@@ -193,7 +211,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
     return;
   }
 
-  warpgroup_claim_registers<240>();
+  warpgroup_claim_registers<Tile::kConsumerRegisters>();
   const int consumer = wg - 1;
   const bool leader = threadIdx.x % kWarpgroupThreads == 0;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -201,8 +219,10 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
   constexpr int kDTiles = kHeadDim / 8, kNTiles = Tile::kBlockN / 8;
   constexpr int kPairThreads = 2 * kWarpgroupThreads;
   // Pingpong: consumer c issues its GEMMs after named barrier 1 + c completes, then lets
-  // the other one go. Consumer 0 goes first: consumer 1 arrives for it once up front.
-  if (Tile::kPingpong && consumer == 1) named_barrier_arrive(1, kPairThreads);
+  // the next one (c + 1, round the ring of consumers) go. Consumer 0 goes first: the last
+  // consumer arrives for it once up front.
+  const int next_turn = 1 + (consumer + 1) % Tile::kConsumers;
+  if (Tile::kPingpong && consumer == Tile::kConsumers - 1) named_barrier_arrive(1, kPairThreads);
   RingState<Tile::kStages> k_ring, v_ring;
   RingState<Tile::kQBuffers> q_ring;
   // The tile in flight: O, P_{j-1} as the A fragments of the 16-key steps of P V, the
@@ -366,7 +386,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
       wgmma_fence();
       issue_scores(s, q_addr);
       if (Tile::kCrossTile) issue_pv(stand_in);
-      if (Tile::kPingpong && overlap) named_barrier_arrive(2 - consumer, kPairThreads);
+      if (Tile::kPingpong && overlap) named_barrier_arrive(next_turn, kPairThreads);
       wgmma_wait<Tile::kCrossTile ? 1 : 0>();  // S_0
       wgmma_fence_operands(reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s));
       if (!stand_in) release(k_empty, k_ring);
@@ -391,7 +411,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim>::kThreads, 1)
       wgmma_fence();
       issue_scores(s, q_addr);
       issue_pv();
-      if constexpr (Tile::kPingpong) named_barrier_arrive(2 - consumer, kPairThreads);
+      if constexpr (Tile::kPingpong) named_barrier_arrive(next_turn, kPairThreads);
       wgmma_wait<1>();
       wgmma_fence_operands(reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s));
       release(k_empty, k_ring);

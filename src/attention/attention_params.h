@@ -138,6 +138,9 @@ void attention_forward_sm80(const AttentionParams& p, DType dtype, cudaStream_t 
 // dense or varlen batches, head dims 64, 128 and 256, 16-byte aligned strides. Returns false,
 // with the reason in `why`, for calls it does not take.
 bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, const char** why);
+// Its consumer warpgroups of 64 query rows for a call: 3 at head dim 64 (192-row tiles)
+// except causal below 8192 query rows, else 2.
+int attention_sm90_consumers(const AttentionParams& p);
 void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t stream);
 void attention_forward_cpu(const AttentionParams& p, DType dtype);
 

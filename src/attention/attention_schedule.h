@@ -1,15 +1,16 @@
 // The persistent schedule of the Hopper attention forward (attention_forward_sm90_kernel.cuh):
-// which tiles of 128 query rows a block walks. Host and device code (tests/cpp/sm90_test.cc
-// checks it on the host).
+// which tiles of block_m query rows (128, or 192 at head dim 64) a block walks. Host and
+// device code (tests/cpp/sm90_test.cc checks it on the host).
 //
 // Block b takes the work units b, b + gridDim.x, ... A unit is one tile (one query block of
 // one (batch, head)) without a causal mask, where tiles cost the same; with one, the pair of
 // query blocks i and mb - 1 - i of one (batch, head), mb its sequence's query blocks (varlen:
 // that sequence's own), whose key blocks add up to the same count for every i (seqlen_q =
-// seqlen_k; the middle block of an odd mb is a unit alone, half the work). A static stride
-// over equal units stays balanced while the producer loads a tile's Q and first keys during
-// the one before. A (batch, head)'s units are consecutive: the blocks running at once share
-// its K and V in L2.
+// seqlen_k and block_m = 128; within one 128-key block of each other for 192-row tiles; the
+// middle block of an odd mb is a unit alone, half the work). A static stride over equal
+// units stays balanced while the producer loads a tile's Q and first keys during the one
+// before. A (batch, head)'s units are consecutive: the blocks running at once share its K
+// and V in L2.
 #pragma once
 
 #include <cstdint>

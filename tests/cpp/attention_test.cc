@@ -196,12 +196,12 @@ TEST(AttentionGpu, SequenceLengths) {
   sequence_length_cases(check_dense);
 }
 
-// Lengths around the Hopper kernel's 128-row tiles (and TMA boxes that cross the end of a
-// sequence into the next batch entry's rows): every pair of 1, 7, 127, 129 with batch 2,
-// then 1000 against 7, 129 and 1000.
+// Lengths around the Hopper kernel's 128- and 192-row tiles (and TMA boxes that cross the
+// end of a sequence into the next batch entry's rows): every pair of 1, 7, 127, 129, 193
+// with batch 2, then 1000 against 7, 129 and 1000.
 TEST(AttentionGpu, LengthsAroundTheTiles) {
   LLMK_REQUIRE_GPU();
-  const int64_t lens[] = {1, 7, 127, 129};
+  const int64_t lens[] = {1, 7, 127, 129, 193};
   for (int64_t sq : lens)
     for (int64_t sk : lens)
       for (bool causal : {false, true}) {
@@ -241,6 +241,25 @@ TEST(AttentionGpu, ManyTilesPerBlock) {
     check_dense(DType::bf16, {6, 300, 40, 24, 8, 64}, causal);   // the same where tiles overlap
     check_dense(DType::bf16, {4, 129, 257, 40, 8, 256}, causal);
   }
+}
+
+// Causal calls at head dim 64 from 8192 query rows take the Hopper kernel's 192-row tiles
+// (3 consumers; shorter causal calls and every other head dim take 128-row tiles), where a
+// consumer's 64 rows may end before a key block the tile computes: seq_q > seq_k puts the
+// diagonal in the last 11 tiles, the rows before it see no key (varlen:
+// AttentionVarlen.CausalLongSequence). The premise, that these calls take 3 consumers, is
+// checked first.
+TEST(AttentionGpu, CausalLongQueriesTakeThreeConsumers) {
+  detail::AttentionParams p;
+  p.head_dim = 64;
+  p.causal = true;
+  p.seqlen_q = 8192;
+  ASSERT_EQ(detail::attention_sm90_consumers(p), 3);
+  p.seqlen_q = 8191;
+  ASSERT_EQ(detail::attention_sm90_consumers(p), 2);
+  LLMK_REQUIRE_GPU();
+  check_dense(DType::bf16, {1, 8200, 2100, 2, 1, 64}, true);
+  check_dense(DType::f16, {2, 8192, 300, 2, 2, 64}, true);
 }
 
 // An out TMA cannot address (a batch of 1 with a batch stride of 1 element, which the API
@@ -442,6 +461,13 @@ TEST(AttentionVarlen, ManyTilesPerBlock) {
     check_varlen(DType::bf16, {300, 1, 0, 257, 90, 400}, {300, 5, 3, 100, 90, 400}, 32, 8, 128, causal);
     check_varlen(DType::f16, {300, 1, 0, 257, 90, 400}, {300, 5, 3, 100, 90, 400}, 32, 8, 64, causal);
   }
+}
+
+// A causal varlen batch whose longest sequence has 8200 queries: at head dim 64 the Hopper
+// kernel takes 192-row tiles (AttentionGpu.CausalLongQueriesTakeThreeConsumers) for every
+// sequence, the short ones and one without keys too.
+TEST(AttentionVarlen, CausalLongSequence) {
+  check_varlen(DType::bf16, {100, 8200, 0, 300}, {100, 2100, 0, 290}, 2, 1, 64, true);
 }
 
 TEST(AttentionErrors, BadInputsWriteNothing) {

@@ -260,11 +260,13 @@ void dtype_head_dim_cases(F&& check) {
       for (bool causal : {false, true}) check(dt, Shape{2, 173, 173, 4, 2, d}, causal, Layout{});
 }
 
-// Lengths around the tiles (64 and 128 rows or keys), 1, and seq_q != seq_k, causal or not.
+// Lengths around the tiles (64, 128 and 192 rows or keys), 1, and seq_q != seq_k, causal or
+// not.
 template <class F>
 void sequence_length_cases(F&& check) {
-  const std::pair<int64_t, int64_t> lens[] = {{1, 1},     {1, 300},   {300, 1},   {128, 128}, {129, 257}, {257, 129},
-                                              {64, 1000}, {1000, 64}, {255, 255}, {2, 3},     {127, 65}};
+  const std::pair<int64_t, int64_t> lens[] = {{1, 1},     {1, 300},   {300, 1},   {128, 128}, {129, 257},
+                                              {257, 129}, {64, 1000}, {1000, 64}, {255, 255}, {2, 3},
+                                              {127, 65},  {192, 192}, {193, 385}, {385, 191}};
   for (const auto& [sq, sk] : lens)
     for (bool causal : {false, true})
       for (int64_t d : {64, 128}) check(DType::bf16, Shape{1, sq, sk, 2, 1, d}, causal, Layout{});

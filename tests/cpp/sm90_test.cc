@@ -5,6 +5,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <set>
 #include <tuple>
@@ -41,15 +43,16 @@ TEST(GroupedRaster, VisitsEveryTileOnce) {
 }
 
 // The attention forward's units over a call: how often each (query block, head, batch) is
-// visited, and each unit's key blocks (128-key blocks of a 128-row tile, causal when asked).
+// visited, and each unit's key blocks (128-key blocks of a `block_m`-row tile, causal when
+// asked).
 struct ScheduleVisit {
   std::map<std::tuple<int, int, int>, int> visits;
   std::vector<std::pair<int, int64_t>> unit_work;  // (batch, key blocks) per unit with a tile
 };
 
-ScheduleVisit walk_schedule(const detail::AttentionParams& p, bool causal) {
-  const int m_blocks = (p.seqlen_q + 127) / 128;
-  const AttentionSchedule s = attention_schedule(m_blocks, 128, p.heads_q, p.batch, causal);
+ScheduleVisit walk_schedule(const detail::AttentionParams& p, bool causal, int block_m = 128) {
+  const int m_blocks = (p.seqlen_q + block_m - 1) / block_m;
+  const AttentionSchedule s = attention_schedule(m_blocks, block_m, p.heads_q, p.batch, causal);
   ScheduleVisit v;
   for (int64_t u = 0; u < s.units; ++u) {
     const AttentionUnit unit = attention_unit(p, s, u);
@@ -58,7 +61,7 @@ ScheduleVisit walk_schedule(const detail::AttentionParams& p, bool causal) {
       const AttentionTileCoord c = unit.tile(t);
       ++v.visits[{c.m_block, c.head, c.batch}];
       const detail::SequenceBounds seq = detail::sequence_bounds(p, c.batch);
-      work += (detail::visible_keys(seq, causal, int64_t{c.m_block} * 128 + 127) + 127) / 128;
+      work += (detail::visible_keys(seq, causal, int64_t{c.m_block} * block_m + block_m - 1) + 127) / 128;
     }
     if (unit.count > 0) v.unit_work.push_back({unit.batch, work});
   }
@@ -94,6 +97,32 @@ TEST(AttentionSchedule, DenseVisitsEveryTileOnceInEqualUnits) {
           EXPECT_EQ(halves, m_blocks % 2 ? heads * batch : 0);
         }
       }
+    }
+  }
+}
+
+// The head dim 64 kernel's 192-row tiles (3 consumers) over 128-key blocks: every tile
+// exactly once; causal pairs within one key block of each other (a tile sees
+// ceil(1.5 (i + 1)) key blocks).
+TEST(AttentionSchedule, RowsOf192VisitEveryTileOnceInNearlyEqualPairs) {
+  for (int m_blocks : {1, 2, 3, 6, 43}) {
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(testing::Message() << m_blocks << " query blocks" << (causal ? ", causal" : ""));
+      detail::AttentionParams p;
+      p.heads_q = 2;
+      p.batch = 1;
+      p.seqlen_q = p.seqlen_k = m_blocks * 192 - 5;
+      const ScheduleVisit v = walk_schedule(p, causal, 192);
+      EXPECT_EQ(static_cast<int>(v.visits.size()), m_blocks * 2);
+      for (const auto& [tile, count] : v.visits) EXPECT_EQ(count, 1);
+      if (!causal) continue;
+      int64_t least = INT64_MAX, most = 0;
+      for (const auto& [b, work] : v.unit_work) {
+        if (8 * work < 9 * (m_blocks + 1)) continue;  // the middle block of an odd count, alone: half a pair
+        least = std::min(least, work);
+        most = std::max(most, work);
+      }
+      EXPECT_LE(most - least, 1);
     }
   }
 }
