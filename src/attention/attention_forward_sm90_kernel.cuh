@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
       tma_load_4d_chunks<Tile::kChunks>(q_smem(q_ring.stage), Tile::kQChunkBytes, &maps.q, &q_full[q_ring.stage],
                                         static_cast<int32_t>(seq.q_start + m0), c.head, map_batch);
       q_ring.advance();
-      // Key block j of K (or V) into the next stage of its ring, once both consumers left it.
+      // Key block j of K (or V) into the next stage of its ring, once every consumer left it.
       auto load_block = [&](int j, RingState<Tile::kStages>& ring, int part, const CUtensorMap* map, uint64_t* full,
                             uint64_t* empty) {
         mbarrier_wait(&empty[ring.stage], ring.phase ^ 1u);
@@ -226,9 +226,10 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
   RingState<Tile::kStages> k_ring, v_ring;
   RingState<Tile::kQBuffers> q_ring;
   // The tile in flight: O, P_{j-1} as the A fragments of the 16-key steps of P V, the
-  // online softmax. A tile's last P V is issued beside the next tile's first S GEMM, so a
-  // finished tile stays `pending` (its 1 / row sum and lse computed, where its rows go)
-  // until then.
+  // online softmax. With the cross-tile step a tile's last P V is issued beside the next
+  // tile's first S GEMM, so a finished tile stays `pending` (its 1 / row sum and lse
+  // computed, where its rows go) until then; without it (kCrossTile off) the tile is
+  // flushed at its end.
   float o[1][kDTiles][4];
   auto& o_flat = reinterpret_cast<float(&)[kHeadDim / 2]>(o);
   uint32_t pa[Tile::kBlockN / 16][4];
@@ -372,11 +373,12 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
       return softmax.update_scores(s, correction, p.scale_log2);
     };
 
-    // S_0, beside the pending tile's last P V when there is one (a pingpong turn, as in the
-    // loop below); that tile's output is stored once its P V is done. Without a pending
-    // tile a stand-in P V takes its place: ptxas tracks wgmma groups without branch
-    // conditions, and a P V issued or waited for on one path only made it serialize every
-    // wgmma of the kernel (C7513, C7519; 0.72x at D = 128 on the H100).
+    // S_0. With the cross-tile step: beside the pending tile's last P V when there is one
+    // (a pingpong turn, as in the loop below), that tile's output stored once its P V is
+    // done; without a pending tile a stand-in P V takes its place: ptxas tracks wgmma groups
+    // without branch conditions, and a P V issued or waited for on one path only made it
+    // serialize every wgmma of the kernel (C7513, C7519; 0.72x at D = 128 on the H100).
+    // Without the step, S_0 alone.
     mbarrier_wait(&q_full[q_buffer], q_ring.phase);
     {
       float s[1][kNTiles][4], correction[1][2];

@@ -1,6 +1,7 @@
 // The persistent schedule of the Hopper attention forward (attention_forward_sm90_kernel.cuh):
-// which tiles of block_m query rows (128, or 192 at head dim 64) a block walks. Host and
-// device code (tests/cpp/sm90_test.cc checks it on the host).
+// which tiles of block_m query rows (128, or 192 at head dim 64 except causal calls below
+// 8192 query rows) a block walks. Host and device code (tests/cpp/sm90_test.cc checks it on
+// the host).
 //
 // Block b takes the work units b, b + gridDim.x, ... A unit is one tile (one query block of
 // one (batch, head)) without a causal mask, where tiles cost the same; with one, the pair of

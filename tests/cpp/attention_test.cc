@@ -231,8 +231,10 @@ TEST(AttentionGpu, LongSequence) {
 }
 
 // More tiles than the H100's 132 SMs, so each block of the Hopper kernel's persistent grid
-// walks several: a tile's last P V runs beside the next tile's first S GEMM, causal tiles go
-// in pairs, and tiles whose rows see no key (causal, seq_q > seq_k) sit between others.
+// walks several: at head dim 64 with 2 consumers (causal here) a tile's last P V runs beside
+// the next tile's first S GEMM, non-causal head dim 64 takes 3 consumers (192-row tiles),
+// causal tiles go in pairs, and tiles whose rows see no key (causal, seq_q > seq_k) sit
+// between others.
 TEST(AttentionGpu, ManyTilesPerBlock) {
   LLMK_REQUIRE_GPU();
   for (bool causal : {false, true}) {
@@ -245,10 +247,10 @@ TEST(AttentionGpu, ManyTilesPerBlock) {
 
 // Causal calls at head dim 64 from 8192 query rows take the Hopper kernel's 192-row tiles
 // (3 consumers; shorter causal calls and every other head dim take 128-row tiles), where a
-// consumer's 64 rows may end before a key block the tile computes: seq_q > seq_k puts the
-// diagonal in the last 11 tiles, the rows before it see no key (varlen:
-// AttentionVarlen.CausalLongSequence). The premise, that these calls take 3 consumers, is
-// checked first.
+// consumer's 64 rows may end before a key block the tile computes: seq_q = seq_k (pairs of
+// tiles, the diagonal in every tile); seq_q > seq_k puts the diagonal in the last 12 tiles,
+// the rows before it see no key (varlen: AttentionVarlen.CausalLongSequence). The premise,
+// that these calls take 3 consumers, is checked first.
 TEST(AttentionGpu, CausalLongQueriesTakeThreeConsumers) {
   detail::AttentionParams p;
   p.head_dim = 64;
@@ -258,6 +260,7 @@ TEST(AttentionGpu, CausalLongQueriesTakeThreeConsumers) {
   p.seqlen_q = 8191;
   ASSERT_EQ(detail::attention_sm90_consumers(p), 2);
   LLMK_REQUIRE_GPU();
+  check_dense(DType::bf16, {1, 8192 + 97, 8192 + 97, 2, 1, 64}, true);
   check_dense(DType::bf16, {1, 8200, 2100, 2, 1, 64}, true);
   check_dense(DType::f16, {2, 8192, 300, 2, 2, 64}, true);
 }
@@ -443,7 +446,7 @@ TEST(AttentionVarlen, MatchesDensePerSequence) {
 }
 
 // Head dims 64 and 128 (the Hopper kernel's): empty sequences first, between and last,
-// lengths around the 128-row tiles (TMA boxes cross into the next sequence's rows), a q
+// lengths around the 128- and 192-row tiles (TMA boxes cross into the next sequence's rows), a q
 // longer than its keys (causal: rows that see none), sequences without keys (one batch
 // with none at all), GQA 3 and 4.
 TEST(AttentionVarlen, EmptySequencesAndTileEdges) {
