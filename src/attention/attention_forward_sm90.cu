@@ -41,8 +41,8 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   const void* kernel = kernel_for<T, kHeadDim, kConsumers>();
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
   // Persistent: one block per SM walks the work units (AttentionSchedule). Causal tiles
-  // go in pairs of equal total work (within one key block for 192-row tiles): a static stride over single causal tiles left some
-  // SMs with twice the work (16k tokens at hd 128 fell from 638 to 424 TFLOP/s), and an
+  // go in pairs of equal total work (within one key block for 192-row tiles): a static
+  // stride over single causal tiles left some SMs with twice the work (16k tokens at hd 128 fell from 638 to 424 TFLOP/s), and an
   // order of all heads' longest tiles first, dealt in rounds of alternating direction, was
   // balanced but lost the L2 sharing of K and V between the blocks running at once (hd 128,
   // seqlen 2048: 338 against 469 TFLOP/s with one block per tile). The pairs against one

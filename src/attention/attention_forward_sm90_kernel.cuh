@@ -34,8 +34,8 @@
 //
 // Shared memory (128-byte swizzle, 64-column chunks of rows x 128 bytes): Q D/64 chunks of
 // kBlockM rows, each stage K and V D/64 chunks of kBlockN rows, O's TMA-store boxes: D = 64:
-// 2 x 16 + 2 x 32 = 96 KB (2 x 24 + 2 x 32 = 112 KB with 3 consumers); D = 128: 2 x 32 + 2 x 64 + 32 = 224 KB; D = 256 (64-key blocks):
-// 64 + 2 x 64 = 192 KB.
+// 2 x 16 + 2 x 32 = 96 KB (2 x 24 + 2 x 32 = 112 KB with 3 consumers); D = 128: 2 x 32 +
+// 2 x 64 + 32 = 224 KB; D = 256 (64-key blocks): 64 + 2 x 64 = 192 KB.
 // Registers per consumer thread: O D/2, S_j kBlockN/2, P_{j-1} kBlockN/4 (D = 128: 160).
 // Roofline as the sm_80 kernel's (attention_forward_kernel.cuh): 4 seq_q seq_k D FLOPs per
 // (batch, head), tensor-bound; wgmma's dense bf16 peak is ~990 TFLOP/s.
@@ -114,8 +114,9 @@ struct AttentionSm90Tile {
 };
 
 // Maps over q, k, v as 4-d [batch, heads, rows, D] (dense) or [1, heads, total, D]
-// (varlen), D innermost; boxes of kBlockM (q) or kBlockN (k, v) rows x 64 columns. out: the same over the output,
-// boxes of 16 rows x 64 columns, used where tma_out (Tile::kTmaOut and out TMA-addressable).
+// (varlen), D innermost; boxes of kBlockM (q) or kBlockN (k, v) rows x 64 columns. out:
+// the same over the output, boxes of 16 rows x 64 columns, used where tma_out
+// (Tile::kTmaOut and out TMA-addressable).
 struct AttentionSm90Maps {
   CUtensorMap q, k, v, out;
   bool tma_out;

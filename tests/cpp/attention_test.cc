@@ -446,9 +446,9 @@ TEST(AttentionVarlen, MatchesDensePerSequence) {
 }
 
 // Head dims 64 and 128 (the Hopper kernel's): empty sequences first, between and last,
-// lengths around the 128- and 192-row tiles (TMA boxes cross into the next sequence's rows), a q
-// longer than its keys (causal: rows that see none), sequences without keys (one batch
-// with none at all), GQA 3 and 4.
+// lengths around the 128- and 192-row tiles (TMA boxes cross into the next sequence's
+// rows), a q longer than its keys (causal: rows that see none), sequences without keys
+// (one batch with none at all), GQA 3 and 4.
 TEST(AttentionVarlen, EmptySequencesAndTileEdges) {
   for (bool causal : {false, true}) {
     check_varlen(DType::f16, {0, 7, 129, 0, 300, 1}, {5, 7, 200, 0, 127, 0}, 6, 2, 128, causal);

@@ -118,7 +118,8 @@ TEST(AttentionSchedule, RowsOf192VisitEveryTileOnceInNearlyEqualPairs) {
       if (!causal) continue;
       int64_t least = INT64_MAX, most = 0;
       for (const auto& [b, work] : v.unit_work) {
-        if (8 * work < 9 * (m_blocks + 1)) continue;  // the middle block of an odd count, alone: half a pair
+        // The middle block of an odd count, alone: half a pair.
+        if (8 * work < 9 * (m_blocks + 1)) continue;
         least = std::min(least, work);
         most = std::max(most, work);
       }
