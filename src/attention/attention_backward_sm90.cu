@@ -55,7 +55,7 @@ void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream)
     s.strides[2] = static_cast<uint64_t>(p.lse_head_stride) * kHeadDim;
     s.strides[3] = static_cast<uint64_t>(p.lse_batch_stride) * kHeadDim;
     s.box[0] = 32;
-    s.box[1] = 16;
+    s.box[1] = 64;
     s.box[2] = 1;
     s.box[3] = 1;
     maps.dq_accum = sm90::make_tma("attention_backward", s);

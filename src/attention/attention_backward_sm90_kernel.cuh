@@ -8,7 +8,10 @@
 //     dO_i of each query tile into a 2-stage ring (Q and dO on their own barriers); warp 1
 //     writes lse_i log2(e) and D_i of the tile's rows beside them (+inf and 0 past the
 //     sequence end, so those columns of P and dS are 0 without a mask) and arrives on Q's
-//     barrier;
+//     barrier; warps 2 and 3 add consumer 0's and 1's share of each tile's dQ to the fp32
+//     accumulator (two TMA reduce-adds, cp.reduce.async.bulk.tensor) once the consumer has
+//     written it to shared memory, and tell the consumer when the reduction has read it
+//     (named barriers: the consumers neither issue nor wait for the bulk operations);
 //   warpgroups 1 and 2, the consumers (240 registers), 64 keys each:
 //     S^T  = K Q_i^T        wgmma SS, m64 n(kBlockM), both K-major
 //     dP^T = V dO_i^T       wgmma SS, issued before S^T's softmax so the two overlap
@@ -19,9 +22,9 @@
 //                           dO_i MN-major
 //     dQ_i = dS K            after both consumers meet (named barrier): wgmma SS, A = dS^T
 //                           read MN-major, B = K MN-major; each consumer takes 64 x 64 of
-//                           the kBlockM x D tile; each warp writes its 16 rows to shared
-//                           memory and adds them to the fp32 accumulator with two TMA
-//                           reduce-adds (cp.reduce.async.bulk.tensor) while dK runs
+//                           the kBlockM x D tile; each warp writes its 16 rows into the
+//                           consumer's two swizzled fp32 boxes while dK runs and arrives
+//                           on the producer warp's barrier
 //     dK  += dS^T Q_i       wgmma RS; at D = 128 still running over the next tile's S^T
 //                           and dP^T (kDkAcrossTiles), at D = 64 waited for at the tile's end
 //   dK (times scale) and dV rounded and stored from registers at the end.
@@ -72,10 +75,15 @@ struct AttentionBackwardSm90Tile {
   static constexpr uint32_t kDsHalfBytes = (kBlockM / 64) * 8192, kDsBytes = 2 * kDsHalfBytes;
   static constexpr uint32_t kK = 0, kV = kKvBytes, kQ = 2 * kKvBytes, kDo = kQ + kStages * kQBytes;
   static constexpr uint32_t kDs = kDo + kStages * kQBytes;  // two buffers
-  // dQ out: per consumer warp, its 16 rows x 64 float columns as two TMA boxes of 16 rows x
-  // 32 floats (128 bytes, swizzled), 4 KB.
-  static constexpr uint32_t kDqWarpBytes = 4096, kDq = kDs + 2 * kDsBytes;
-  static constexpr uint32_t kRows = kDq + kConsumers * 4 * kDqWarpBytes;
+  // dQ out: per consumer, its 64 rows x 64 float columns as two TMA boxes of 64 rows x 32
+  // floats (128 bytes, swizzled), 8 KB each; warp w writes rows 16w..16w+15 of both.
+  static constexpr uint32_t kDqBoxBytes = 8192, kDq = kDs + 2 * kDsBytes;
+  static constexpr uint32_t kRows = kDq + kConsumers * 2 * kDqBoxBytes;
+  // Named barriers: 1 both consumers (dS^T written); per consumer c, kDqFull + c (its dQ in
+  // the boxes: consumer c arrives, producer warp 2 + c waits) and kDqEmpty + c (the
+  // reduction read the boxes: the producer warp arrives, the consumer waits), each among
+  // the consumer's 128 threads and the producer warp.
+  static constexpr int kDqFull = 2, kDqEmpty = 2 + kConsumers, kDqBarrierThreads = kWarpgroupThreads + 32;
   static constexpr uint32_t kBarriers = kRows + 2 * kStages * kBlockM * 4;  // float lse2, D [kStages][kBlockM]
   static constexpr int kSharedBytes = kBarriers + (1 + 3 * kStages) * 8 + 1024;
   static_assert(kSharedBytes <= kMaxBlockSharedBytes, "the tile's shared memory exceeds sm_90's 227 KB");
@@ -85,7 +93,7 @@ struct AttentionBackwardSm90Tile {
 // Maps over q, dout (boxes of kBlockM rows) and k, v (kBlockN rows) as 4-d [batch, heads,
 // rows, D] (dense) or [1, heads, total, D] (varlen), 64 columns per box.
 // dq_accum: the float32 accumulator as 4-d [batch, heads, rows, D] (its layout is lse's
-// times D), boxes of 16 rows x 32 columns, added to by TMA reductions.
+// times D), boxes of 64 rows x 32 columns, added to by TMA reductions.
 struct AttentionBackwardSm90Maps {
   CUtensorMap q, k, v, dout, dq_accum;
 };
@@ -132,6 +140,9 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   }
   __syncthreads();
 
+  // Consumer c's share of a tile's dQ: 64 rows x 64 columns of the kBlockM x D tile.
+  auto dq_row0 = [](int c) { return M == 128 ? 64 * c : 0; };
+  auto dq_col0 = [](int c) { return M == 128 ? 0 : 64 * c; };
   // The walk: query head kv_head * group + it / per_head, query tile m_begin + it % per_head.
   auto tile_of = [&](int it, int& head, int& m0) {
     head = kv_head * p.group + it / per_head;
@@ -157,6 +168,27 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
         __syncwarp();
         if (lane == 0) mbarrier_arrive(&q_full[ring.stage]);
         ring.advance();
+      }
+    }
+    if (with_dq && (warp == 2 || warp == 3)) {
+      // Producer warp 2 + c adds consumer c's share of each tile's dQ to the accumulator
+      // once the consumer has written it: two TMA reduce-adds of 64 rows x 32 floats.
+      const int c = warp - 2;
+      uint8_t* boxes = base + Tile::kDq + c * 2 * Tile::kDqBoxBytes;
+      for (int it = 0; it < n_iters; ++it) {
+        int head, m0;
+        tile_of(it, head, m0);
+        named_barrier_sync(Tile::kDqFull + c, Tile::kDqBarrierThreads);
+        if (lane == 0) {
+          const int32_t row = static_cast<int32_t>(seq.q_start + m0 + dq_row0(c));
+          for (int b = 0; b < 2; ++b)
+            tma_reduce_add_4d(&maps.dq_accum, boxes + b * Tile::kDqBoxBytes, dq_col0(c) + 32 * b, row, head,
+                              map_batch);
+          tma_store_commit();
+          tma_store_wait_read();
+        }
+        __syncwarp();
+        named_barrier_arrive(Tile::kDqEmpty + c, Tile::kDqBarrierThreads);
       }
     }
     if (threadIdx.x == 0) {
@@ -190,8 +222,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(base));
   const uint32_t k_addr = smem + Tile::kK, v_addr = smem + Tile::kV;
-  // dQ share: 64 rows x 64 columns of the kBlockM x D tile.
-  const int dq_row0 = M == 128 ? 64 * consumer : 0, dq_col0 = M == 128 ? 0 : 64 * consumer;
+  const int dq_row0_c = dq_row0(consumer), dq_col0_c = dq_col0(consumer);
 
   float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -291,9 +322,9 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
 #pragma unroll
       for (int kk = 0; kk < N / 16; ++kk) {
         const uint64_t a = smem_descriptor(
-            ds_addr + (kk / 4) * Tile::kDsHalfBytes + (dq_row0 / 64) * 8192 + 2048 * (kk % 4), 8192, 1024);
+            ds_addr + (kk / 4) * Tile::kDsHalfBytes + (dq_row0_c / 64) * 8192 + 2048 * (kk % 4), 8192, 1024);
         const uint64_t b =
-            smem_descriptor(k_addr + (dq_col0 / 64) * Tile::kKvChunkBytes + 2048 * kk, Tile::kKvChunkBytes, 1024);
+            smem_descriptor(k_addr + (dq_col0_c / 64) * Tile::kKvChunkBytes + 2048 * kk, Tile::kKvChunkBytes, 1024);
         wgmma_m64n64k16<1, 1>(WgmmaTag<T>{}, dq, a, b, kk > 0);
       }
       wgmma_commit();
@@ -302,22 +333,15 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       wgmma_fence_operands(dq);
       wgmma_fence_operands(dv);
       wgmma_fence_operands(pa);
-      // The warp's 16 rows of dQ into its boxes (after its previous reduction read them),
-      // then one TMA reduce-add per box into the accumulator: rows past the sequence end
-      // carry exact zeros (their P and dS are 0), and past the tensor's rows TMA skips them.
-      uint8_t* boxes_ptr = base + Tile::kDq + (consumer * 4 + warp) * Tile::kDqWarpBytes;
-      const uint32_t boxes = static_cast<uint32_t>(__cvta_generic_to_shared(boxes_ptr));
-      if (lane == 0) tma_store_wait_read();
-      __syncwarp();
-      store_warp_f32_swizzled(boxes, dq);
+      // The warp's 16 rows of dQ into the consumer's boxes once the previous tile's reduction
+      // has read them; producer warp 2 + consumer adds them to the accumulator (rows past the
+      // sequence end carry exact zeros, their P and dS are 0; past the tensor's rows TMA skips
+      // them) while dK runs.
+      if (it > 0) named_barrier_sync(Tile::kDqEmpty + consumer, Tile::kDqBarrierThreads);
+      const uint32_t boxes = smem + Tile::kDq + consumer * 2 * Tile::kDqBoxBytes + warp * 2048;
+      store_warp_f32_swizzled(boxes, Tile::kDqBoxBytes, dq);
       fence_async_shared();
-      __syncwarp();
-      if (lane == 0) {
-        const int32_t row = static_cast<int32_t>(seq.q_start + m0 + dq_row0 + 16 * warp);
-        for (int b = 0; b < 2; ++b)
-          tma_reduce_add_4d(&maps.dq_accum, boxes_ptr + b * 2048, dq_col0 + 32 * b, row, head, map_batch);
-        tma_store_commit();
-      }
+      named_barrier_arrive(Tile::kDqFull + consumer, Tile::kDqBarrierThreads);
     } else {
       add_product(dv, pa, do_addr);
       add_product(dk, dsa, q_addr);
@@ -337,9 +361,9 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   wgmma_wait<0>();
   wgmma_fence_operands(dk);
   wgmma_fence_operands(dsa);
+  // The last reduction has read the boxes (every arrival of the producer warp is matched).
+  if (with_dq && n_iters > 0) named_barrier_sync(Tile::kDqEmpty + consumer, Tile::kDqBarrierThreads);
 
-  // The last reductions must have read their boxes before the block's shared memory goes.
-  if (with_dq && lane == 0) tma_store_wait_read();
   // dk = scale * sum dS^T Q and dv, rounded, stored from registers: the consumer's 64 keys.
   auto store = [&](const AttentionTensor& t, const float(&acc)[D / 2], float scale) {
     T* rows = static_cast<T*>(t.data) + batch * t.batch_stride + kv_head * t.head_stride;

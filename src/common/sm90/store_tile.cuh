@@ -39,20 +39,25 @@ __device__ __forceinline__ uint32_t swizzled_row_address(uint32_t boxes, int c) 
 }
 
 // A warp's 16 x 64 float32 accumulators (d[4j + 2 half + {0,1}]: row 8 half + lane/4, columns
-// 8j + 2(lane%4) + {0,1}) into two swizzled boxes of 16 rows x 32 floats (2 KB each, 2048
-// bytes apart from `boxes`), for a TMA store or reduce-add of float32 boxes.
-__device__ __forceinline__ void store_warp_f32_swizzled(uint32_t boxes, const float (&d)[32]) {
+// 8j + 2(lane%4) + {0,1}) into two swizzled boxes of 128-byte rows (32 floats), the second
+// `box_stride` bytes after the first at `boxes`, for a TMA store or reduce-add of float32
+// boxes. Store k writes column block j = k with lanes 4i, 4i+1 and j = k ^ 2 with lanes 4i+2,
+// 4i+3: each half-warp's 16 eight-byte pairs then fill 8 different 16-byte bank groups (with
+// j = k for every lane, lanes 4i and 4i+2 meet in one group: two-way conflicts).
+__device__ __forceinline__ void store_warp_f32_swizzled(uint32_t boxes, uint32_t box_stride, const float (&d)[32]) {
   const int lane = threadIdx.x % 32;
+  const bool swap = (lane & 2) != 0;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = 8 * half + lane / 4;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int k = 0; k < 8; ++k) {
+      const int j = swap ? k ^ 2 : k;
       const uint32_t addr =
-          boxes + (j / 4) * 2048 + swizzled_offset(row, 2 * (j % 4) + (lane % 4) / 2) + 8 * (lane % 2);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(d[4 * j + 2 * half]),
-                   "f"(d[4 * j + 2 * half + 1])
-                   : "memory");
+          boxes + (k / 4) * box_stride + swizzled_offset(row, 2 * (j % 4) + (lane % 4) / 2) + 8 * (lane % 2);
+      const float x = swap ? d[4 * (k ^ 2) + 2 * half] : d[4 * k + 2 * half];
+      const float y = swap ? d[4 * (k ^ 2) + 2 * half + 1] : d[4 * k + 2 * half + 1];
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
     }
   }
 }
