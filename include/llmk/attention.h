@@ -73,10 +73,12 @@ void attention_varlen(const TensorView& out, const TensorView& q, const TensorVi
 // deterministic: dq, dk and dv are bitwise identical run to run. dk and dv always are (one
 // block owns each key tile and walks the query tiles in order). dq is by default summed
 // across key tiles with fp32 atomics into the workspace (the order varies); deterministic
-// computes dq in a second kernel instead, one block per query tile walking the key tiles
-// (S and dP computed twice: 7 GEMMs of work instead of 5, expected ~0.7x the speed).
+// makes the Hopper kernel add them in key-tile order (a counter per query tile in the
+// workspace), and the sm_80 path compute dq in a second kernel instead, one block per query
+// tile walking the key tiles (S and dP computed twice: 7 GEMMs of work instead of 5).
 // workspace: on the GPU a float32 CUDA buffer of at least attention_backward_workspace_size
-// elements (the fp32 dq accumulator and D); ignored on the CPU (std::nullopt is fine).
+// elements (the fp32 dq accumulator, D and the counters); ignored on the CPU (std::nullopt
+// is fine).
 // On an sm_90 GPU (with an sm_90a build) head dims 64 and 128 run the Hopper (TMA + wgmma)
 // main kernel, everything else the sm_80 (mma.sync) kernels; LLMK_ATTENTION_PATH=sm80|sm90
 // forces one as for the forward (sm90 throws, naming the reason, for a call it cannot take).
@@ -101,8 +103,8 @@ void attention_varlen_backward(const TensorView& dq, const TensorView& dk, const
                                cudaStream_t stream = nullptr);
 
 // Elements of float32 workspace a GPU backward needs: q_rows = batch * seq_q (varlen:
-// total_q) rows of heads_q heads: D (q_rows * heads_q) and, unless deterministic, the fp32
-// dq accumulator (q_rows * heads_q * head_dim).
+// total_q) rows of heads_q heads: the fp32 dq accumulator (q_rows * heads_q * head_dim), D
+// (q_rows * heads_q) and, deterministic, two int32 counters per row and head.
 int64_t attention_backward_workspace_size(int64_t q_rows, int64_t heads_q, int64_t head_dim,
                                           bool deterministic = false);
 

@@ -251,8 +251,12 @@ void backward(const char* op, const TensorView& dq, const TensorView& dk, const 
   for (const Arg& a : outputs) detail::check_no_overlap(op, "workspace", *workspace, a.first, *a.second, false);
   for (const Arg& a : inputs) detail::check_no_overlap(op, "workspace", *workspace, a.first, *a.second, false);
   float* ws = static_cast<float*>(workspace->data());
-  b.dq_accum = deterministic ? nullptr : ws;
-  b.delta = deterministic ? ws : ws + q_rows * q.size(-2) * q.size(-1);
+  // [dq accumulator: q_rows x heads x D][D: q_rows x heads][deterministic: 2 counters per
+  // (row, head)]; the sm_80 deterministic path uses D alone (attention_backward_cuda).
+  const int64_t row_heads = q_rows * q.size(-2);
+  b.dq_accum = ws;
+  b.delta = ws + row_heads * q.size(-1);
+  b.dq_semaphore = deterministic ? reinterpret_cast<int*>(b.delta + row_heads) : nullptr;
   detail::DeviceGuard guard(op, "q", q);
   detail::attention_backward_cuda(b, r.dtype, stream);
 }
@@ -302,7 +306,7 @@ void attention_varlen_backward(const TensorView& dq, const TensorView& dk, const
 int64_t attention_backward_workspace_size(int64_t q_rows, int64_t heads_q, int64_t head_dim, bool deterministic) {
   LLMK_CHECK(q_rows >= 0 && heads_q >= 0 && head_dim >= 0, "attention_backward_workspace_size: negative size (",
              q_rows, ", ", heads_q, ", ", head_dim, ")");
-  return q_rows * heads_q * (deterministic ? 1 : 1 + head_dim);
+  return q_rows * heads_q * (1 + head_dim + (deterministic ? 2 : 0));
 }
 
 }  // namespace llmk

@@ -1,9 +1,10 @@
 // Launcher of the attention backward: the sm_80 kernels' tile shapes of each head dim and the
 // dispatch over path, dtype and head dim. Per call: the rows kernel (D, accumulator zeroed),
 // the main kernel (dk, dv, dq atomics: the Hopper one, attention_backward_sm90.cu, where it
-// takes the call, else the sm_80 one), the rows kernel again (dq converted); or,
-// deterministic, the rows kernel (D), the main kernel without dq and the dq kernel. Causal,
-// varlen and GQA are run-time parameters of each kernel.
+// takes the call, else the sm_80 one), the rows kernel again (dq converted). Deterministic,
+// the Hopper kernel adds dq in key-block order (turn counters the rows kernel zeroes) and
+// the rest is the same; the sm_80 path runs the rows kernel (D), the main kernel without dq
+// and the dq kernel. Causal, varlen and GQA are run-time parameters of each kernel.
 #include <type_traits>
 
 #include "attention/attention_backward_kernel.cuh"
@@ -92,11 +93,16 @@ void attention_backward_cuda(const AttentionBackwardParams& p, DType dtype, cuda
              " is not float16 or bfloat16");
   const bool hopper = attention_runs_sm90(
       op, [&](int device, const char** why) { return attention_backward_sm90_takes(p, dtype, device, why); });
+  AttentionBackwardParams run = p;
+  if (!hopper && run.dq_semaphore != nullptr) {  // deterministic on sm_80: the dq kernel
+    run.dq_accum = nullptr;
+    run.dq_semaphore = nullptr;
+  }
   dispatch_dtype(dtype, op, [&](auto tag) {
     if constexpr (decltype(tag)::value != DType::f32) {
       using T = device_type_t<decltype(tag)>;
       for_compiled_head_dim(op, p.fwd.head_dim,
-                            [&](auto dim) { launch<T, decltype(dim)::value>(p, hopper, dtype, stream); });
+                            [&](auto dim) { launch<T, decltype(dim)::value>(run, hopper, dtype, stream); });
     }
   });
 }

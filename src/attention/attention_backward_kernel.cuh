@@ -2,7 +2,8 @@
 // FlashAttention 2's algorithm, in three kernels per call (four launches at most):
 //
 //   rows kernel, pre:  D = rowsum(dout * out) per (row, query head), fp32; zeroes the fp32 dq
-//                      accumulator rows (not on the deterministic path)
+//                      accumulator rows (not on the deterministic sm_80 path) and, on the
+//                      deterministic Hopper path, the turn counters
 //   main kernel:       one block per (key tile of kBlockN keys, kv head, batch entry); dk, dv
 //                      of the tile in fp32 registers, dq into the accumulator by atomics
 //   rows kernel, post: dq = scale * accumulator, rounded to the dtype
@@ -293,7 +294,8 @@ __device__ __forceinline__ void score_gradients(float (&dp)[kMT][kNT][4], const 
 }  // namespace bwd
 
 // grid (ceil(seqlen_q / 64), heads_q, batch), 128 threads. `post` false: D[row] = dout . out
-// and, with an accumulator, its row zeroed; `post` true: dq = scale * accumulator. A row is
+// and, with an accumulator, its row zeroed (and the row's two turn counters, with them);
+// `post` true: dq = scale * accumulator. A row is
 // handled by kLanes threads (a power of two, 8 elements each; at D = 96, 16 lanes of which
 // 12 work) so that the dot product reduces by xor-shuffles within aligned lane groups.
 template <class T, int kHeadDim>
@@ -336,6 +338,7 @@ __global__ void __launch_bounds__(128)
       if (accum) {
         reinterpret_cast<float4*>(accum)[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         reinterpret_cast<float4*>(accum)[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (bp.dq_semaphore != nullptr && sub < 2) bp.dq_semaphore[2 * (first + row) + sub] = 0;
       }
     }
 #pragma unroll

@@ -1,6 +1,7 @@
 // Launcher of the Hopper attention backward main kernel (attention_backward_sm90_kernel.cuh):
-// which calls it takes, the TMA maps over q, k, v, dout, the grid. The rows kernels before
-// and after it, and the deterministic dq kernel, are the sm_80 path's (attention_backward.cu).
+// which calls it takes, the TMA maps over q, k, v, dout and the dq accumulator, the grid. The
+// rows kernels before and after it are the sm_80 path's (attention_backward.cu); the
+// deterministic path is this kernel with its dq reductions in key-block order.
 //
 // Instantiations (the only list): {bf16, fp16} x head dim {64, 128}. Head dims 32, 96 (rows
 // that are not whole 128-byte swizzle chunks) and 256 (whose dK + dV accumulators of 64 keys
@@ -39,10 +40,10 @@ void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream)
   maps.q = rows_q > 0 ? attention_tma_map(p.q, dtype, kHeadDim, p.heads_q, rows_q, batch, Tile::kBlockM) : maps.k;
   maps.dout =
       rows_q > 0 ? attention_tma_map(bp.dout, dtype, kHeadDim, p.heads_q, rows_q, batch, Tile::kBlockM) : maps.k;
-  // The accumulator (lse's layout times D) for the dq reductions; the deterministic path has
-  // none and never reduces (k's map stands in).
+  // The accumulator (lse's layout times D) for the dq reductions; without query rows no tile
+  // reduces (k's map stands in).
   maps.dq_accum = maps.k;
-  if (bp.dq_accum != nullptr && rows_q > 0) {
+  if (rows_q > 0) {
     sm90::TmaShape s{};
     s.base = bp.dq_accum;
     s.dtype = DType::f32;
@@ -63,7 +64,7 @@ void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream)
   const void* kernel = kernel_for<T, kHeadDim>();
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
   // Key blocks in order: causal blocks with the first keys see the most query tiles and
-  // start first.
+  // start first (deterministic causal calls reverse it: the kernel maps blockIdx.x).
   const dim3 grid((p.seqlen_k + Tile::kBlockN - 1) / Tile::kBlockN, bp.heads_kv, p.batch);
   sm90::attention_backward_sm90_kernel<T, kHeadDim><<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(maps, bp);
 }

@@ -1,8 +1,8 @@
 // Attention backward main kernel on Hopper (sm_90a): TMA + wgmma, warp-specialized. The
 // algorithm is the sm_80 main kernel's (attention_backward_kernel.cuh: the same rows kernel
-// before it for D = rowsum(dO * O), the same dq conversion or deterministic dq kernel after
-// it); one block owns kBlockN = 128 keys of one (kv head, batch entry) and walks the query
-// tiles of every query head of the kv head's group that see them:
+// before it for D = rowsum(dO * O), the same dq conversion after it); one block owns
+// kBlockN = 128 keys of one (kv head, batch entry) and walks the query tiles of every query
+// head of the kv head's group that see them:
 //
 //   warpgroup 0, the producer (24 registers): thread 0 loads K_j and V_j once, then Q_i and
 //     dO_i of each query tile into a 2-stage ring (Q and dO on their own barriers); warp 1
@@ -29,8 +29,11 @@
 //                           and dP^T (kDkAcrossTiles), at D = 64 waited for at the tile's end
 //   dK (times scale) and dV rounded and stored from registers at the end.
 // The key block's K and V stay in shared memory for the whole walk; Q_i/dO_i of the next
-// tile load while this one computes. Without dq_accum (the deterministic path) the dS^T
-// store and the dQ GEMM are skipped.
+// tile load while this one computes. Deterministic (bp.dq_semaphore): the producer warps add
+// each tile's dQ in key-block order, key block n after key blocks 0..n-1 of the same kv head
+// (every one of them sees the tile too), with a turn counter per (tile, consumer half) in the
+// workspace; blocks are dispatched in key-block order, so a block only waits on blocks that
+// are running or done. The consumers run ahead by one tile (the dQ boxes' empty barrier).
 //
 // The ring's barriers order warp 1's ordinary stores of lse and D against the consumers' reads
 // (release by mbarrier arrive, acquire by its wait; every consumer warp arrives on `empty`).
@@ -54,6 +57,7 @@
 #include "common/sm90/mbarrier.cuh"
 #include "common/sm90/store_tile.cuh"
 #include "common/sm90/tma.cuh"
+#include "common/sm90/turns.cuh"
 #include "common/sm90/warpgroup.cuh"
 #include "common/sm90/wgmma.cuh"
 
@@ -108,7 +112,11 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   using Tile = AttentionBackwardSm90Tile<kHeadDim>;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN, D = kHeadDim;
   const AttentionParams& p = bp.fwd;
-  const int n_block = static_cast<int>(blockIdx.x), kv_head = static_cast<int>(blockIdx.y);
+  // Deterministic causal calls dispatch the last key blocks first: their dq turns run from the
+  // last key block down (below).
+  const bool last_first = p.causal && bp.dq_semaphore != nullptr;
+  const int n_block = static_cast<int>(last_first ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+  const int kv_head = static_cast<int>(blockIdx.y);
   const int batch = static_cast<int>(blockIdx.z);
   const SequenceBounds seq = sequence_bounds(p, batch);
   const int n0 = n_block * N;
@@ -117,7 +125,6 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   const bwd::QueryTiles tiles = bwd::query_tiles_seeing(seq, p.causal, n0, M);
   const int m_begin = tiles.begin, per_head = tiles.count();
   const int n_iters = per_head * p.group;
-  const bool with_dq = bp.dq_accum != nullptr;
   const int32_t map_batch = p.cu_seqlens_q != nullptr ? 0 : batch;
 
   extern __shared__ uint8_t shared_raw[];
@@ -170,22 +177,39 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
         ring.advance();
       }
     }
-    if (with_dq && (warp == 2 || warp == 3)) {
+    if (warp == 2 || warp == 3) {
       // Producer warp 2 + c adds consumer c's share of each tile's dQ to the accumulator
-      // once the consumer has written it: two TMA reduce-adds of 64 rows x 32 floats.
+      // once the consumer has written it: two TMA reduce-adds of 64 rows x 32 floats. With
+      // dq_semaphore (deterministic) the key blocks of a tile add in a fixed order, that of
+      // their dispatch, so that a block only waits on blocks running or done: every key block
+      // below this one sees each query tile this one sees, so the turn is the block's index
+      // (non-causal), or, causal, the tile's last key block (the highest that sees it) goes
+      // first and the turn is the distance from it, the order in which the blocks reach the
+      // tile from their diagonals.
       const int c = warp - 2;
+      const int last_key_block = (seq.seqlen_k + N - 1) / N - 1;
       uint8_t* boxes = base + Tile::kDq + c * 2 * Tile::kDqBoxBytes;
       for (int it = 0; it < n_iters; ++it) {
         int head, m0;
         tile_of(it, head, m0);
         named_barrier_sync(Tile::kDqFull + c, Tile::kDqBarrierThreads);
         if (lane == 0) {
+          int* turn = nullptr;
+          if (bp.dq_semaphore != nullptr) {
+            turn = bp.dq_semaphore + 2 * (batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0) + c;
+            wait_for_turn(turn, p.causal ? min(last_key_block, (m0 + M + shift - 1) / N) - n_block : n_block);
+          }
           const int32_t row = static_cast<int32_t>(seq.q_start + m0 + dq_row0(c));
           for (int b = 0; b < 2; ++b)
             tma_reduce_add_4d(&maps.dq_accum, boxes + b * Tile::kDqBoxBytes, dq_col0(c) + 32 * b, row, head,
                               map_batch);
           tma_store_commit();
-          tma_store_wait_read();
+          if (turn != nullptr) {
+            tma_store_wait_all();
+            pass_turn(turn);
+          } else {
+            tma_store_wait_read();
+          }
         }
         __syncwarp();
         named_barrier_arrive(Tile::kDqEmpty + c, Tile::kDqBarrierThreads);
@@ -307,9 +331,9 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
     accumulators_as_a<T>(dsa, dp);
 
     // Order dV, dQ, dK: dQ's write-out then runs beside dK, which also stays in flight over
-    // the next tile's S^T and dP^T. Each branch issues and waits itself: one wait after the
-    // branch, with dq declared outside it, made ptxas spill 264-396 bytes.
-    if (with_dq) {
+    // the next tile's S^T and dP^T. dq lives in this scope (declared beside dk and dv, ptxas
+    // spilled 264-396 bytes).
+    {
       // dS^T into this iteration's buffer for dQ (the other buffer may still be read by the
       // other consumer's previous dQ GEMM), visible to the async proxy.
       const uint32_t ds_addr = smem + Tile::kDs + (it & 1) * Tile::kDsBytes;
@@ -342,12 +366,6 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       store_warp_f32_swizzled(boxes, Tile::kDqBoxBytes, dq);
       fence_async_shared();
       named_barrier_arrive(Tile::kDqFull + consumer, Tile::kDqBarrierThreads);
-    } else {
-      add_product(dv, pa, do_addr);
-      add_product(dk, dsa, q_addr);
-      wgmma_wait<1>();  // dV
-      wgmma_fence_operands(dv);
-      wgmma_fence_operands(pa);
     }
     if constexpr (!Tile::kDkAcrossTiles) {
       wgmma_wait<0>();
@@ -362,7 +380,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   wgmma_fence_operands(dk);
   wgmma_fence_operands(dsa);
   // The last reduction has read the boxes (every arrival of the producer warp is matched).
-  if (with_dq && n_iters > 0) named_barrier_sync(Tile::kDqEmpty + consumer, Tile::kDqBarrierThreads);
+  if (n_iters > 0) named_barrier_sync(Tile::kDqEmpty + consumer, Tile::kDqBarrierThreads);
 
   // dk = scale * sum dS^T Q and dv, rounded, stored from registers: the consumer's 64 keys.
   auto store = [&](const AttentionTensor& t, const float(&acc)[D / 2], float scale) {

@@ -96,7 +96,11 @@ struct AttentionBackwardParams {
   AttentionParams fwd;
   AttentionTensor dout, dq, dk, dv;
   float* delta = nullptr;     // D, lse's layout
-  float* dq_accum = nullptr;  // null: the deterministic path (dq from its own kernel, no atomics)
+  float* dq_accum = nullptr;  // null: the sm_80 deterministic path (dq from its own kernel, no atomics)
+  // With dq_accum, the deterministic Hopper path: per (query row of a tile's first row in lse's
+  // layout, consumer half) a counter of the key blocks that have added their share of that
+  // tile's dq, so that they add in key-block order; null: in any order.
+  int* dq_semaphore = nullptr;
   int heads_kv = 0;
 };
 

@@ -31,6 +31,7 @@
 // kernels' float arithmetic passes). The CPU backend (double, one rounding) must be within
 // 1.01 u |r| + 1e-9 F (+ 1 subnormal step).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -382,7 +383,8 @@ void check_backward(DType dt, const Shape& s, bool causal, const Layout& layout 
     expect_gradients(g, g.dq->store, g.dk->store, g.dv->store, oracle(p, causal, float(scale)), p, causal, dt, true);
   }
   if (!has_gpu()) return;
-  const int64_t ws_size = attention_backward_workspace_size(s.batch * s.seq_q, s.heads_q, s.dim, false);
+  // The deterministic size: enough for both paths.
+  const int64_t ws_size = attention_backward_workspace_size(s.batch * s.seq_q, s.heads_q, s.dim, true);
   for (const char* path : kPaths) {
     SCOPED_TRACE(testing::Message() << "LLMK_ATTENTION_PATH=" << path);
     PathScope scope(path);
@@ -728,6 +730,42 @@ TEST(AttentionBackwardGpu, DeterministicIsBitwiseRepeatable) {
   check_backward(DType::f16, {1, 257, 513, 4, 4, 64}, false, {}, 9);
 }
 
+// A causal deterministic call with more key blocks per head than the GPU holds at once
+// (20,000 keys: 157 blocks of 128 per head, one block per SM on the Hopper path): its dq
+// turns follow the order the blocks are dispatched in, so it finishes (a wrong order hangs
+// here, caught by ctest's timeout). dk and dv are the default path's bits (the same blocks
+// compute them); dq matches the default path's within fp32 summation-order noise and
+// rounding; a second run repeats the first's bits.
+TEST(AttentionBackwardGpu, DeterministicCausalWiderThanTheGpu) {
+  LLMK_REQUIRE_GPU();
+  const int64_t seq = 20000, heads = 2, d = 64;
+  Heads q(DType::bf16, 1, seq, heads, d), k(DType::bf16, 1, seq, heads, d), v(DType::bf16, 1, seq, heads, d),
+      dout(DType::bf16, 1, seq, heads, d), out(DType::bf16, 1, seq, heads, d);
+  for (Heads* t : {&q, &k, &v, &dout}) t->randomize();
+  Lse lse({1, heads, seq});
+  attention(out.gpu(), q.gpu(), k.gpu(), v.gpu(), true, 0.125, lse.gpu());
+  auto run = [&](bool deterministic) {
+    Heads dq(DType::bf16, 1, seq, heads, d), dk(DType::bf16, 1, seq, heads, d), dv(DType::bf16, 1, seq, heads, d);
+    const int64_t need = attention_backward_workspace_size(seq, heads, d, deterministic);
+    Workspace ws(need);
+    attention_backward(dq.gpu(), dk.gpu(), dv.gpu(), dout.gpu(), q.gpu(), k.gpu(), v.gpu(), out.gpu(), lse.gpu(), true,
+                       0.125, deterministic, ws.view(need));
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return std::array<HostTensor, 3>{dq.download(), dk.download(), dv.download()};
+  };
+  const auto base = run(false), first = run(true), second = run(true);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(first[i].bytes, second[i].bytes) << "gradient " << i << " differs between runs";
+  EXPECT_EQ(first[1].bytes, base[1].bytes) << "dk differs from the default path's";
+  EXPECT_EQ(first[2].bytes, base[2].bytes) << "dv differs from the default path's";
+  float scale = 0.0f;
+  for (int64_t i = 0; i < base[0].d; ++i) scale = std::max(scale, std::fabs(base[0].get(0, i)));
+  ASSERT_GT(scale, 0.0f);
+  for (int64_t i = 0; i < base[0].d; ++i) {
+    const float a = base[0].get(0, i), b = first[0].get(0, i);
+    ASSERT_LE(std::fabs(a - b), 1.0e-2f * std::fabs(a) + 1.0e-3f * scale) << "dq element " << i;
+  }
+}
+
 // Packed sequences: the CPU backend and the GPU (default and deterministic) against the
 // oracle over the same sequences.
 void check_varlen_backward(DType dt, const std::vector<int64_t>& lens_q, const std::vector<int64_t>& lens_k,
@@ -778,7 +816,7 @@ void check_varlen_backward(DType dt, const std::vector<int64_t>& lens_q, const s
   if (!has_gpu()) return;
   DeviceTensor cu_dev(cu_host);
   const TensorView cq = cu_view(cu_dev.data, true, 0), ck = cu_view(cu_dev.data, true, 1);
-  const int64_t ws_size = attention_backward_workspace_size(total_q, heads_q, dim, false);
+  const int64_t ws_size = attention_backward_workspace_size(total_q, heads_q, dim, true);  // both paths
   for (const char* path : kPaths) {
     SCOPED_TRACE(testing::Message() << "LLMK_ATTENTION_PATH=" << path);
     PathScope scope(path);
@@ -853,9 +891,10 @@ TEST(AttentionBackwardErrors, BadInputsWriteNothing) {
   for (int64_t i = 0; i < dq.store.d; ++i) ASSERT_TRUE(std::isnan(dq.store.get(0, i))) << "dq element " << i;
   for (int64_t i = 0; i < dk.store.d; ++i) ASSERT_TRUE(std::isnan(dk.store.get(0, i))) << "dk element " << i;
   for (int64_t i = 0; i < dv.store.d; ++i) ASSERT_TRUE(std::isnan(dv.store.get(0, i))) << "dv element " << i;
-  // The workspace size: D per row and head, plus the accumulator unless deterministic.
+  // The workspace size: the accumulator and D per row and head, plus two counters if
+  // deterministic.
   EXPECT_EQ(attention_backward_workspace_size(10, 4, 64, false), 10 * 4 * 65);
-  EXPECT_EQ(attention_backward_workspace_size(10, 4, 64, true), 10 * 4);
+  EXPECT_EQ(attention_backward_workspace_size(10, 4, 64, true), 10 * 4 * 67);
 }
 
 // On the GPU the workspace is required, float32, large enough and on q's device; a rejected

@@ -74,6 +74,9 @@ __device__ __forceinline__ void tma_store_commit() { cuda::ptx::cp_async_bulk_co
 // Waits until the committed stores of this thread have read their shared memory.
 __device__ __forceinline__ void tma_store_wait_read() { cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{}); }
 
+// Waits until the committed stores of this thread have completed (written global memory).
+__device__ __forceinline__ void tma_store_wait_all() { cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{}); }
+
 // Orders this thread's ordinary shared-memory writes before later async-proxy reads
 // (TMA store, wgmma).
 __device__ __forceinline__ void fence_async_shared() { cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); }
