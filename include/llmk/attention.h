@@ -73,8 +73,8 @@ void attention_varlen(const TensorView& out, const TensorView& q, const TensorVi
 // deterministic: dq, dk and dv are bitwise identical run to run. dk and dv always are (one
 // block owns each key tile and walks the query tiles in order). dq is by default summed
 // across key tiles with fp32 atomics into the workspace (the order varies); deterministic
-// makes the Hopper kernel add them in key-tile order (a counter per query tile in the
-// workspace), and the sm_80 path compute dq in a second kernel instead, one block per query
+// makes the Hopper kernel add them in a fixed key-tile order (turn counters per query tile in
+// the workspace), and the sm_80 path compute dq in a second kernel instead, one block per query
 // tile walking the key tiles (S and dP computed twice: 7 GEMMs of work instead of 5).
 // workspace: on the GPU a float32 CUDA buffer of at least attention_backward_workspace_size
 // elements (the fp32 dq accumulator, D and the counters); ignored on the CPU (std::nullopt

@@ -30,10 +30,13 @@
 //   dK (times scale) and dV rounded and stored from registers at the end.
 // The key block's K and V stay in shared memory for the whole walk; Q_i/dO_i of the next
 // tile load while this one computes. Deterministic (bp.dq_semaphore): the producer warps add
-// each tile's dQ in key-block order, key block n after key blocks 0..n-1 of the same kv head
-// (every one of them sees the tile too), with a turn counter per (tile, consumer half) in the
-// workspace; blocks are dispatched in key-block order, so a block only waits on blocks that
-// are running or done. The consumers run ahead by one tile (the dQ boxes' empty barrier).
+// each tile's dQ in a fixed order of its key blocks, with a turn counter per (tile, consumer
+// half) in the workspace: non-causal, key block n after key blocks 0..n-1 of the same kv head;
+// causal, from the tile's last key block down, with the grid's key blocks dispatched last
+// first. Either way a block only waits on blocks dispatched before it (running or done),
+// provided blocks are dispatched in blockIdx order (x fastest), which CUDA does not document
+// but FlashAttention 3's deterministic backward relies on too. The consumers run ahead by one
+// tile (the dQ boxes' empty barrier).
 //
 // The ring's barriers order warp 1's ordinary stores of lse and D against the consumers' reads
 // (release by mbarrier arrive, acquire by its wait; every consumer warp arrives on `empty`).
@@ -103,7 +106,7 @@ struct AttentionBackwardSm90Maps {
 };
 
 // grid (ceil(seqlen_k / kBlockN), heads_kv, batch). Writes dk, dv of the block's keys (0
-// for keys no query row sees) and, with bp.dq_accum, adds its share of dq there.
+// for keys no query row sees) and adds its share of dq to bp.dq_accum.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads, 1)
     attention_backward_sm90_kernel(const __grid_constant__ AttentionBackwardSm90Maps maps,
@@ -185,17 +188,20 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       // below this one sees each query tile this one sees, so the turn is the block's index
       // (non-causal), or, causal, the tile's last key block (the highest that sees it) goes
       // first and the turn is the distance from it, the order in which the blocks reach the
-      // tile from their diagonals.
+      // tile from their diagonals. A varlen sequence longer than max_seqlen_q / max_seqlen_k
+      // breaks the API's contract: its tiles from max_seqlen_q on (whose counters the rows
+      // kernel does not zero) add in any order, and its key blocks past the grid do not exist
+      // (the turns count from the last one that does), so that no block waits forever.
       const int c = warp - 2;
-      const int last_key_block = (seq.seqlen_k + N - 1) / N - 1;
+      const int last_key_block = min((seq.seqlen_k + N - 1) / N, static_cast<int>(gridDim.x)) - 1;
       uint8_t* boxes = base + Tile::kDq + c * 2 * Tile::kDqBoxBytes;
       for (int it = 0; it < n_iters; ++it) {
         int head, m0;
         tile_of(it, head, m0);
         named_barrier_sync(Tile::kDqFull + c, Tile::kDqBarrierThreads);
+        int* turn = nullptr;
         if (lane == 0) {
-          int* turn = nullptr;
-          if (bp.dq_semaphore != nullptr) {
+          if (bp.dq_semaphore != nullptr && m0 < p.seqlen_q) {
             turn = bp.dq_semaphore + 2 * (batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0) + c;
             wait_for_turn(turn, p.causal ? min(last_key_block, (m0 + M + shift - 1) / N) - n_block : n_block);
           }
@@ -204,15 +210,15 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
             tma_reduce_add_4d(&maps.dq_accum, boxes + b * Tile::kDqBoxBytes, dq_col0(c) + 32 * b, row, head,
                               map_batch);
           tma_store_commit();
-          if (turn != nullptr) {
-            tma_store_wait_all();
-            pass_turn(turn);
-          } else {
-            tma_store_wait_read();
-          }
+          tma_store_wait_read();
         }
         __syncwarp();
+        // The boxes are free; the turn passes once the reduce-adds have completed.
         named_barrier_arrive(Tile::kDqEmpty + c, Tile::kDqBarrierThreads);
+        if (turn != nullptr) {
+          tma_store_wait_all();
+          pass_turn(turn);
+        }
       }
     }
     if (threadIdx.x == 0) {

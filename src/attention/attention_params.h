@@ -148,10 +148,11 @@ int attention_sm90_consumers(const AttentionParams& p);
 void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t stream);
 void attention_forward_cpu(const AttentionParams& p, DType dtype);
 
-// The backward: preprocess (D, zeroing the accumulator), the main kernel (dk, dv and the dq
-// atomics: the Hopper one when attention_backward_sm90_takes, else the sm_80 one, as
-// attention_runs_sm90 says), then the dq conversion or, deterministic, the dq kernel
-// (attention_backward.cu); the double reference (attention_backward_cpu.cc).
+// The backward: preprocess (D, zeroing the accumulator and turn counters), the main kernel
+// (dk, dv and the dq reductions: the Hopper one when attention_backward_sm90_takes, else the
+// sm_80 one, as attention_runs_sm90 says), then the dq conversion or, deterministic on the
+// sm_80 path, the dq kernel (attention_backward.cu); the double reference
+// (attention_backward_cpu.cc).
 void attention_backward_cuda(const AttentionBackwardParams& p, DType dtype, cudaStream_t stream);
 
 // The Hopper main kernel (attention_backward_sm90.cu): an sm_90 device with an sm_90a build,
