@@ -34,6 +34,10 @@ cudnn), the forward graph built once per input set and only torch.autograd.grad 
 causal; bytes: q, k, v, out, dout read and dq, dk, dv written. The error column compares dq of
 the last 256 query rows of head 0 with a float64 reference. Peers picked by
 LLMK_BENCH_ATTENTION_PEERS as the forward's (of llmk_sm80 flash cudnn efficient llmk_deterministic).
+Ops attention_train, attention_train_causal: one training step's attention, the forward and
+the backward through autograd timed together (llmk.attention, also with deterministic=True,
+against SDPA with flash or cudnn pinned) on the backward's shapes; FLOPs 3.5x the forward's;
+the error column is dq's, as the backward's.
 
 Without a GPU (the CPU backend): one batch of `seqlen` tokens, hidden 256; the SDPA backends
 that do not run on the CPU (cudnn, efficient) are skipped with a note, and so is llmk_sm80.
@@ -198,7 +202,6 @@ def attention_backward_case(causal):
     def case(seqlen, head_dim, dtype, device):
         batch, heads, check_rows, elt, forward_flops = _geometry(seqlen, head_dim, dtype, device, causal)
         flops = forward_flops * 5 // 2  # 5 GEMMs to the forward's 2
-        scale = head_dim**-0.5
 
         def make():
             q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device=device, dtype=dtype) for _ in range(3))
@@ -214,16 +217,51 @@ def attention_backward_case(causal):
         _peers(impls, BACKWARD_PEERS, causal, sample, device, "attention backward", _backward_peer)
         del sample
 
-        def reference(q, k, v, out, lse, dout):
-            """dq of the last rows of head 0 (batch entry 0) from float64 math."""
-            rows = slice(seqlen - check_rows, seqlen)
-            qd, kd, vd, dod = q[0, rows, 0].double(), k[0, :, 0].double(), v[0, :, 0].double(), dout[0, rows, 0].double()
-            s = _scores(qd, kd, seqlen, causal)
-            p = torch.softmax(s, -1)
-            ds = p * (dod @ vd.T - (dod * (p @ vd)).sum(-1, keepdim=True))
-            return ds @ kd * scale, lambda dq: dq[0, rows, 0]
+        dq_reference = _dq_reference(seqlen, check_rows, causal)
+        return 8 * batch * seqlen * heads * head_dim * elt, make, impls, \
+            lambda q, k, v, out, lse, dout: dq_reference(q, k, v, dout), flops
 
-        return 8 * batch * seqlen * heads * head_dim * elt, make, impls, reference, flops
+    return case
+
+
+def _dq_reference(seqlen, check_rows, causal):
+    """(q, k, v, dout) -> (dq of the last rows of head 0, batch entry 0, from float64 math;
+    the selection of those rows from an impl's dq)."""
+    def reference(q, k, v, dout):
+        rows = slice(seqlen - check_rows, seqlen)
+        qd, kd, vd, dod = q[0, rows, 0].double(), k[0, :, 0].double(), v[0, :, 0].double(), dout[0, rows, 0].double()
+        s = _scores(qd, kd, seqlen, causal)
+        p = torch.softmax(s, -1)
+        ds = p * (dod @ vd.T - (dod * (p @ vd)).sum(-1, keepdim=True))
+        return ds @ kd * qd.shape[-1]**-0.5, lambda dq: dq[0, rows, 0]
+    return reference
+
+
+def attention_train_case(causal):
+    """One training step's attention (ops attention_train, attention_train_causal): the forward
+    and the backward through autograd, timed together, for llmk.attention (and with
+    deterministic=True) and SDPA's pinned backends. FLOPs 3.5x the forward's (2 GEMMs + 5)."""
+    def case(seqlen, head_dim, dtype, device):
+        batch, heads, check_rows, elt, forward_flops = _geometry(seqlen, head_dim, dtype, device, causal)
+
+        def make():
+            q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device=device, dtype=dtype, requires_grad=True)
+                       for _ in range(3))
+            return q, k, v, torch.randn(batch, seqlen, heads, head_dim, device=device, dtype=dtype)
+
+        def step(forward):
+            return lambda q, k, v, dout: torch.autograd.grad(forward(q, k, v), (q, k, v), dout)
+
+        sample = make()
+        impls = {"llmk": step(lambda q, k, v: llmk.attention(q, k, v, causal=causal))}
+        if _wanted("llmk_deterministic"):
+            impls["llmk_deterministic"] = step(lambda q, k, v: llmk.attention(q, k, v, causal=causal,
+                                                                              deterministic=True))
+        _peers(impls, BACKWARD_PEERS, causal, sample, device, "attention training step", step)
+        del sample
+        # Bytes: the forward's q, k, v, out and the backward's q, k, v, out, dout, dq, dk, dv.
+        return 12 * batch * seqlen * heads * head_dim * elt, make, impls, \
+            _dq_reference(seqlen, check_rows, causal), forward_flops * 7 // 2
 
     return case
 
@@ -268,8 +306,9 @@ def attention_gqa_case(causal):
 
 OPS = {"attention": attention_case(False), "attention_causal": attention_case(True),
        "attention_gqa": attention_gqa_case(False), "attention_gqa_causal": attention_gqa_case(True),
-       "attention_backward": attention_backward_case(False), "attention_backward_causal": attention_backward_case(True)}
-SWEEPS = {op: (SEQLENS, BACKWARD_HEAD_DIMS if "backward" in op else HEAD_DIMS) for op in OPS}
+       "attention_backward": attention_backward_case(False), "attention_backward_causal": attention_backward_case(True),
+       "attention_train": attention_train_case(False), "attention_train_causal": attention_train_case(True)}
+SWEEPS = {op: (SEQLENS, BACKWARD_HEAD_DIMS if "backward" in op or "train" in op else HEAD_DIMS) for op in OPS}
 SWEEPS.update({op: (GQA_SEQLENS, [128]) for op in ("attention_gqa", "attention_gqa_causal")})
 CPU_SWEEPS = {op: ([64, 256], HEAD_DIMS) for op in OPS}  # without a GPU: the CPU backend at small shapes
 CPU_SWEEPS.update({op: ([64, 256], [64]) for op in ("attention_gqa", "attention_gqa_causal")})
