@@ -733,9 +733,9 @@ TEST(AttentionBackwardGpu, DeterministicIsBitwiseRepeatable) {
 // A causal deterministic call with more key blocks per head than the GPU holds at once
 // (20,000 keys: 157 blocks of 128 per head, one block per SM on the Hopper path): its dq
 // turns follow the order the blocks are dispatched in, so it finishes (a wrong order hangs
-// here: ctest's 900 s limit, tests/cpp/CMakeLists.txt, fails it). dk and dv are the default path's bits (the same blocks
-// compute them); dq matches the default path's within fp32 summation-order noise and
-// rounding; a second run repeats the first's bits.
+// here: ctest's 900 s limit, tests/cpp/CMakeLists.txt, fails it). dk and dv are the default
+// path's bits (the same blocks compute them); dq matches the default path's within fp32
+// summation-order noise and rounding; a second run repeats the first's bits.
 TEST(AttentionBackwardGpu, DeterministicCausalWiderThanTheGpu) {
   LLMK_REQUIRE_GPU();
   const int64_t seq = 20000, heads = 2, d = 64;

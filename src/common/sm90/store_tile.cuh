@@ -55,6 +55,7 @@ __device__ __forceinline__ void store_warp_f32_swizzled(uint32_t boxes, uint32_t
       const int j = swap ? k ^ 2 : k;
       const uint32_t addr =
           boxes + (k / 4) * box_stride + swizzled_offset(row, 2 * (j % 4) + (lane % 4) / 2) + 8 * (lane % 2);
+      // A select of two constant indices: d[4 * j] would index registers by lane (local memory).
       const float x = swap ? d[4 * (k ^ 2) + 2 * half] : d[4 * k + 2 * half];
       const float y = swap ? d[4 * (k ^ 2) + 2 * half + 1] : d[4 * k + 2 * half + 1];
       asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
