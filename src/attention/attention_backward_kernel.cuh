@@ -295,9 +295,9 @@ __device__ __forceinline__ void score_gradients(float (&dp)[kMT][kNT][4], const 
 
 // grid (ceil(seqlen_q / 64), heads_q, batch), 128 threads. `post` false: D[row] = dout . out
 // and, with an accumulator, its row zeroed (and the row's two turn counters, with them);
-// `post` true: dq = scale * accumulator. A row is
-// handled by kLanes threads (a power of two, 8 elements each; at D = 96, 16 lanes of which
-// 12 work) so that the dot product reduces by xor-shuffles within aligned lane groups.
+// `post` true: dq = scale * accumulator. A row is handled by kLanes threads (a power of two,
+// 8 elements each; at D = 96, 16 lanes of which 12 work) so that the dot product reduces by
+// xor-shuffles within aligned lane groups.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(128)
     attention_backward_rows_kernel(const __grid_constant__ AttentionBackwardParams bp, bool post) {

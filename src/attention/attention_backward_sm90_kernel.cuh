@@ -158,6 +158,10 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
     head = kv_head * p.group + it / per_head;
     m0 = (m_begin + it % per_head) * M;
   };
+  // A tile's first row in lse's layout (that of D, and of the turn counters' row pairs).
+  auto lse_row = [&](int head, int m0) -> int64_t {
+    return batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0;
+  };
 
   const int wg = warpgroup_index();
   if (wg == 0) {
@@ -168,7 +172,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       for (int it = 0; it < n_iters; ++it) {
         int head, m0;
         tile_of(it, head, m0);
-        const int64_t first = batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0;
+        const int64_t first = lse_row(head, m0);
         mbarrier_wait(&q_empty[ring.stage], ring.phase ^ 1u);
         for (int r = lane; r < M; r += 32) {
           const bool valid = m0 + r < seq.seqlen_q;
@@ -202,7 +206,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
         if (lane == 0) {
           int* turn = nullptr;
           if (bp.dq_semaphore != nullptr && m0 < p.seqlen_q) {
-            turn = bp.dq_semaphore + 2 * (batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0) + c;
+            turn = bp.dq_semaphore + 2 * lse_row(head, m0) + c;
             wait_for_turn(turn, p.causal ? min(last_key_block, (m0 + M + shift - 1) / N) - n_block : n_block);
           }
           const int32_t row = static_cast<int32_t>(seq.q_start + m0 + dq_row0(c));

@@ -42,13 +42,14 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
   // Persistent: one block per SM walks the work units (AttentionSchedule). Causal tiles
   // go in pairs of equal total work (within one key block for 192-row tiles): a static
-  // stride over single causal tiles left some SMs with twice the work (16k tokens at hd 128 fell from 638 to 424 TFLOP/s), and an
-  // order of all heads' longest tiles first, dealt in rounds of alternating direction, was
-  // balanced but lost the L2 sharing of K and V between the blocks running at once (hd 128,
-  // seqlen 2048: 338 against 469 TFLOP/s with one block per tile). The pairs against one
-  // block per tile (H100, same run): causal +12-46% at seqlen 512-2048 (the next tile's Q
-  // and first keys load during this one), -2% at 16k with hd 128 (units in the last
-  // round: 1024 on 132 SMs leave 3% idle where the hardware balanced single tiles).
+  // stride over single causal tiles left some SMs with twice the work (16k tokens at hd 128
+  // fell from 638 to 424 TFLOP/s), and an order of all heads' longest tiles first, dealt in
+  // rounds of alternating direction, was balanced but lost the L2 sharing of K and V
+  // between the blocks running at once (hd 128, seqlen 2048: 338 against 469 TFLOP/s with
+  // one block per tile). The pairs against one block per tile (H100, same run): causal
+  // +12-46% at seqlen 512-2048 (the next tile's Q and first keys load during this one), -2%
+  // at 16k with hd 128 (units in the last round: 1024 on 132 SMs leave 3% idle where the
+  // hardware balanced single tiles).
   const int m_blocks = (p.seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;
   const sm90::AttentionSchedule schedule = sm90::attention_schedule(m_blocks, Tile::kBlockM, p.heads_q, p.batch, p.causal);
   int device = 0;
