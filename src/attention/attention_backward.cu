@@ -17,21 +17,23 @@ namespace llmk::detail {
 namespace {
 
 // Main kernel: 8 warps, one block per SM (the dK/dV accumulators take most registers).
-// BackwardTile<D, kBlockM, kBlockN, kSWarpsM, kKvWarpsD, kQWarpsD, kStages>:
-//   D <= 128: every warp owns 16 whole key rows (S^T, dP^T, dK, dV), P^T and dS^T stay in
-//   registers for dV and dK; Q_i/dO_i double-buffered. FlashAttention 2's sm_80 shapes:
-//   128 x 128 at D <= 64, 64 query rows x 128 keys at D = 96, 128.
-//   D = 256: 64 x 64, the dK/dV tile split 2 (keys) x 4 (columns), P^T and dS^T through
-//   shared memory, one Q_i/dO_i buffer (shared memory: A100's 163 KB).
+// BackwardTile<D, kBlockM, kBlockN, kAcross, kQWarpsD, kStages> (attention_backward_kernel.cuh):
+//   D = 32: every warp owns 16 whole key rows (S^T, dP^T, dK, dV), P^T and dS^T stay in
+//   registers for dV and dK.
+//   D = 64 .. 256: the warps of a key group of 32 keys split the columns of S^T, dP^T, dK and
+//   dV 2 (D = 256: 4) ways, P^T and dS^T pass through shared memory (FlashAttention 2's sm_80
+//   warp grids; the whole-key-row grid measured 5-10% slower at D = 64 and 128 on the H100).
+//   128 x 128 at D <= 64, 64 query rows x 128 keys at D = 96, 128; D = 256: 64 x 64, one
+//   Q_i/dO_i buffer. Shared memory fits the A100's 163 KB.
 // fp32 registers per thread for dK + dV / S^T + dP^T / dQ: D = 32: 32 / 128 / 16;
 // 64: 64 / 128 / 32; 96: 96 / 64 / 24; 128: 128 / 64 / 32; 256: 128 / 32 / 64.
-// Shared memory: 96 KB, 144 KB, 123 KB, 155 KB, 150 KB.
+// Shared memory: 96 KB, 144 KB, 123 KB, 155 KB, 142 KB.
 template <int kHeadDim> struct BackwardTileOf;
-template <> struct BackwardTileOf<32> { using type = BackwardTile<32, 128, 128, 1, 1, 1, 2>; };
-template <> struct BackwardTileOf<64> { using type = BackwardTile<64, 128, 128, 1, 1, 2, 2>; };
-template <> struct BackwardTileOf<96> { using type = BackwardTile<96, 64, 128, 1, 1, 2, 2>; };
-template <> struct BackwardTileOf<128> { using type = BackwardTile<128, 64, 128, 1, 1, 4, 2>; };
-template <> struct BackwardTileOf<256> { using type = BackwardTile<256, 64, 64, 2, 4, 4, 1>; };
+template <> struct BackwardTileOf<32> { using type = BackwardTile<32, 128, 128, 1, 1, 2>; };
+template <> struct BackwardTileOf<64> { using type = BackwardTile<64, 128, 128, 2, 2, 2>; };
+template <> struct BackwardTileOf<96> { using type = BackwardTile<96, 64, 128, 2, 2, 2>; };
+template <> struct BackwardTileOf<128> { using type = BackwardTile<128, 64, 128, 2, 4, 2>; };
+template <> struct BackwardTileOf<256> { using type = BackwardTile<256, 64, 64, 4, 4, 1>; };
 
 // Deterministic dq kernel: 4 warps, the forward's shapes with S and dP in registers beside
 // the dQ accumulators (D = 32, 64: 32 rows per warp; 96, 128: 16; 256: 16 rows, 32 keys).

@@ -16,19 +16,22 @@
 //   S^T  = K_j Q_i^T                 [kBlockN x kBlockM]  (the transpose: rows are keys)
 //   P^T  = exp2(S^T * scale log2 e - lse_i log2 e), 0 where masked
 //   dP^T = V_j dO_i^T
-//   dV  += P^T dO_i                  P^T from registers (the accumulators are A fragments)
+//   dV  += P^T dO_i
 //   dS^T = P^T * (dP^T - D_i)
-//   dK  += dS^T Q_i                  dS^T from registers
+//   dK  += dS^T Q_i
 //   dS^T -> shared memory; dQ_i = dS K_j (all warps' keys), red.global.add into fp32
 //
-// Computing S^T rather than S gives every warp whole key rows: the P^T and dS^T fragments
-// it computes are the A operands of its own dV and dK rows, with no shared-memory round
-// trip; only dS^T goes through shared memory, for dQ, whose sum runs over every warp's keys.
-// At head dim 256 the dK/dV accumulators of whole key rows would not fit the registers: the
-// warps split the tile's columns there, so P^T and dS^T both go through shared memory
-// (BackwardTile::kPInRegisters false). The lse of a row that sees no key is -inf (the
-// forward's convention); it is read as +inf, so that exp2(s - lse) = 0 and the row adds
-// nothing anywhere (FlashAttention's +inf works as it is).
+// Computing S^T rather than S gives the warps whole key rows: a group of kAcross warps owns
+// a band of keys of S^T, dP^T, dK and dV alike. With kAcross 1 (head dim 32) the P^T and dS^T
+// fragments a warp computes are the A operands of its own dV and dK rows, with no
+// shared-memory round trip; only dS^T goes through shared memory, for dQ, whose sum runs over
+// every warp's keys. With kAcross 2 or 4 the warps of a band split its columns, which reads
+// fewer shared-memory bytes per mma (the GEMMs are bound by ldmatrix traffic at 16-row warp
+// tiles) and leaves the dK/dV accumulators of head dim 256 room in the registers: P^T, then
+// dS^T, go through one shared-memory buffer, the band's warps meeting on a named barrier
+// between them. The lse of a row that sees no key is -inf (the forward's convention); it is
+// read as +inf, so that exp2(s - lse) = 0 and the row adds nothing anywhere (FlashAttention's
+// +inf works as it is).
 //
 // The dq kernel (deterministic) is the same algebra from the query side: a block owns a
 // query tile and walks the key tiles it sees (S, P, dP, dS in registers as in the forward)
@@ -44,6 +47,12 @@
 // same); the kernel is compute-bound, with more non-GEMM work per FLOP than the forward
 // (exp2 and dS on every S^T element, and the atomics). Smaller key tiles would double them.
 // Registers and shared memory per head dim: the tile table in attention_backward.cu.
+// Measured on the H100 (bf16, hd 128, 16k tokens): 247 TFLOP/s, 0.79x FlashAttention 2.
+// Nsight Compute (kAcross 2, with a separate P^T buffer, 2% faster than the shared one the
+// A100's shared memory allows): tensor pipe 38% busy; stalls on the mma chain's fixed
+// latency 35%, on ldmatrix results 19%, and 18% on the next tile's address arithmetic waiting
+// for the registers of the red.global queue. Issuing dQ and its reductions before dK, to
+// drain them during dK's GEMM, measured 1-2% slower.
 #pragma once
 
 #include <cstdint>
@@ -56,44 +65,45 @@
 namespace llmk::detail {
 
 // The tile of the main kernel: kBlockN keys per block, kBlockM query rows per step, 8 warps.
-// Each of its three GEMM shapes splits over the warps on its own grid:
-//   S^T, dP^T [kBlockN x kBlockM]:  (8 / kSWarpsM) x kSWarpsM warps
-//   dK, dV [kBlockN x D]:           (8 / kKvWarpsD) x kKvWarpsD warps
-//   dQ [kBlockM x D]:               (8 / kQWarpsD) x kQWarpsD warps
-// kPInRegisters when a warp's S^T rows are exactly its dK/dV rows (whole key rows each).
+// The warps split the keys into 8 / kAcross groups of kKeyRows; the kAcross warps of a group
+// split the columns of its rows of S^T, dP^T [keys x kBlockM] and of dK, dV [keys x D]. dQ
+// [kBlockM x D] splits on its own grid, (8 / kQWarpsD) x kQWarpsD warps.
+// kAcross == 1 (kPInRegisters): a warp owns whole key rows, so its P^T and dS^T accumulators
+// are the A fragments of its own dV and dK. kAcross > 1: P^T, then dS^T, pass through one
+// shared-memory buffer; the rows a key group writes are read back by that group alone (for dV,
+// dK), so only its warps wait on each other there; dQ reads every key's dS^T after a block
+// barrier. Wider warp tiles read fewer bytes of shared memory per mma: at 16 x 64 (S^T, D =
+// 128, kAcross 1) 320 B per m16n8k16, at 32 x 32 256 B, at 32 x 64 (dK, dV) 192 B.
 // kStages: buffers of Q_i, dO_i (2: the next tile loads during this one's GEMMs).
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kSWarpsM_, int kKvWarpsD_, int kQWarpsD_, int kStages_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kAcross_, int kQWarpsD_, int kStages_>
 struct BackwardTile {
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
   static constexpr int kWarps = 8, kThreads = kWarps * 32;
   static constexpr int kPitch = kHeadDim + 8;  // Q, dO, K, V rows in shared memory (+16 bytes)
   static constexpr int kSPitch = kBlockM + 8;  // P^T, dS^T rows: [kBlockN][kBlockM]
 
-  static constexpr int kSWarpsM = kSWarpsM_, kSWarpsN = kWarps / kSWarpsM;
-  static constexpr int kSRows = kBlockN / kSWarpsN, kSCols = kBlockM / kSWarpsM;
-  static constexpr int kSMTiles = kSRows / 16, kSNTiles = kSCols / 8;
-
-  static constexpr int kKvWarpsD = kKvWarpsD_, kKvWarpsN = kWarps / kKvWarpsD;
-  static constexpr int kKvRows = kBlockN / kKvWarpsN, kKvCols = kHeadDim / kKvWarpsD;
-  static constexpr int kKvMTiles = kKvRows / 16, kKvNTiles = kKvCols / 8;
+  static constexpr int kAcross = kAcross_, kKeyGroups = kWarps / kAcross, kKeyRows = kBlockN / kKeyGroups;
+  static constexpr int kSCols = kBlockM / kAcross, kKvCols = kHeadDim / kAcross;
+  static constexpr int kMTiles = kKeyRows / 16, kSNTiles = kSCols / 8, kKvNTiles = kKvCols / 8;
 
   static constexpr int kQWarpsD = kQWarpsD_, kQWarpsM = kWarps / kQWarpsD;
   static constexpr int kQRows = kBlockM / kQWarpsM, kQCols = kHeadDim / kQWarpsD;
   static constexpr int kQMTiles = kQRows / 16, kQNTiles = kQCols / 8;
 
-  static constexpr bool kPInRegisters = kSWarpsM == 1 && kKvWarpsD == 1;
+  static constexpr bool kPInRegisters = kAcross == 1;
 
   // Shared memory, in elements of T: K, V [kBlockN][kPitch]; Q, dO [kStages][kBlockM][kPitch];
-  // dS^T and, unless kPInRegisters, P^T [kBlockN][kSPitch]; then float lse, D [kStages][kBlockM].
-  static constexpr int kSmemElems =
-      2 * kBlockN * kPitch + 2 * kStages * kBlockM * kPitch + (kPInRegisters ? 1 : 2) * kBlockN * kSPitch;
+  // dS^T (and before it P^T, unless kPInRegisters) [kBlockN][kSPitch]; then float lse, D
+  // [kStages][kBlockM].
+  static constexpr int kSmemElems = 2 * kBlockN * kPitch + 2 * kStages * kBlockM * kPitch + kBlockN * kSPitch;
   static constexpr int kSmemBytes = kSmemElems * 2 + 2 * kStages * kBlockM * 4;
 
-  static_assert(kSRows % 16 == 0 && kSCols % 16 == 0 && kKvRows % 16 == 0 && kQRows % 16 == 0);
+  static_assert(kKeyRows % 16 == 0 && kSCols % 16 == 0 && kQRows % 16 == 0);
   static_assert(kKvNTiles % 2 == 0 && kQNTiles % 2 == 0 && kBlockN % 16 == 0 && kBlockM % 16 == 0);
-  static_assert(kStages == 1 || kStages == 2);
+  static_assert(kStages == 2 || (kStages == 1 && !kPInRegisters),
+                "one stage only where P^T goes through shared memory (its barriers free Q_i, dO_i)");
   static_assert(kBlockM <= kThreads / 2, "one thread per lse and per D element of a tile");
-  static_assert(!kPInRegisters || kSRows == kKvRows, "whole key rows per warp");
+  static_assert(kKeyGroups <= 15, "a named barrier per key group");
 };
 
 // The deterministic dq kernel's tile: kBlockM query rows per block (4 warps of kBlockM / 4
@@ -362,8 +372,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   T* sV = sK + N * kPitch;
   T* sQ = sV + N * kPitch;               // [kStages][M][kPitch]
   T* sdO = sQ + Tile::kStages * M * kPitch;  // [kStages][M][kPitch]
-  T* sdS = sdO + Tile::kStages * M * kPitch;  // [N][kSPitch]
-  T* sP = sdS + N * kSPitch;                  // [N][kSPitch], unless kPInRegisters
+  T* sdS = sdO + Tile::kStages * M * kPitch;  // [N][kSPitch]: dS^T, or first P^T (kPInRegisters false)
   float* sLse = reinterpret_cast<float*>(smem_bytes + Tile::kSmemElems * sizeof(T));  // [kStages][M]
   float* sDelta = sLse + Tile::kStages * M;                                             // [kStages][M]
 
@@ -380,8 +389,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   const bool with_dq = bp.dq_accum != nullptr;
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
-  const int s_row0 = (warp / Tile::kSWarpsM) * Tile::kSRows, s_col0 = (warp % Tile::kSWarpsM) * Tile::kSCols;
-  const int kv_row0 = (warp / Tile::kKvWarpsD) * Tile::kKvRows, kv_col0 = (warp % Tile::kKvWarpsD) * Tile::kKvCols;
+  const int key_row0 = (warp / Tile::kAcross) * Tile::kKeyRows;  // the warp's keys: S^T, dP^T, dK, dV
+  const int s_col0 = (warp % Tile::kAcross) * Tile::kSCols, kv_col0 = (warp % Tile::kAcross) * Tile::kKvCols;
+  // The warps of the key group, which write and read back the group's rows of P^T and dS^T.
+  auto key_group_sync = [&] { ptx::named_barrier_sync(1 + warp / Tile::kAcross, Tile::kAcross * 32); };
   const int q_row0 = (warp / Tile::kQWarpsD) * Tile::kQRows, q_col0 = (warp % Tile::kQWarpsD) * Tile::kQCols;
 
   auto head_offset = [&](const AttentionTensor& t, int head, int64_t row) {
@@ -404,7 +415,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     }
   };
 
-  float dk[Tile::kKvMTiles][Tile::kKvNTiles][4], dv[Tile::kKvMTiles][Tile::kKvNTiles][4];
+  float dk[Tile::kMTiles][Tile::kKvNTiles][4], dv[Tile::kMTiles][Tile::kKvNTiles][4];
   zero(dk);
   zero(dv);
   int head = kv_head * p.group, m_block = m_begin;
@@ -435,47 +446,53 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     const float* lse = sLse + stage * M + s_col0;
     const float* delta = sDelta + stage * M + s_col0;
 
-    // S^T = K Q^T and P^T, the warp's kSRows keys x kSCols query rows.
-    float s[Tile::kSMTiles][Tile::kSNTiles][4];
+    // S^T = K Q^T and P^T, the warp's kKeyRows keys x kSCols query rows.
+    float s[Tile::kMTiles][Tile::kSNTiles][4];
     zero(s);
-    mma_ss<T, Tile::kSMTiles, Tile::kSNTiles, D / 16, false, kPitch, false, kPitch>(s, sK + s_row0 * kPitch,
+    mma_ss<T, Tile::kMTiles, Tile::kSNTiles, D / 16, false, kPitch, false, kPitch>(s, sK + key_row0 * kPitch,
                                                                                    sQs + s_col0 * kPitch, lane);
     const bool need_mask = n0 + N > seq.seqlen_k || m0 + M > seq.seqlen_q || (p.causal && n0 + N - 1 > m0 + shift);
     probabilities(
         s, p.scale_log2, lane, [&](int, int nt, int i) { return lse_log2(lse[nt * 8 + 2 * (lane % 4) + (i & 1)]); },
         need_mask, [&](int row, int col) {
-          const int j = n0 + s_row0 + row, qi = m0 + s_col0 + col;
+          const int j = n0 + key_row0 + row, qi = m0 + s_col0 + col;
           return j >= seq.seqlen_k || qi >= seq.seqlen_q || (p.causal && j > qi + shift);
         });
 
-    // dV += P^T dO (before dP^T: fewer accumulators live at once); dP^T = V dO^T.
+    // dV += P^T dO: P^T from registers, or through shared memory (before dP^T: fewer
+    // accumulators live at once); dP^T = V dO^T.
     if constexpr (Tile::kPInRegisters) {
-      mma_rs<T, Tile::kKvMTiles, Tile::kKvNTiles, M / 16, true, kPitch>(dv, s, sdOs, lane);
+      mma_rs<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, true, kPitch>(dv, s, sdOs, lane);
     } else {
-      store_acc<T, kSPitch>(sP + s_row0 * kSPitch + s_col0, s, 1.0f, lane);
+      store_acc<T, kSPitch>(sdS + key_row0 * kSPitch + s_col0, s, 1.0f, lane);
     }
-    float dp[Tile::kSMTiles][Tile::kSNTiles][4];
+    float dp[Tile::kMTiles][Tile::kSNTiles][4];
     zero(dp);
-    mma_ss<T, Tile::kSMTiles, Tile::kSNTiles, D / 16, false, kPitch, false, kPitch>(dp, sV + s_row0 * kPitch,
+    mma_ss<T, Tile::kMTiles, Tile::kSNTiles, D / 16, false, kPitch, false, kPitch>(dp, sV + key_row0 * kPitch,
                                                                                    sdOs + s_col0 * kPitch, lane);
     // dS^T = P^T (dP^T - D); dK += dS^T Q.
     score_gradients(dp, s, [&](int, int nt, int i) { return delta[nt * 8 + 2 * (lane % 4) + (i & 1)]; });
-    if constexpr (Tile::kPInRegisters) mma_rs<T, Tile::kKvMTiles, Tile::kKvNTiles, M / 16, true, kPitch>(dk, dp, sQs, lane);
-    if (with_dq || !Tile::kPInRegisters) {
-      store_acc<T, kSPitch>(sdS + s_row0 * kSPitch + s_col0, dp, 1.0f, lane);
-      __syncthreads();  // dS^T (and P^T) visible to every warp
-    }
-    if constexpr (!Tile::kPInRegisters) {
-      mma_ss<T, Tile::kKvMTiles, Tile::kKvNTiles, M / 16, false, kSPitch, true, kPitch>(
-          dv, sP + kv_row0 * kSPitch, sdOs + kv_col0, lane);
-      mma_ss<T, Tile::kKvMTiles, Tile::kKvNTiles, M / 16, false, kSPitch, true, kPitch>(
-          dk, sdS + kv_row0 * kSPitch, sQs + kv_col0, lane);
-    }
-    if constexpr (Tile::kStages == 1) {
-      if constexpr (!Tile::kPInRegisters) __syncthreads();  // every warp is done with Q_i, dO_i
-      if (it + 1 < n_iters) {
-        load_query_tile(0, next_head, next_m * M);
-        ptx::cp_async_commit();
+    if constexpr (Tile::kPInRegisters) {
+      mma_rs<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, true, kPitch>(dk, dp, sQs, lane);
+      if (with_dq) {
+        store_acc<T, kSPitch>(sdS + key_row0 * kSPitch + s_col0, dp, 1.0f, lane);
+        __syncthreads();  // dS^T visible to every warp
+      }
+    } else {
+      key_group_sync();  // the group's P^T visible to its warps
+      mma_ss<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, false, kSPitch, true, kPitch>(
+          dv, sdS + key_row0 * kSPitch, sdOs + kv_col0, lane);
+      key_group_sync();  // the group is done with its P^T: dS^T takes its place
+      store_acc<T, kSPitch>(sdS + key_row0 * kSPitch + s_col0, dp, 1.0f, lane);
+      __syncthreads();  // dS^T visible to every warp
+      mma_ss<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, false, kSPitch, true, kPitch>(dk, sdS + key_row0 * kSPitch,
+                                                                                   sQs + kv_col0, lane);
+      if constexpr (Tile::kStages == 1) {
+        __syncthreads();  // every warp is done with Q_i, dO_i
+        if (it + 1 < n_iters) {
+          load_query_tile(0, next_head, next_m * M);
+          ptx::cp_async_commit();
+        }
       }
     }
     if (with_dq) {
@@ -504,8 +521,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // 16-byte stores of the tile's keys.
   ptx::cp_async_wait<0>();
   __syncthreads();
-  store_acc<T, kPitch>(sK + kv_row0 * kPitch + kv_col0, dk, p.scale, lane);
-  store_acc<T, kPitch>(sV + kv_row0 * kPitch + kv_col0, dv, 1.0f, lane);
+  store_acc<T, kPitch>(sK + key_row0 * kPitch + kv_col0, dk, p.scale, lane);
+  store_acc<T, kPitch>(sV + key_row0 * kPitch + kv_col0, dv, 1.0f, lane);
   __syncthreads();
   store_rows<T, RowsOf<Tile, N>>(static_cast<T*>(bp.dk.data) + head_offset(bp.dk, kv_head, k_row0), bp.dk.row_stride,
                                  sK, kv_rows);

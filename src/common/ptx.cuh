@@ -101,6 +101,17 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Named barriers (ids 1..15; 0 is __syncthreads) among `threads` threads, a multiple of 32:
+// bar.sync waits until `threads` threads have arrived (itself included); bar.arrive counts
+// the calling warp's threads and goes on.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Programmatic dependent launch (sm_90; nothing before, where launches serialize fully):
 // launch_dependents lets the next grid of the stream, launched with the programmatic
 // serialization attribute, start once every block of this grid has called it or exited;

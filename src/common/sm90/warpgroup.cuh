@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "common/ptx.cuh"
+
 namespace llmk::detail::sm90 {
 
 inline constexpr int kWarpgroupThreads = 128;
@@ -23,16 +25,9 @@ __device__ __forceinline__ void warpgroup_claim_registers() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
-// Named barriers (ids 1..15; 0 is __syncthreads) among `threads` threads: bar.sync waits
-// until `threads` threads have arrived (itself included); bar.arrive counts the calling
-// warp's threads and goes on.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
+// Named barriers: common/ptx.cuh's, as the warp-specialized kernels name them.
+using ptx::named_barrier_arrive;
+using ptx::named_barrier_sync;
 
 __device__ __forceinline__ int warpgroup_index() { return static_cast<int>(threadIdx.x) / kWarpgroupThreads; }
 
