@@ -36,7 +36,7 @@ void attention_backward_cpu(const AttentionBackwardParams& bp, DType dtype) {
           const T* out = at(p.out, b, row, h);
           double delta = 0;
           for (int c = 0; c < d; ++c) delta += dout[c] * double(to_float(out[c]));
-          const double lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row];
+          const double lse = p.lse[p.lse_offset(b, h) + row];
           std::fill(dq.begin(), dq.end(), 0.0);
           // lse = -inf (the forward's empty row) or +inf: P = 0 for every key.
           const int64_t keys = std::isinf(lse) ? 0 : visible_keys(seq, p.causal, i);

@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(128)
   const int row0 = static_cast<int>(blockIdx.x) * kRows;
   if (row0 >= seq.seqlen_q) return;
   const int sub = static_cast<int>(threadIdx.x) % kLanes, col = sub * 8;
-  const int64_t first = batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start;
+  const int64_t first = p.lse_offset(batch, head) + seq.q_start;
   auto at = [&](const AttentionTensor& t, int64_t row) {
     return static_cast<T*>(t.data) + batch * t.batch_stride + (seq.q_start + row) * t.row_stride +
            head * t.head_stride + col;
@@ -409,7 +409,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
                           seq.seqlen_q - m0);
     if (tid < 2 * M) {
       const int i = tid % M;
-      const float* src = (tid < M ? p.lse : bp.delta) + batch * p.lse_batch_stride + head * p.lse_head_stride + row;
+      const float* src = (tid < M ? p.lse : bp.delta) + p.lse_offset(batch, head) + row;
       const bool valid = m0 + i < seq.seqlen_q;
       cp_async_4(ptx::smem_address((tid < M ? sLse : sDelta) + stage * M + i), valid ? src + i : src, valid);
     }
@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       zero(dq);
       mma_ss<T, Tile::kQMTiles, Tile::kQNTiles, N / 16, true, kSPitch, true, kPitch>(dq, sdS + q_row0, sK + q_col0,
                                                                                      lane);
-      float* accum = bp.dq_accum + D * (batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0);
+      float* accum = bp.dq_accum + D * (p.lse_offset(batch, head) + seq.q_start + m0);
 #pragma unroll
       for (int mt = 0; mt < Tile::kQMTiles; ++mt)
 #pragma unroll
@@ -562,7 +562,7 @@ __global__ void __launch_bounds__(Tile::kThreads)
   };
   // The exponent offset and D of each of the thread's rows (+inf and 0 past the end).
   float lse2[Tile::kMTiles][2], delta[Tile::kMTiles][2];
-  const int64_t first = batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0;
+  const int64_t first = p.lse_offset(batch, head) + seq.q_start + m0;
 #pragma unroll
   for (int mt = 0; mt < Tile::kMTiles; ++mt)
 #pragma unroll

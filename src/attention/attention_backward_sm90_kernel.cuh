@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   };
   // A tile's first row in lse's layout (that of D, and of the turn counters' row pairs).
   auto lse_row = [&](int head, int m0) -> int64_t {
-    return batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0;
+    return p.lse_offset(batch, head) + seq.q_start + m0;
   };
 
   const int wg = warpgroup_index();

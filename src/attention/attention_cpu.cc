@@ -34,7 +34,7 @@ void attention_forward_cpu(const AttentionParams& p, DType dtype) {
               [&](int64_t j, int c) { return double(to_float(row(p.v, seq.k_start, j, kv_head)[c])); }, scores, acc);
           T* out = row(p.out, seq.q_start, i, h);
           for (int c = 0; c < d; ++c) out[c] = from_float<T>(static_cast<float>(acc[c]));
-          if (p.lse) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + seq.q_start + i] = static_cast<float>(lse);
+          if (p.lse) p.lse[p.lse_offset(b, h) + seq.q_start + i] = static_cast<float>(lse);
         }
       }
     }

@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(Tile::kThreads)
                seq.k_start * p.v.row_stride + kv_head * p.v.head_stride;
   T* out = static_cast<T*>(p.out.data) + batch * p.out.batch_stride +
            (seq.q_start + m0) * p.out.row_stride + head * p.out.head_stride;
-  float* lse = p.lse ? p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0
+  float* lse = p.lse ? p.lse + p.lse_offset(batch, head) + seq.q_start + m0
                      : nullptr;
 
   // Keys [0, key_end) are visible to some row of this block.

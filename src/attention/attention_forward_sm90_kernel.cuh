@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
     const int causal_shift = seq.seqlen_k - seq.seqlen_q;
     const Rows rows{static_cast<T*>(p.out.data) + c.batch * p.out.batch_stride + c.head * p.out.head_stride +
                         seq.q_start * p.out.row_stride,
-                    p.lse ? p.lse + c.batch * p.lse_batch_stride + c.head * p.lse_head_stride + seq.q_start : nullptr,
+                    p.lse ? p.lse + p.lse_offset(c.batch, c.head) + seq.q_start : nullptr,
                     m0 + row_in_tile, seq.seqlen_q,
                     static_cast<int32_t>(seq.q_start + m0 + 64 * consumer + 16 * warp), c.head, varlen ? 0 : c.batch};
     softmax = OnlineSoftmax<1>();

@@ -36,6 +36,13 @@ struct AttentionParams {
   bool causal = false;
   float scale = 1.0f;
   float scale_log2 = 1.0f;  // scale * log2(e): the softmax runs on exp2
+
+  // Where (batch entry, query head) starts in lse's layout, which the backward's per-row
+  // arrays share (D, the dq accumulator's rows, the turn counters): add the packed row,
+  // q_start + the row in the sequence.
+  LLMK_HOST_DEVICE int64_t lse_offset(int64_t batch_entry, int64_t head) const {
+    return batch_entry * lse_batch_stride + head * lse_head_stride;
+  }
 };
 
 // Where sequence `b` lies: its first row in the (packed) tensor and its lengths.
@@ -90,8 +97,8 @@ constexpr bool head_dim_compiled(int64_t head_dim) {
 
 // The backward's parameters: the forward's (lse required) and the gradients. D = rowsum(dout
 // * out) and the fp32 dq accumulator live in the caller's workspace, indexed like lse: the
-// row of (batch b, head h, sequence row i) is r = b * lse_batch_stride + h * lse_head_stride
-// + q_start + i; D[r] is one float, the accumulator's row D * r.. D * r + head_dim - 1.
+// row of (batch b, head h, sequence row i) is r = fwd.lse_offset(b, h) + q_start + i; D[r] is
+// one float, the accumulator's row D * r .. D * r + head_dim - 1.
 struct AttentionBackwardParams {
   AttentionParams fwd;
   AttentionTensor dout, dq, dk, dv;
