@@ -20,9 +20,9 @@ namespace {
 // BackwardTile<D, kBlockM, kBlockN, kAcross, kQWarpsD, kStages> (attention_backward_kernel.cuh):
 //   D = 32: every warp owns 16 whole key rows (S^T, dP^T, dK, dV), P^T and dS^T stay in
 //   registers for dV and dK.
-//   D = 64 .. 256: the warps of a key group of 32 keys split the columns of S^T, dP^T, dK and
+//   D = 64 .. 256: the warps of a band of 32 keys split the columns of S^T, dP^T, dK and
 //   dV 2 (D = 256: 4) ways, P^T and dS^T pass through shared memory (FlashAttention 2's sm_80
-//   warp grids; the whole-key-row grid measured 5-10% slower at D = 64 and 128 on the H100).
+//   warp grids; the whole-key-row grid measured 4-7% slower at D = 64 and 128 on the H100).
 //   128 x 128 at D <= 64, 64 query rows x 128 keys at D = 96, 128; D = 256: 64 x 64, one
 //   Q_i/dO_i buffer. Shared memory fits the A100's 163 KB.
 // fp32 registers per thread for dK + dV / S^T + dP^T / dQ: D = 32: 32 / 128 / 16;

@@ -11,7 +11,8 @@
 //
 // Main kernel, per block: K_j and V_j stay in shared memory; the block walks the query heads
 // of its kv head's group and, for each, the query tiles that see the key tile (causal: from
-// the diagonal on), Q_i and dO_i (with lse_i, D_i) double-buffered by cp.async:
+// the diagonal on), Q_i and dO_i (with lse_i, D_i) double-buffered by cp.async (one buffer
+// at head dim 256):
 //
 //   S^T  = K_j Q_i^T                 [kBlockN x kBlockM]  (the transpose: rows are keys)
 //   P^T  = exp2(S^T * scale log2 e - lse_i log2 e), 0 where masked
@@ -21,8 +22,8 @@
 //   dK  += dS^T Q_i
 //   dS^T -> shared memory; dQ_i = dS K_j (all warps' keys), red.global.add into fp32
 //
-// Computing S^T rather than S gives the warps whole key rows: a group of kAcross warps owns
-// a band of keys of S^T, dP^T, dK and dV alike. With kAcross 1 (head dim 32) the P^T and dS^T
+// Computing S^T rather than S gives each band of kAcross warps whole key rows: the band owns
+// the same keys of S^T, dP^T, dK and dV. With kAcross 1 (head dim 32) the P^T and dS^T
 // fragments a warp computes are the A operands of its own dV and dK rows, with no
 // shared-memory round trip; only dS^T goes through shared memory, for dQ, whose sum runs over
 // every warp's keys. With kAcross 2 or 4 the warps of a band split its columns, which reads
@@ -64,17 +65,22 @@
 
 namespace llmk::detail {
 
+// The most dynamic shared memory one block may opt into on sm_80 (the A100: 163 KB).
+inline constexpr int kAmpereMaxBlockSharedBytes = 166912;
+
 // The tile of the main kernel: kBlockN keys per block, kBlockM query rows per step, 8 warps.
-// The warps split the keys into 8 / kAcross groups of kKeyRows; the kAcross warps of a group
+// The warps split the keys into 8 / kAcross bands of kBandRows; the kAcross warps of a band
 // split the columns of its rows of S^T, dP^T [keys x kBlockM] and of dK, dV [keys x D]. dQ
 // [kBlockM x D] splits on its own grid, (8 / kQWarpsD) x kQWarpsD warps.
 // kAcross == 1 (kPInRegisters): a warp owns whole key rows, so its P^T and dS^T accumulators
 // are the A fragments of its own dV and dK. kAcross > 1: P^T, then dS^T, pass through one
-// shared-memory buffer; the rows a key group writes are read back by that group alone (for dV,
-// dK), so only its warps wait on each other there; dQ reads every key's dS^T after a block
-// barrier. Wider warp tiles read fewer bytes of shared memory per mma: at 16 x 64 (S^T, D =
-// 128, kAcross 1) 320 B per m16n8k16, at 32 x 32 256 B, at 32 x 64 (dK, dV) 192 B.
-// kStages: buffers of Q_i, dO_i (2: the next tile loads during this one's GEMMs).
+// shared-memory buffer; the rows a band writes are read back by that band alone (for dV, dK),
+// so only its warps wait on each other there; dQ reads every key's dS^T after a block
+// barrier. Wider warp tiles read fewer bytes of shared memory per mma: a 16 x 64 tile (S^T at
+// D = 128, kAcross 1) 320 B per m16n8k16, 32 x 32 256 B, 32 x 64 (dK, dV at D = 128, 256)
+// 192 B.
+// kStages: buffers of Q_i, dO_i (2: the next tile loads during this one's GEMMs; 1: after dK,
+// during dQ, only on the kAcross > 1 path, whose barriers free them).
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kAcross_, int kQWarpsD_, int kStages_>
 struct BackwardTile {
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
@@ -82,9 +88,9 @@ struct BackwardTile {
   static constexpr int kPitch = kHeadDim + 8;  // Q, dO, K, V rows in shared memory (+16 bytes)
   static constexpr int kSPitch = kBlockM + 8;  // P^T, dS^T rows: [kBlockN][kBlockM]
 
-  static constexpr int kAcross = kAcross_, kKeyGroups = kWarps / kAcross, kKeyRows = kBlockN / kKeyGroups;
+  static constexpr int kAcross = kAcross_, kBands = kWarps / kAcross, kBandRows = kBlockN / kBands;
   static constexpr int kSCols = kBlockM / kAcross, kKvCols = kHeadDim / kAcross;
-  static constexpr int kMTiles = kKeyRows / 16, kSNTiles = kSCols / 8, kKvNTiles = kKvCols / 8;
+  static constexpr int kMTiles = kBandRows / 16, kSNTiles = kSCols / 8, kKvNTiles = kKvCols / 8;
 
   static constexpr int kQWarpsD = kQWarpsD_, kQWarpsM = kWarps / kQWarpsD;
   static constexpr int kQRows = kBlockM / kQWarpsM, kQCols = kHeadDim / kQWarpsD;
@@ -98,12 +104,15 @@ struct BackwardTile {
   static constexpr int kSmemElems = 2 * kBlockN * kPitch + 2 * kStages * kBlockM * kPitch + kBlockN * kSPitch;
   static constexpr int kSmemBytes = kSmemElems * 2 + 2 * kStages * kBlockM * 4;
 
-  static_assert(kKeyRows % 16 == 0 && kSCols % 16 == 0 && kQRows % 16 == 0);
+  static_assert(kWarps % kAcross == 0 && kBlockN % kBands == 0 && kBlockM % kAcross == 0 && kHeadDim % kAcross == 0 &&
+                kWarps % kQWarpsD == 0 && kBlockM % kQWarpsM == 0 && kHeadDim % kQWarpsD == 0,
+                "the warp grids cover the tile exactly");
+  static_assert(kBandRows % 16 == 0 && kSCols % 16 == 0 && kQRows % 16 == 0);
   static_assert(kKvNTiles % 2 == 0 && kQNTiles % 2 == 0 && kBlockN % 16 == 0 && kBlockM % 16 == 0);
   static_assert(kStages == 2 || (kStages == 1 && !kPInRegisters),
-                "one stage only where P^T goes through shared memory (its barriers free Q_i, dO_i)");
+                "one stage only on the kAcross > 1 path, which reloads Q_i, dO_i after dK");
   static_assert(kBlockM <= kThreads / 2, "one thread per lse and per D element of a tile");
-  static_assert(kKeyGroups <= 15, "a named barrier per key group");
+  static_assert(kSmemBytes <= kAmpereMaxBlockSharedBytes, "every tile runs on the A100");
 };
 
 // The deterministic dq kernel's tile: kBlockM query rows per block (4 warps of kBlockM / 4
@@ -389,10 +398,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   const bool with_dq = bp.dq_accum != nullptr;
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
-  const int key_row0 = (warp / Tile::kAcross) * Tile::kKeyRows;  // the warp's keys: S^T, dP^T, dK, dV
+  const int key_row0 = (warp / Tile::kAcross) * Tile::kBandRows;  // the warp's band: S^T, dP^T, dK, dV
   const int s_col0 = (warp % Tile::kAcross) * Tile::kSCols, kv_col0 = (warp % Tile::kAcross) * Tile::kKvCols;
-  // The warps of the key group, which write and read back the group's rows of P^T and dS^T.
-  auto key_group_sync = [&] { ptx::named_barrier_sync(1 + warp / Tile::kAcross, Tile::kAcross * 32); };
+  // The warps of the band, which write and read back the band's rows of P^T and dS^T (named
+  // barrier 1 + band; its id is a register, so ptxas reserves all 16 barriers).
+  auto band_sync = [&] { ptx::named_barrier_sync(1 + warp / Tile::kAcross, Tile::kAcross * 32); };
   const int q_row0 = (warp / Tile::kQWarpsD) * Tile::kQRows, q_col0 = (warp % Tile::kQWarpsD) * Tile::kQCols;
 
   auto head_offset = [&](const AttentionTensor& t, int head, int64_t row) {
@@ -446,7 +456,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     const float* lse = sLse + stage * M + s_col0;
     const float* delta = sDelta + stage * M + s_col0;
 
-    // S^T = K Q^T and P^T, the warp's kKeyRows keys x kSCols query rows.
+    // S^T = K Q^T and P^T, the warp's kBandRows keys x kSCols query rows.
     float s[Tile::kMTiles][Tile::kSNTiles][4];
     zero(s);
     mma_ss<T, Tile::kMTiles, Tile::kSNTiles, D / 16, false, kPitch, false, kPitch>(s, sK + key_row0 * kPitch,
@@ -459,8 +469,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           return j >= seq.seqlen_k || qi >= seq.seqlen_q || (p.causal && j > qi + shift);
         });
 
-    // dV += P^T dO: P^T from registers, or through shared memory (before dP^T: fewer
-    // accumulators live at once); dP^T = V dO^T.
+    // dV += P^T dO: with P^T in registers, before dP^T (fewer accumulators live at once);
+    // else P^T goes to shared memory and dV waits for the band. dP^T = V dO^T.
     if constexpr (Tile::kPInRegisters) {
       mma_rs<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, true, kPitch>(dv, s, sdOs, lane);
     } else {
@@ -479,10 +489,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         __syncthreads();  // dS^T visible to every warp
       }
     } else {
-      key_group_sync();  // the group's P^T visible to its warps
+      band_sync();  // the band's P^T visible to its warps
       mma_ss<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, false, kSPitch, true, kPitch>(
           dv, sdS + key_row0 * kSPitch, sdOs + kv_col0, lane);
-      key_group_sync();  // the group is done with its P^T: dS^T takes its place
+      band_sync();  // the band is done with its P^T: dS^T takes its place
       store_acc<T, kSPitch>(sdS + key_row0 * kSPitch + s_col0, dp, 1.0f, lane);
       __syncthreads();  // dS^T visible to every warp
       mma_ss<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, false, kSPitch, true, kPitch>(dk, sdS + key_row0 * kSPitch,
