@@ -18,11 +18,11 @@ What is replaced, each part only where llmk computes exactly what the model comp
 - Attention goes through transformers' AttentionInterface as ``"llmk"``: ``llmk.attention``
   for calls it computes (fp16/bf16, no attention mask beyond causal, no dropout, no sliding
   window, no soft-capping, eval mode); every other call goes to SDPA, unchanged. A model in
-  training mode keeps SDPA (llmk's attention backward exists, but its sm_80 kernel trails
-  cuDNN's and FlashAttention 2's backward: docs/benchmarks.md). By default
-  (``attention=None``) a model on a Hopper GPU keeps SDPA too: there SDPA runs cuDNN's
-  attention, which llmk's sm_80 kernel trails (0.56-0.73x; the Hopper kernel is issue 13);
-  ``attention=True`` patches it anyway.
+  training mode keeps SDPA: llmk's attention backward exists, but a training step's forward +
+  backward runs at 0.79-0.97x cuDNN's on the H100, and the sm_80 backward at 0.73-0.89x
+  FlashAttention 2's (docs/benchmarks.md). By default (``attention=None``) a model on a Hopper
+  GPU keeps SDPA too: there SDPA runs cuDNN's attention, which llmk's Hopper forward does not
+  beat at every shape yet (issue 13); ``attention=True`` patches it anyway.
 
 The report returned says what was replaced and what was left and why. Nothing is copied:
 the patched model shares its parameters and state dict with the original, and works under
@@ -352,8 +352,9 @@ def _on_hopper(model: torch.nn.Module) -> bool:
 
 def _attention_unsupported(config, training: bool) -> str:
     if training:
-        return ("the model is in training mode: SDPA stays (llmk's attention backward, sm_80 kernel, measured "
-                "0.44-0.72x cuDNN's on the H100)")
+        return ("the model is in training mode: SDPA stays (a training step's llmk attention, forward + "
+                "backward, measured 0.79-0.97x cuDNN's on the H100; the sm_80 backward 0.73-0.89x "
+                "FlashAttention 2's)")
     if getattr(config, "attn_logit_softcapping", None):
         return f"attention logit soft-capping ({config.attn_logit_softcapping}) has no llmk kernel"
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
