@@ -48,12 +48,15 @@
 // same); the kernel is compute-bound, with more non-GEMM work per FLOP than the forward
 // (exp2 and dS on every S^T element, and the atomics). Smaller key tiles would double them.
 // Registers and shared memory per head dim: the tile table in attention_backward.cu.
-// Measured on the H100 (bf16, hd 128, 16k tokens): 247 TFLOP/s, 0.79x FlashAttention 2.
-// Nsight Compute (kAcross 2, with a separate P^T buffer, 2% faster than the shared one the
-// A100's shared memory allows): tensor pipe 38% busy; stalls on the mma chain's fixed
-// latency 35%, on ldmatrix results 19%, and 18% on the next tile's address arithmetic waiting
-// for the registers of the red.global queue. Issuing dQ and its reductions before dK, to
-// drain them during dK's GEMM, measured 1-2% slower.
+// Measured on the H100 (bf16, hd 128, 16k tokens): 269 TFLOP/s, about 0.86x FlashAttention
+// 2's 311 (timed in earlier runs of the same session). Nsight Compute of the rolled k-loops
+// beside FlashAttention 2's kernel (same tile and warp grids): theirs spends 53% of its stall
+// samples on HMMA and 4% on IMAD, ours spent 40% and 16% (with branches and the rest of the
+// address arithmetic a third of the samples), which the unrolled mma_ss below removes;
+// ours also stalls on the red.global queue (the dq reductions drain at the next tile's
+// start, 16% of the samples) and has 7% excess shared-memory wavefronts (bank conflicts)
+// where theirs has none. Issuing dQ and its reductions before dK, to drain them during dK's
+// GEMM, measured 1-2% slower.
 #pragma once
 
 #include <cstdint>
@@ -189,12 +192,26 @@ __device__ __forceinline__ void mma_ss(float (&acc)[kMT][kNT][4], const T* a, co
       a + (kATrans ? lane_blocks_row_major(lane, kAPitch) : lane_blocks_col_major(lane, kAPitch)));
   const uint32_t b_lane = ptx::smem_address(
       b + (kBTrans ? lane_blocks_col_major(lane, kBPitch) : lane_blocks_row_major(lane, kBPitch)));
-#pragma unroll 1  // not unrolled: unrolled, ptxas hoists every k-step's fragments and spills at D = 64, 128, 256
-  for (int ks = 0; ks < kK; ++ks) {
-    uint32_t af[kMT][4];
+  // Unrolled, with the A fragments of step ks + 1 loaded before step ks's mmas (two fragment
+  // sets, the B pairs loaded inside each step): every address is an immediate offset and the
+  // loads run one step ahead. A loop left rolled spent a third of the issue slots on address
+  // arithmetic and branches and waited on each step's ldmatrix (2-9% slower on the H100); a
+  // plain unrolled one let ptxas hoist every step's fragments and spill 8-52 B. Spills left:
+  // the dq kernel at D = 64 (48 B) and 96 (8 B) on sm_90a; on sm_80 the main kernel at D = 64
+  // (32 B) and the dq kernel at D = 32 (8 B) and 64 (48 B), not measured on an A100.
+  static_assert(kK % 2 == 0, "k-steps in pairs");
+  auto load_a = [&](uint32_t(&af)[kMT][4], int ks) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) ldmatrix<kATrans>(af[mt], a_lane + mt * kAStepM + ks * kAStepK);
-    mma_k_step<T, kBTrans, kBStepN>(acc, af, b_lane + ks * kBStepK);
+  };
+  uint32_t af0[kMT][4], af1[kMT][4];
+  load_a(af0, 0);
+#pragma unroll
+  for (int ks = 0; ks < kK; ks += 2) {
+    load_a(af1, ks + 1);
+    mma_k_step<T, kBTrans, kBStepN>(acc, af0, b_lane + ks * kBStepK);
+    if (ks + 2 < kK) load_a(af0, ks + 2);
+    mma_k_step<T, kBTrans, kBStepN>(acc, af1, b_lane + (ks + 1) * kBStepK);
   }
 }
 
