@@ -111,9 +111,8 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
         report.left["mlp"] = f"the {act!r} gate has no llmk kernel (silu, gelu, gelu_pytorch_tanh)"
     if attention is None and _on_hopper(model):
         report.left["attention"] = ("on Hopper, SDPA's cuDNN attention is still ahead of llmk's Hopper forward at "
-                                    "short and medium sequences (0.73-0.99x at seqlen 512-1024 and at some points up to 4096, "
-                                    "1.01-1.16x at 16k; issue 13): "
-                                    "attention=True patches it anyway")
+                                    "short and medium sequences (0.73-0.99x at seqlen 512-1024 and at some points "
+                                    "up to 4096, 1.01-1.16x at 16k; issue 13): attention=True patches it anyway")
     elif attention is not False:
         reason = _attention_unsupported(config, model.training)
         if reason:
