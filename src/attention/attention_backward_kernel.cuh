@@ -420,6 +420,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // The warps of the band, which write and read back the band's rows of P^T and dS^T (named
   // barrier 1 + band; its id is a register, so ptxas reserves all 16 barriers).
   auto band_sync = [&] { ptx::named_barrier_sync(1 + warp / Tile::kAcross, Tile::kAcross * 32); };
+  T* const band_ds = sdS + key_row0 * kSPitch;  // the band's rows of P^T / dS^T
+  // The warp's accumulators of P^T or dS^T (its kSCols columns of the band's rows), rounded.
+  auto store_band = [&](const float(&acc)[Tile::kMTiles][Tile::kSNTiles][4]) {
+    store_acc<T, kSPitch>(band_ds + s_col0, acc, 1.0f, lane);
+  };
   const int q_row0 = (warp / Tile::kQWarpsD) * Tile::kQRows, q_col0 = (warp % Tile::kQWarpsD) * Tile::kQCols;
 
   auto head_offset = [&](const AttentionTensor& t, int head, int64_t row) {
@@ -491,7 +496,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     if constexpr (Tile::kPInRegisters) {
       mma_rs<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, true, kPitch>(dv, s, sdOs, lane);
     } else {
-      store_acc<T, kSPitch>(sdS + key_row0 * kSPitch + s_col0, s, 1.0f, lane);
+      store_band(s);
     }
     float dp[Tile::kMTiles][Tile::kSNTiles][4];
     zero(dp);
@@ -502,18 +507,18 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     if constexpr (Tile::kPInRegisters) {
       mma_rs<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, true, kPitch>(dk, dp, sQs, lane);
       if (with_dq) {
-        store_acc<T, kSPitch>(sdS + key_row0 * kSPitch + s_col0, dp, 1.0f, lane);
+        store_band(dp);
         __syncthreads();  // dS^T visible to every warp
       }
     } else {
       band_sync();  // the band's P^T visible to its warps
       mma_ss<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, false, kSPitch, true, kPitch>(
-          dv, sdS + key_row0 * kSPitch, sdOs + kv_col0, lane);
+          dv, band_ds, sdOs + kv_col0, lane);
       band_sync();  // the band is done with its P^T: dS^T takes its place
-      store_acc<T, kSPitch>(sdS + key_row0 * kSPitch + s_col0, dp, 1.0f, lane);
+      store_band(dp);
       __syncthreads();  // dS^T visible to every warp
-      mma_ss<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, false, kSPitch, true, kPitch>(dk, sdS + key_row0 * kSPitch,
-                                                                                   sQs + kv_col0, lane);
+      mma_ss<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, false, kSPitch, true, kPitch>(dk, band_ds, sQs + kv_col0,
+                                                                                   lane);
       if constexpr (Tile::kStages == 1) {
         __syncthreads();  // every warp is done with Q_i, dO_i
         if (it + 1 < n_iters) {
