@@ -60,6 +60,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/attention_forward_kernel.cuh"
 #include "attention/attention_params.h"
@@ -287,21 +288,27 @@ __device__ __forceinline__ void red_add2(float* p, float a, float b) {
 
 // The probabilities of one tile of scores in place: s = exp2(s * scale_log2 - lse2[col]) (the
 // accumulators of S^T, rows = keys, or of S, rows = queries), 0 where `masked(row, col)`
-// (row, col: the element's indices in the warp's tile); lse2_of(mt, half, nt, c) gives the
-// row's exponent offset. Then, with dp the dP tile: dp = s * (dp - delta_of(...)), dS.
+// (row, col: the element's indices in the warp's tile); lse2_of(mt, nt, i) gives the row's
+// exponent offset. need_mask false skips the mask: the loop is compiled twice so that such a
+// tile runs no mask arithmetic (one copy computed the mask on every tile and selected per
+// element).
 template <int kMT, int kNT, class Offset, class Masked>
 __device__ __forceinline__ void probabilities(float (&s)[kMT][kNT][4], float scale_log2, int lane, Offset&& lse2_of,
                                               bool need_mask, Masked&& masked) {
+  auto run = [&](auto with_mask) {
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = mt * 16 + (i >> 1) * 8 + lane / 4, col = nt * 8 + 2 * (lane % 4) + (i & 1);
-        const float p = ptx::exp2_approx(fmaf(s[mt][nt][i], scale_log2, -lse2_of(mt, nt, i)));
-        s[mt][nt][i] = need_mask && masked(row, col) ? 0.0f : p;
-      }
+        for (int i = 0; i < 4; ++i) {
+          const int row = mt * 16 + (i >> 1) * 8 + lane / 4, col = nt * 8 + 2 * (lane % 4) + (i & 1);
+          const float p = ptx::exp2_approx(fmaf(s[mt][nt][i], scale_log2, -lse2_of(mt, nt, i)));
+          s[mt][nt][i] = decltype(with_mask)::value && masked(row, col) ? 0.0f : p;
+        }
+  };
+  if (need_mask) run(std::true_type{});
+  else run(std::false_type{});
 }
 
 // The query tiles of `block_m` rows that see a key of the key block starting at n0:

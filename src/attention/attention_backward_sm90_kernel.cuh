@@ -131,7 +131,9 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   const int32_t map_batch = p.cu_seqlens_q != nullptr ? 0 : batch;
 
   extern __shared__ uint8_t shared_raw[];
-  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
+  // Rounded up to 1024 bytes by pointer arithmetic on the shared array (an integer round trip
+  // would lose the address space: lse2 and D were read with generic loads).
+  uint8_t* base = shared_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw)) & 1023u)) & 1023u);
   float* row_lse2 = reinterpret_cast<float*>(base + Tile::kRows);  // [kStages][M]
   float* row_delta = row_lse2 + Tile::kStages * M;                  // [kStages][M]
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(base + Tile::kBarriers);
@@ -312,12 +314,12 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
 
     const int key0 = n0 + 64 * consumer + 16 * warp;  // the warp's first key
     const bool need_mask = key0 + 16 > seq.seqlen_k || (p.causal && key0 + 15 > m0 + shift);
-    bwd::probabilities(
-        s, p.scale_log2, lane, [&](int, int nt, int i) { return lse2[nt * 8 + 2 * (lane % 4) + (i & 1)]; }, need_mask,
-        [&](int row, int col) {
-          const int j = key0 + row;
-          return j >= seq.seqlen_k || (p.causal && j > m0 + col + shift);
-        });
+    auto lse2_of = [&](int, int nt, int i) { return lse2[nt * 8 + 2 * (lane % 4) + (i & 1)]; };
+    auto masked = [&](int row, int col) {
+      const int j = key0 + row;
+      return j >= seq.seqlen_k || (p.causal && j > m0 + col + shift);
+    };
+    bwd::probabilities(s, p.scale_log2, lane, lse2_of, need_mask, masked);
 
     // dS^T = P^T (dP^T - D); P^T and dS^T rounded and packed as the A fragments of dV += P^T
     // dO and dK += dS^T Q (B = dO, Q [kBlockM rows][D], MN-major). Issuing dV before the wait
