@@ -29,14 +29,23 @@
 //                           and dP^T (kDkAcrossTiles), at D = 64 waited for at the tile's end
 //   dK (times scale) and dV rounded and stored from registers at the end.
 // The key block's K and V stay in shared memory for the whole walk; Q_i/dO_i of the next
-// tile load while this one computes. Deterministic (bp.dq_semaphore): the producer warps add
-// each tile's dQ in a fixed order of its key blocks, with a turn counter per (tile, consumer
-// half) in the workspace: non-causal, key block n after key blocks 0..n-1 of the same kv head;
-// causal, from the tile's last key block down, with the grid's key blocks dispatched last
-// first. Either way a block only waits on blocks dispatched before it (running or done),
-// provided blocks are dispatched in blockIdx order (x fastest), which CUDA does not document
-// but FlashAttention 3's deterministic backward relies on too. The consumers run ahead by one
-// tile (the dQ boxes' empty barrier).
+// tile load while this one computes. The consumers run ahead by one tile (the dQ boxes'
+// empty barrier).
+//
+// Deterministic (bp.dq_semaphore): the producer warps add each tile's dQ in a fixed order of
+// its key blocks, with a turn counter per (tile, consumer half) in the workspace:
+//   non-causal, key block n after key blocks 0..n-1 of the same kv head; or, where the
+//     sequence's key blocks fit the SMs (rotate_walk), each block's walk starts at its own
+//     share of the tiles and wraps around, and the turns follow the order in which the blocks
+//     reach a tile. Unrotated, every block waits on the same tile at the start and block n
+//     stays n turns behind for the whole walk (H100, same run: 0.86-0.98x the default at hd 64
+//     and 0.90-0.96x at hd 128 unrotated, 0.93-1.00x rotated);
+//   causal, from the tile's last key block down, with the grid's key blocks dispatched last
+//     first.
+// Unrotated, a block only waits on blocks dispatched before it (running or done), provided
+// blocks are dispatched in blockIdx order (x fastest), which CUDA does not document but
+// FlashAttention 3's deterministic backward relies on too; rotated, it waits on its
+// sequence's other blocks, all resident.
 //
 // The ring's barriers order warp 1's ordinary stores of lse and D against the consumers' reads
 // (release by mbarrier arrive, acquire by its wait; every consumer warp arrives on `empty`).
@@ -155,10 +164,18 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   // Consumer c's share of a tile's dQ: 64 rows x 64 columns of the kBlockM x D tile.
   auto dq_row0 = [](int c) { return M == 128 ? 64 * c : 0; };
   auto dq_col0 = [](int c) { return M == 128 ? 0 : 64 * c; };
-  // The walk: query head kv_head * group + it / per_head, query tile m_begin + it % per_head.
+  // The sequence's key blocks (as far as the grid reaches: see the deterministic turns below).
+  const int key_blocks = min((seq.seqlen_k + N - 1) / N, static_cast<int>(gridDim.x));
+  // The walk: step it visits tile u = (it + walk_start) mod n_iters (rotate_walk: deterministic
+  // non-causal, where every block sees every tile), query head kv_head * group + u / per_head,
+  // query tile m_begin + u % per_head.
+  const int walk_start =
+      bp.rotate_walk ? static_cast<int>(static_cast<int64_t>(n_block) * n_iters / key_blocks) : 0;
+  auto walk_index = [&](int it) { return it + walk_start < n_iters ? it + walk_start : it + walk_start - n_iters; };
   auto tile_of = [&](int it, int& head, int& m0) {
-    head = kv_head * p.group + it / per_head;
-    m0 = (m_begin + it % per_head) * M;
+    const int u = walk_index(it);
+    head = kv_head * p.group + u / per_head;
+    m0 = (m_begin + u % per_head) * M;
   };
   // A tile's first row in lse's layout (that of D, and of the turn counters' row pairs).
   auto lse_row = [&](int head, int m0) -> int64_t {
@@ -194,12 +211,24 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       // below this one sees each query tile this one sees, so the turn is the block's index
       // (non-causal), or, causal, the tile's last key block (the highest that sees it) goes
       // first and the turn is the distance from it, the order in which the blocks reach the
-      // tile from their diagonals. A varlen sequence longer than max_seqlen_q / max_seqlen_k
-      // breaks the API's contract: its tiles from max_seqlen_q on (whose counters the rows
-      // kernel does not zero) add in any order, and its key blocks past the grid do not exist
-      // (the turns count from the last one that does), so that no block waits forever.
+      // tile from their diagonals. With rotate_walk the blocks reach tile u in the order of
+      // their steps to it: first those whose walks start at or before u (g of them, the latest
+      // start first), then the others (the latest start first); a block may then wait on one
+      // dispatched after it, so every block of the sequence must be resident at once (the
+      // launcher sets rotate_walk only when the key blocks fit the SMs). A varlen sequence
+      // longer than max_seqlen_q / max_seqlen_k breaks the API's contract: its tiles from
+      // max_seqlen_q on (whose counters the rows kernel does not zero) add in any order, and
+      // its key blocks past the grid do not exist (the turns count from the last one that
+      // does), so that no block waits forever.
       const int c = warp - 2;
-      const int last_key_block = min((seq.seqlen_k + N - 1) / N, static_cast<int>(gridDim.x)) - 1;
+      const int last_key_block = key_blocks - 1;
+      auto turn_of = [&](int it, int m0) {
+        if (p.causal) return min(last_key_block, (m0 + M + shift - 1) / N) - n_block;
+        if (!bp.rotate_walk) return n_block;
+        const int64_t u = walk_index(it);
+        const int g = static_cast<int>(min(int64_t{key_blocks}, ((u + 1) * key_blocks + n_iters - 1) / n_iters));
+        return n_block < g ? g - 1 - n_block : g + key_blocks - 1 - n_block;
+      };
       uint8_t* boxes = base + Tile::kDq + c * 2 * Tile::kDqBoxBytes;
       for (int it = 0; it < n_iters; ++it) {
         int head, m0;
@@ -209,7 +238,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
           int* turn = nullptr;
           if (bp.dq_semaphore != nullptr && m0 < p.seqlen_q) {
             turn = bp.dq_semaphore + 2 * lse_row(head, m0) + c;
-            wait_for_turn(turn, p.causal ? min(last_key_block, (m0 + M + shift - 1) / N) - n_block : n_block);
+            wait_for_turn(turn, turn_of(it, m0));
           }
           const int32_t row = static_cast<int32_t>(seq.q_start + m0 + dq_row0(c));
           for (int b = 0; b < 2; ++b)

@@ -109,6 +109,10 @@ struct AttentionBackwardParams {
   // tile's dq, so that they add in key-block order; null: in any order.
   int* dq_semaphore = nullptr;
   int heads_kv = 0;
+  // Hopper, deterministic non-causal: key block n of a sequence's NB starts its walk over the
+  // query tiles at tile n * tiles / NB and wraps around, so that the blocks reach each tile one
+  // after another in their turn order instead of all waiting on the same tile; the launcher sets it.
+  bool rotate_walk = false;
 };
 
 // Calls f(std::integral_constant<int, head_dim>) for a head dim this build compiled; throws
