@@ -102,11 +102,12 @@ void attention_varlen_backward(const TensorView& dq, const TensorView& dk, const
                                const std::optional<TensorView>& workspace = std::nullopt,
                                cudaStream_t stream = nullptr);
 
-// Elements of float32 workspace a GPU backward needs: q_rows = batch * seq_q (varlen:
-// total_q) rows of heads_q heads: the fp32 dq accumulator (q_rows * heads_q * head_dim), D
-// (q_rows * heads_q) and, deterministic, two int32 counters per row and head.
-int64_t attention_backward_workspace_size(int64_t q_rows, int64_t heads_q, int64_t head_dim,
-                                          bool deterministic = false);
+// Elements of float32 workspace a GPU backward needs, deterministic or not: q_rows = batch *
+// seq_q (varlen: total_q) rows of heads_q heads: the fp32 dq accumulator (q_rows * heads_q *
+// head_dim), D (q_rows * heads_q) and two int32 counters per row and head (the Hopper
+// kernel's dq turns, and the flags by which a tile's first dq share is stored instead of
+// added to a zeroed accumulator).
+int64_t attention_backward_workspace_size(int64_t q_rows, int64_t heads_q, int64_t head_dim);
 
 // Whether this build has CUDA kernels for `head_dim` (CMake option LLMK_HEAD_DIMS trims
 // the list; default 32, 64, 96, 128, 256). The CPU backend computes all five regardless.

@@ -62,10 +62,10 @@ Tensor attention_rows(const Tensor& t) {
 // `q_rows` rows (0 for a q of the wrong rank, which the C++ API then rejects by name).
 struct Gradients {
   Tensor dq, dk, dv, workspace;
-  Gradients(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_rows, bool deterministic)
+  Gradients(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_rows)
       : dq(output_like(q)), dk(output_like(k)), dv(output_like(v)),
         workspace(empty(q, {q.is_cuda() && q_rows > 0 ? llmk::attention_backward_workspace_size(
-                                                            q_rows, q.size(-2), q.size(-1), deterministic)
+                                                            q_rows, q.size(-2), q.size(-1))
                                                       : 0},
                         ScalarType::Float)) {}
 };
@@ -75,7 +75,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(Tensor dout, Tensor q, Ten
                                                       bool deterministic) {
   const OpCall op("attention_backward", q);
   dout = attention_rows(dout);
-  Gradients g(q, k, v, q.dim() == 4 ? q.size(0) * q.size(1) : 0, deterministic);
+  Gradients g(q, k, v, q.dim() == 4 ? q.size(0) * q.size(1) : 0);
   llmk::attention_backward(op.view(g.dq, "dq"), op.view(g.dk, "dk"), op.view(g.dv, "dv"), op.view(dout, "dout"),
                            op.view(q, "q"), op.view(k, "k"), op.view(v, "v"), op.view(out, "out"),
                            op.view(lse, "lse"), causal, scale_or_default(scale, q), deterministic,
@@ -89,7 +89,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward(Tensor dout, Tensor
                                                              std::optional<double> scale, bool deterministic) {
   const OpCall op("attention_varlen_backward", q);
   dout = attention_rows(dout);
-  Gradients g(q, k, v, q.dim() == 3 ? q.size(0) : 0, deterministic);
+  Gradients g(q, k, v, q.dim() == 3 ? q.size(0) : 0);
   llmk::attention_varlen_backward(
       op.view(g.dq, "dq"), op.view(g.dk, "dk"), op.view(g.dv, "dv"), op.view(dout, "dout"), op.view(q, "q"),
       op.view(k, "k"), op.view(v, "v"), op.view(out, "out"), op.view(lse, "lse"),

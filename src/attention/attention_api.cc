@@ -245,18 +245,20 @@ void backward(const char* op, const TensorView& dq, const TensorView& dk, const 
   LLMK_CHECK(detail::head_dim_compiled(r.p.head_dim), op, ": head_dim ", r.p.head_dim,
              " has no CUDA kernel in this build (CMake option LLMK_HEAD_DIMS)");
   const int64_t q_rows = packed ? q.size(0) : q.size(0) * q.size(1);
-  const int64_t needed = attention_backward_workspace_size(q_rows, q.size(-2), q.size(-1), deterministic);
+  const int64_t needed = attention_backward_workspace_size(q_rows, q.size(-2), q.size(-1));
   if (workspace) detail::check_same_device(op, "workspace", *workspace, "q", q);
   detail::check_workspace(op, workspace, q, needed, "attention_backward_workspace_size");
   for (const Arg& a : outputs) detail::check_no_overlap(op, "workspace", *workspace, a.first, *a.second, false);
   for (const Arg& a : inputs) detail::check_no_overlap(op, "workspace", *workspace, a.first, *a.second, false);
   float* ws = static_cast<float*>(workspace->data());
-  // [dq accumulator: q_rows x heads x D][D: q_rows x heads][deterministic: 2 counters per
-  // (row, head)]; the sm_80 deterministic path uses D alone (attention_backward_cuda).
+  // [dq accumulator: q_rows x heads x D][D: q_rows x heads][2 counters per (row, head)]; the
+  // sm_80 path uses the accumulator and D, its deterministic form D alone
+  // (attention_backward_cuda).
   const int64_t row_heads = q_rows * q.size(-2);
   b.dq_accum = ws;
   b.delta = ws + row_heads * q.size(-1);
-  b.dq_semaphore = deterministic ? reinterpret_cast<int*>(b.delta + row_heads) : nullptr;
+  b.dq_counters = reinterpret_cast<int*>(b.delta + row_heads);
+  b.dq_ordered = deterministic;
   detail::DeviceGuard guard(op, "q", q);
   detail::attention_backward_cuda(b, r.dtype, stream);
 }
@@ -303,10 +305,10 @@ void attention_varlen_backward(const TensorView& dq, const TensorView& dk, const
            [&](Validated& r) { set_varlen(op, r, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k); });
 }
 
-int64_t attention_backward_workspace_size(int64_t q_rows, int64_t heads_q, int64_t head_dim, bool deterministic) {
+int64_t attention_backward_workspace_size(int64_t q_rows, int64_t heads_q, int64_t head_dim) {
   LLMK_CHECK(q_rows >= 0 && heads_q >= 0 && head_dim >= 0, "attention_backward_workspace_size: negative size (",
              q_rows, ", ", heads_q, ", ", head_dim, ")");
-  return q_rows * heads_q * (1 + head_dim + (deterministic ? 2 : 0));
+  return q_rows * heads_q * (1 + head_dim + 2);
 }
 
 }  // namespace llmk

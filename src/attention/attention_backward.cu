@@ -1,10 +1,11 @@
 // Launcher of the attention backward: the sm_80 kernels' tile shapes of each head dim and the
-// dispatch over path, dtype and head dim. Per call: the rows kernel (D, accumulator zeroed),
-// the main kernel (dk, dv, dq atomics: the Hopper one, attention_backward_sm90.cu, where it
-// takes the call, else the sm_80 one), the rows kernel again (dq converted). Deterministic,
-// the Hopper kernel adds dq in key-block order (turn counters the rows kernel zeroes) and
-// the rest is the same; the sm_80 path runs the rows kernel (D), the main kernel without dq
-// and the dq kernel. Causal, varlen and GQA are run-time parameters of each kernel.
+// dispatch over path, dtype and head dim. Per call: the rows kernel (D, the accumulator zeroed
+// unless the Hopper kernel stores each tile's first dq share, the counters zeroed), the main
+// kernel (dk, dv, dq reductions: the Hopper one, attention_backward_sm90.cu, where it takes
+// the call, else the sm_80 one), the rows kernel again (dq converted). Deterministic, the
+// Hopper kernel adds dq in key-block order (turn counters) and the rest is the same; the
+// sm_80 path runs the rows kernel (D), the main kernel without dq and the dq kernel. Causal,
+// varlen and GQA are run-time parameters of each kernel.
 #include <type_traits>
 
 #include "attention/attention_backward_kernel.cuh"
@@ -96,9 +97,11 @@ void attention_backward_cuda(const AttentionBackwardParams& p, DType dtype, cuda
   const bool hopper = attention_runs_sm90(
       op, [&](int device, const char** why) { return attention_backward_sm90_takes(p, dtype, device, why); });
   AttentionBackwardParams run = p;
-  if (!hopper && run.dq_semaphore != nullptr) {  // deterministic on sm_80: the dq kernel
-    run.dq_accum = nullptr;
-    run.dq_semaphore = nullptr;
+  if (hopper) {
+    attention_backward_sm90_plan(run);
+  } else {
+    run.dq_counters = nullptr;
+    if (run.dq_ordered) run.dq_accum = nullptr;  // deterministic on sm_80: the dq kernel
   }
   dispatch_dtype(dtype, op, [&](auto tag) {
     if constexpr (decltype(tag)::value != DType::f32) {

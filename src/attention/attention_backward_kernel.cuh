@@ -337,7 +337,8 @@ __device__ __forceinline__ void score_gradients(float (&dp)[kMT][kNT][4], const 
 }  // namespace bwd
 
 // grid (ceil(seqlen_q / 64), heads_q, batch), 128 threads. `post` false: D[row] = dout . out
-// and, with an accumulator, its row zeroed (and the row's two turn counters, with them);
+// and, with an accumulator, its row zeroed (not with dq_first_store) and the row's two
+// counters (with dq_counters);
 // `post` true: dq = scale * accumulator. A row is handled by kLanes threads (a power of two,
 // 8 elements each; at D = 96, 16 lanes of which 12 work) so that the dot product reduces by
 // xor-shuffles within aligned lane groups.
@@ -378,11 +379,11 @@ __global__ void __launch_bounds__(128)
       const Vec<T, 8> o = load_vec<T, 8>(at(p.out, row)), d = load_vec<T, 8>(at(bp.dout, row));
 #pragma unroll
       for (int c = 0; c < 8; ++c) dot = fmaf(to_float(o.v[c]), to_float(d.v[c]), dot);
-      if (accum) {
+      if (accum && !bp.dq_first_store) {
         reinterpret_cast<float4*>(accum)[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         reinterpret_cast<float4*>(accum)[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (bp.dq_semaphore != nullptr && sub < 2) bp.dq_semaphore[2 * (first + row) + sub] = 0;
       }
+      if (bp.dq_counters != nullptr && sub < 2) bp.dq_counters[2 * (first + row) + sub] = 0;
     }
 #pragma unroll
     for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);

@@ -32,7 +32,7 @@
 // tile load while this one computes. The consumers run ahead by one tile (the dQ boxes'
 // empty barrier).
 //
-// Deterministic (bp.dq_semaphore): the producer warps add each tile's dQ in a fixed order of
+// Deterministic (bp.dq_ordered): the producer warps add each tile's dQ in a fixed order of
 // its key blocks, with a turn counter per (tile, consumer half) in the workspace:
 //   non-causal, key block n after key blocks 0..n-1 of the same kv head; or, where the
 //     sequence's key blocks fit the SMs (rotate_walk), each block's walk starts at its own
@@ -45,7 +45,17 @@
 // Unrotated, a block only waits on blocks dispatched before it (running or done), provided
 // blocks are dispatched in blockIdx order (x fastest), which CUDA does not document but
 // FlashAttention 3's deterministic backward relies on too; rotated, it waits on its
-// sequence's other blocks, all resident.
+// sequence's other blocks, all resident. The default path rotates its non-causal walks only
+// with the first store (below; rotation alone measured -2% to +2%), so that each tile's first
+// block is a step ahead of the next.
+//
+// First store (bp.dq_first_store, attention_backward_sm90_plan): where every row of the
+// accumulator lies in some key block's tiles (dense calls with keys; causal, seqlen_q <=
+// seqlen_k) and the walks are short (up to 32 key blocks causal, 8 non-causal), the rows
+// kernel does not zero the accumulator: a tile's rank-0 block (the first turn; default path,
+// the rotated walk's first arrival or, causal, the tile's highest key block, which starts its
+// walk there) stores its dQ share with a TMA store, waits for it to complete and sets the
+// tile's counter to 1; the other blocks wait for that before adding.
 //
 // The ring's barriers order warp 1's ordinary stores of lse and D against the consumers' reads
 // (release by mbarrier arrive, acquire by its wait; every consumer warp arrives on `empty`).
@@ -126,7 +136,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   const AttentionParams& p = bp.fwd;
   // Deterministic causal calls dispatch the last key blocks first: their dq turns run from the
   // last key block down (below).
-  const bool last_first = p.causal && bp.dq_semaphore != nullptr;
+  const bool last_first = p.causal && bp.dq_ordered;
   const int n_block = static_cast<int>(last_first ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
   const int kv_head = static_cast<int>(blockIdx.y);
   const int batch = static_cast<int>(blockIdx.z);
@@ -166,9 +176,9 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   auto dq_col0 = [](int c) { return M == 128 ? 0 : 64 * c; };
   // The sequence's key blocks (as far as the grid reaches: see the deterministic turns below).
   const int key_blocks = min((seq.seqlen_k + N - 1) / N, static_cast<int>(gridDim.x));
-  // The walk: step it visits tile u = (it + walk_start) mod n_iters (rotate_walk: deterministic
-  // non-causal, where every block sees every tile), query head kv_head * group + u / per_head,
-  // query tile m_begin + u % per_head.
+  // The walk: step it visits tile u = (it + walk_start) mod n_iters (rotate_walk: non-causal,
+  // where every block sees every tile), query head kv_head * group + u / per_head, query tile
+  // m_begin + u % per_head.
   const int walk_start =
       bp.rotate_walk ? static_cast<int>(static_cast<int64_t>(n_block) * n_iters / key_blocks) : 0;
   auto walk_index = [&](int it) { return it + walk_start < n_iters ? it + walk_start : it + walk_start - n_iters; };
@@ -205,8 +215,10 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
     }
     if (warp == 2 || warp == 3) {
       // Producer warp 2 + c adds consumer c's share of each tile's dQ to the accumulator
-      // once the consumer has written it: two TMA reduce-adds of 64 rows x 32 floats. With
-      // dq_semaphore (deterministic) the key blocks of a tile add in a fixed order, that of
+      // once the consumer has written it: two TMA reduce-adds of 64 rows x 32 floats (with
+      // dq_first_store, the tile's rank-0 block stores them instead, and the other blocks
+      // wait until that store has completed and the counter reads 1). With dq_ordered
+      // (deterministic) the key blocks of a tile add in a fixed order, that of
       // their dispatch, so that a block only waits on blocks running or done: every key block
       // below this one sees each query tile this one sees, so the turn is the block's index
       // (non-causal), or, causal, the tile's last key block (the highest that sees it) goes
@@ -214,8 +226,9 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       // tile from their diagonals. With rotate_walk the blocks reach tile u in the order of
       // their steps to it: first those whose walks start at or before u (g of them, the latest
       // start first), then the others (the latest start first); a block may then wait on one
-      // dispatched after it, so every block of the sequence must be resident at once (the
-      // launcher sets rotate_walk only when the key blocks fit the SMs). A varlen sequence
+      // dispatched after it, so every block of the sequence must be resident at once
+      // (attention_backward_sm90_plan rotates only when the key blocks fit the SMs; it also
+      // stores first only where rank 0 is dispatched first or all are resident). A varlen sequence
       // longer than max_seqlen_q / max_seqlen_k breaks the API's contract: its tiles from
       // max_seqlen_q on (whose counters the rows kernel does not zero) add in any order, and
       // its key blocks past the grid do not exist (the turns count from the last one that
@@ -235,19 +248,27 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
         tile_of(it, head, m0);
         named_barrier_sync(Tile::kDqFull + c, Tile::kDqBarrierThreads);
         if (lane == 0) {
-          int* turn = nullptr;
-          if (bp.dq_semaphore != nullptr && m0 < p.seqlen_q) {
-            turn = bp.dq_semaphore + 2 * lse_row(head, m0) + c;
-            wait_for_turn(turn, turn_of(it, m0));
+          int* counter = nullptr;
+          int rank = 0;
+          if ((bp.dq_ordered || bp.dq_first_store) && m0 < p.seqlen_q) {
+            counter = bp.dq_counters + 2 * lse_row(head, m0) + c;
+            rank = turn_of(it, m0);
           }
+          const bool store = counter != nullptr && bp.dq_first_store && rank == 0;
+          // Ordered, every block waits for its turn; else, with the first store, the other
+          // blocks wait until it has completed (the counter reads 1).
+          if (counter != nullptr && (bp.dq_ordered || !store)) wait_for_turn(counter, bp.dq_ordered ? rank : 1);
           const int32_t row = static_cast<int32_t>(seq.q_start + m0 + dq_row0(c));
-          for (int b = 0; b < 2; ++b)
-            tma_reduce_add_4d(&maps.dq_accum, boxes + b * Tile::kDqBoxBytes, dq_col0(c) + 32 * b, row, head,
-                              map_batch);
+          for (int b = 0; b < 2; ++b) {
+            const int32_t col = dq_col0(c) + 32 * b;
+            if (store) tma_store_4d(&maps.dq_accum, boxes + b * Tile::kDqBoxBytes, col, row, head, map_batch);
+            else tma_reduce_add_4d(&maps.dq_accum, boxes + b * Tile::kDqBoxBytes, col, row, head, map_batch);
+          }
           tma_store_commit();
-          if (turn != nullptr) {  // the boxes are freed after the turn passes (1-7% faster)
+          if (counter != nullptr && (bp.dq_ordered || store)) {
+            // The boxes are freed after the turn passes (1-7% faster than before the wait).
             tma_store_wait_all();
-            pass_turn(turn);
+            pass_turn(counter);
           } else {
             tma_store_wait_read();
           }

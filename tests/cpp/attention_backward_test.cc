@@ -384,7 +384,7 @@ void check_backward(DType dt, const Shape& s, bool causal, const Layout& layout 
   }
   if (!has_gpu()) return;
   // The deterministic size: enough for both paths.
-  const int64_t ws_size = attention_backward_workspace_size(s.batch * s.seq_q, s.heads_q, s.dim, true);
+  const int64_t ws_size = attention_backward_workspace_size(s.batch * s.seq_q, s.heads_q, s.dim);
   for (const char* path : kPaths) {
     SCOPED_TRACE(testing::Message() << "LLMK_ATTENTION_PATH=" << path);
     PathScope scope(path);
@@ -749,7 +749,7 @@ void check_wide_deterministic(bool causal) {
   attention(out.gpu(), q.gpu(), k.gpu(), v.gpu(), causal, 0.125, lse.gpu());
   auto run = [&](bool deterministic) {
     Heads dq(DType::bf16, 1, seq, heads, d), dk(DType::bf16, 1, seq, heads, d), dv(DType::bf16, 1, seq, heads, d);
-    const int64_t need = attention_backward_workspace_size(seq, heads, d, deterministic);
+    const int64_t need = attention_backward_workspace_size(seq, heads, d);
     Workspace ws(need);
     attention_backward(dq.gpu(), dk.gpu(), dv.gpu(), dout.gpu(), q.gpu(), k.gpu(), v.gpu(), out.gpu(), lse.gpu(),
                        causal, 0.125, deterministic, ws.view(need));
@@ -830,7 +830,7 @@ void check_varlen_backward(DType dt, const std::vector<int64_t>& lens_q, const s
   if (!has_gpu()) return;
   DeviceTensor cu_dev(cu_host);
   const TensorView cq = cu_view(cu_dev.data, true, 0), ck = cu_view(cu_dev.data, true, 1);
-  const int64_t ws_size = attention_backward_workspace_size(total_q, heads_q, dim, true);  // both paths
+  const int64_t ws_size = attention_backward_workspace_size(total_q, heads_q, dim);
   for (const char* path : kPaths) {
     SCOPED_TRACE(testing::Message() << "LLMK_ATTENTION_PATH=" << path);
     PathScope scope(path);
@@ -905,10 +905,8 @@ TEST(AttentionBackwardErrors, BadInputsWriteNothing) {
   for (int64_t i = 0; i < dq.store.d; ++i) ASSERT_TRUE(std::isnan(dq.store.get(0, i))) << "dq element " << i;
   for (int64_t i = 0; i < dk.store.d; ++i) ASSERT_TRUE(std::isnan(dk.store.get(0, i))) << "dk element " << i;
   for (int64_t i = 0; i < dv.store.d; ++i) ASSERT_TRUE(std::isnan(dv.store.get(0, i))) << "dv element " << i;
-  // The workspace size: the accumulator and D per row and head, plus two counters if
-  // deterministic.
-  EXPECT_EQ(attention_backward_workspace_size(10, 4, 64, false), 10 * 4 * 65);
-  EXPECT_EQ(attention_backward_workspace_size(10, 4, 64, true), 10 * 4 * 67);
+  // The workspace size: the accumulator, D and two counters per row and head.
+  EXPECT_EQ(attention_backward_workspace_size(10, 4, 64), 10 * 4 * 67);
 }
 
 // On the GPU the workspace is required, float32, large enough and on q's device; a rejected
@@ -922,7 +920,7 @@ TEST(AttentionBackwardGpu, WorkspaceErrorsWriteNothing) {
   k.randomize();
   Lse lse({1, 2, 8});
   attention(out.gpu(), q.gpu(), k.gpu(), k.gpu(), false, 0.125, lse.gpu());
-  const int64_t need = attention_backward_workspace_size(8, 2, d, false);
+  const int64_t need = attention_backward_workspace_size(8, 2, d);
   Workspace ws(need);
   auto call = [&](const std::optional<TensorView>& w) {
     attention_backward(dq.gpu(), dk.gpu(), dv.gpu(), out.gpu(), q.gpu(), k.gpu(), k.gpu(), out.gpu(), lse.gpu(), false,
