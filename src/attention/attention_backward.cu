@@ -3,7 +3,7 @@
 // unless the Hopper kernel stores each tile's first dq share, the counters zeroed), the main
 // kernel (dk, dv, dq reductions: the Hopper one, attention_backward_sm90.cu, where it takes
 // the call, else the sm_80 one), the rows kernel again (dq converted). Deterministic, the
-// Hopper kernel adds dq in key-block order (turn counters) and the rest is the same; the
+// Hopper kernel adds dq in a fixed order of key blocks (turn counters) and the rest is the same; the
 // sm_80 path runs the rows kernel (D), the main kernel without dq and the dq kernel. Causal,
 // varlen and GQA are run-time parameters of each kernel.
 #include <type_traits>

@@ -338,7 +338,7 @@ __device__ __forceinline__ void score_gradients(float (&dp)[kMT][kNT][4], const 
 
 // grid (ceil(seqlen_q / 64), heads_q, batch), 128 threads. `post` false: D[row] = dout . out
 // and, with an accumulator, its row zeroed (not with dq_first_store) and the row's two
-// counters (with dq_counters);
+// counters (where the Hopper kernel reads them: dq_ordered or dq_first_store);
 // `post` true: dq = scale * accumulator. A row is handled by kLanes threads (a power of two,
 // 8 elements each; at D = 96, 16 lanes of which 12 work) so that the dot product reduces by
 // xor-shuffles within aligned lane groups.
@@ -383,7 +383,8 @@ __global__ void __launch_bounds__(128)
         reinterpret_cast<float4*>(accum)[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         reinterpret_cast<float4*>(accum)[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
-      if (bp.dq_counters != nullptr && sub < 2) bp.dq_counters[2 * (first + row) + sub] = 0;
+      if (bp.dq_counters != nullptr && (bp.dq_ordered || bp.dq_first_store) && sub < 2)
+        bp.dq_counters[2 * (first + row) + sub] = 0;
     }
 #pragma unroll
     for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);

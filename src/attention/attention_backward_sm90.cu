@@ -99,8 +99,9 @@ void attention_backward_sm90_plan(AttentionBackwardParams& bp) {
   int device = 0;
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
   const int key_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
-  // A sequence's key blocks all resident at once (one block per SM): a block may then wait
-  // on one dispatched after it.
+  // A sequence's key blocks fit the SMs (one block per SM): with blocks dispatched in blockIdx
+  // order, a block may then wait on one dispatched after it (the device's SM count: a
+  // partition of the GPU with fewer SMs could hang such waits).
   const bool resident = key_blocks <= sm_count_of(device);
   // Every row of the dq accumulator is in some key block's tiles (dense, so no box of a tile
   // reaches into another sequence's rows; with keys; causal, no row without keys).
@@ -111,10 +112,10 @@ void attention_backward_sm90_plan(AttentionBackwardParams& bp) {
   // default -1% to +1% at 4096), -0.5% at 16k; non-causal +2-8% at 512 (hd 64 1024), then
   // -2% to +2% at 2048-4096 and down to -4% at 16k (deterministic hd 128).
   const bool short_walks = key_blocks <= (p.causal ? 32 : 8);
-  // The first store needs the tile's rank-0 block dispatched before the blocks that wait on
-  // it, or all of them resident: deterministic turns (rank 0 is dispatched first: key block 0,
-  // or causal the grid's reversed order), else the rotated walks or, causal, resident blocks
-  // (rank 0 is the tile's highest key block, whose walk starts there).
+  // The first store: rank 0 reaches its tile no later than any other block (causal, the
+  // tile's highest key block; non-causal, the rotated walk's first arrival), but may be
+  // dispatched after them (except deterministic causal, whose grid runs last blocks first),
+  // hence `resident`; deterministic non-causal short walks are rotated, so resident too.
   bp.dq_first_store = bp.dq_counters != nullptr && covered && short_walks && (bp.dq_ordered || resident);
   // Non-causal walks rotated where resident: deterministic, its turns then follow the order
   // in which the blocks reach a tile (0.93-1.00x of the default, from 0.86-0.98x); the default

@@ -44,8 +44,9 @@
 //     first.
 // Unrotated, a block only waits on blocks dispatched before it (running or done), provided
 // blocks are dispatched in blockIdx order (x fastest), which CUDA does not document but
-// FlashAttention 3's deterministic backward relies on too; rotated, it waits on its
-// sequence's other blocks, all resident. The default path rotates its non-causal walks only
+// FlashAttention 3's deterministic backward relies on too; rotated, it may wait on a block of
+// its sequence dispatched after it, which the same order dispatches as long as the
+// sequence's key blocks fit the SMs. The default path rotates its non-causal walks only
 // with the first store (below; rotation alone measured -2% to +2%), so that each tile's first
 // block is a step ahead of the next.
 //
@@ -53,9 +54,9 @@
 // accumulator lies in some key block's tiles (dense calls with keys; causal, seqlen_q <=
 // seqlen_k) and the walks are short (up to 32 key blocks causal, 8 non-causal), the rows
 // kernel does not zero the accumulator: a tile's rank-0 block (the first turn; default path,
-// the rotated walk's first arrival or, causal, the tile's highest key block, which starts its
-// walk there) stores its dQ share with a TMA store, waits for it to complete and sets the
-// tile's counter to 1; the other blocks wait for that before adding.
+// the rotated walk's first arrival or, causal, the tile's highest key block: both reach the
+// tile no later than any other block) stores its dQ share with a TMA store, waits for it to
+// complete and sets the tile's counter to 1; the other blocks wait for that before adding.
 //
 // The ring's barriers order warp 1's ordinary stores of lse and D against the consumers' reads
 // (release by mbarrier arrive, acquire by its wait; every consumer warp arrives on `empty`).
@@ -218,7 +219,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       // once the consumer has written it: two TMA reduce-adds of 64 rows x 32 floats (with
       // dq_first_store, the tile's rank-0 block stores them instead, and the other blocks
       // wait until that store has completed and the counter reads 1). With dq_ordered
-      // (deterministic) the key blocks of a tile add in a fixed order, that of
+      // (deterministic) the key blocks of a tile add in a fixed order. Unrotated, that of
       // their dispatch, so that a block only waits on blocks running or done: every key block
       // below this one sees each query tile this one sees, so the turn is the block's index
       // (non-causal), or, causal, the tile's last key block (the highest that sees it) goes

@@ -166,7 +166,8 @@ int attention_sm90_consumers(const AttentionParams& p);
 void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t stream);
 void attention_forward_cpu(const AttentionParams& p, DType dtype);
 
-// The backward: preprocess (D, zeroing the accumulator and turn counters), the main kernel
+// The backward: preprocess (D, zeroing the counters and, unless the Hopper kernel stores
+// each tile's first dq share, the accumulator), the main kernel
 // (dk, dv and the dq reductions: the Hopper one when attention_backward_sm90_takes, else the
 // sm_80 one, as attention_runs_sm90 says), then the dq conversion or, deterministic on the
 // sm_80 path, the dq kernel (attention_backward.cu); the double reference

@@ -2,9 +2,9 @@
 // place, so that the fp32 sums come out bitwise the same on every run. A block whose rank
 // is r waits until the counter reads r, issues its reduce-adds, waits until they have
 // completed (written, not only read their shared memory) and passes the turn (counter + 1).
-// The counter starts at 0. The ranks must follow the order in which the blocks are
-// dispatched (a block never waits on one dispatched after it), so that the wait cannot
-// deadlock.
+// The counter starts at 0. The wait cannot deadlock if the ranks follow the order in which
+// the blocks are dispatched (a block never waits on one dispatched after it), or if every
+// block it waits on is dispatched while it waits (all of them fit the GPU at once).
 #pragma once
 
 #include <cuda/ptx>
