@@ -20,11 +20,11 @@ What is replaced, each part only where llmk computes exactly what the model comp
   window, no soft-capping, eval mode); every other call goes to SDPA, unchanged. A model in
   training mode keeps SDPA: llmk's attention backward exists, but a training step's forward +
   backward runs at 0.96-1.12x cuDNN's on the H100 at head dims 64 and 128 (behind at 128
-  non-causal up to seqlen 2048), the backward at 0.54-0.75x at head dim 256 (no Hopper kernel
-  there yet), and the sm_80 backward at 0.87-0.98x FlashAttention 2's (docs/benchmarks.md). By default
-  (``attention=None``) a model on a Hopper GPU keeps SDPA too: there SDPA runs cuDNN's
-  attention, which llmk's Hopper forward does not beat at every shape yet (issue 13);
-  ``attention=True`` patches it anyway.
+  non-causal up to seqlen 2048, level at 16k), the backward at 0.54-0.75x at head dim 256 (no
+  Hopper kernel there yet), and the sm_80 backward at 0.87-0.98x FlashAttention 2's
+  (docs/benchmarks.md). By default (``attention=None``) a model on a Hopper GPU keeps SDPA too:
+  there SDPA runs cuDNN's attention, which llmk's Hopper forward does not beat at every shape
+  yet (issue 13); ``attention=True`` patches it anyway.
 
 The report returned says what was replaced and what was left and why. Nothing is copied:
 the patched model shares its parameters and state dict with the original, and works under
