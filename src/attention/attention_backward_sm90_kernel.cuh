@@ -153,7 +153,8 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   extern __shared__ uint8_t shared_raw[];
   // Rounded up to 1024 bytes by pointer arithmetic on the shared array (an integer round trip
   // would lose the address space: lse2 and D were read with generic loads).
-  uint8_t* base = shared_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw)) & 1023u)) & 1023u);
+  uint8_t* base =
+      shared_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw)) & 1023u)) & 1023u);
   float* row_lse2 = reinterpret_cast<float*>(base + Tile::kRows);  // [kStages][M]
   float* row_delta = row_lse2 + Tile::kStages * M;                  // [kStages][M]
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(base + Tile::kBarriers);
@@ -227,9 +228,9 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       // tile from their diagonals. With rotate_walk the blocks reach tile u in the order of
       // their steps to it: first those whose walks start at or before u (g of them, the latest
       // start first), then the others (the latest start first); a block may then wait on one
-      // dispatched after it, so every block of the sequence must be resident at once
-      // (attention_backward_sm90_plan rotates only when the key blocks fit the SMs; it also
-      // stores first only where rank 0 is dispatched first or all are resident). A varlen sequence
+      // dispatched after it, which in-order dispatch reaches while the sequence's key blocks
+      // fit the SMs (attention_backward_sm90_plan rotates, and stores first on the default
+      // path, only then). A varlen sequence
       // longer than max_seqlen_q / max_seqlen_k breaks the API's contract: its tiles from
       // max_seqlen_q on (whose counters the rows kernel does not zero) add in any order, and
       // its key blocks past the grid do not exist (the turns count from the last one that
