@@ -27,8 +27,8 @@ inline int round_up_warp(int64_t threads) {
 }
 
 // Under two rows per SM a row kernel's rows are few (decode, sampling): its launch is chosen
-// for latency, not for resident threads (pick_row_shape here; the sm_90 softmax cluster
-// kernel and the norm streaming kernel serve only one side of this line).
+// for latency, not for resident threads (pick_row_shape here; the norm streaming kernel
+// serves only the many-rows side, and the sm_90 softmax cluster kernel has a rule per side).
 inline bool few_rows(int64_t rows, int sm_count) { return rows < 2 * int64_t{sm_count}; }
 
 // The shape for rows of n 16-byte vectors: VPT in {1, 2, 4, 8, 16} with

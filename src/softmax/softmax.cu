@@ -1,10 +1,11 @@
-// Launcher of the softmax and log_softmax forward: the cluster kernel for long rows at small
-// batch on sm_90 (softmax_cluster_kernel.cuh), else the one-block-per-row kernels
-// (softmax_launch.cuh).
+// Launcher of the softmax and log_softmax forward: the cluster kernel for long rows on sm_90
+// (softmax_cluster_kernel.cuh), else the one-block-per-row kernels (softmax_launch.cuh).
 //
 // Dispatch rule of the cluster kernel, for R rows of V 16-byte vectors on a device of S SMs:
-//   C = min(8, max(ceil(V / 8192), floor(S / R)), floor(V / 1024)),
-// taken when the rows are 16-byte aligned, R < 2 S, C >= 2 and C >= ceil(V / 8192).
+//   few rows (R < 2 S):  C = min(8, max(ceil(V / 8192), floor(S / R)), floor(V / 1024)),
+//   many rows:           C = min(8, ceil(V / 2048)),
+// taken when the rows are 16-byte aligned, R <= 65535 (the grid's y), C >= 2 and
+// C >= ceil(V / 8192).
 //   - floor(S / R): as many blocks per row as keep R x C within one block per SM. One block
 //     per row leaves S - R SMs idle, and a lone block is slow on a long row whatever the
 //     bandwidth: one SM moves ~100 GB/s and runs 16 ex2 per clock (1 x 128256 bf16 is
@@ -15,12 +16,18 @@
 //     R x C exceeds the SMs (R < 2 S: a few waves of read-once blocks beat two reads).
 //   - floor(V / 1024): each block keeps at least 1024 vectors (16 KB): below that the two
 //     cluster barriers and the DSMEM round trip (~0.5 us) cost about what the split saves.
+//   - ceil(V / 2048), many rows: at most 512 threads x 4 vectors per block. A thread that
+//     holds 8 or 16 vectors runs a long serial chain (max, exponentials, sum, outputs)
+//     between its loads and its stores, and a block per row at 32000 bf16 columns reached
+//     78% of copy; the same rows over 2 blocks reached 89% (8192 x 32000), and 8192 x 128256
+//     over 8 blocks 81% where the two-pass kernel reads the row twice (65%). Clusters of 3-4
+//     at 128256 (8 or 16 vectors per thread) were slower than the two-pass kernel.
 // So 1 and 16 rows of 128256 or 151936 bf16 columns take C = 8, 1 x 32000 bf16 C = 3,
-// 1 x 8192 bf16 (1024 vectors) and any row count from 2 S on the existing kernels. The
-// block shape within the cluster is pick_row_shape's (common/row_shape.h) for R x C rows of
-// a slice: the smallest compiled VPT with at most 512 threads. A device without sm_90 code
-// in this build, or one that cannot hold the cluster (cudaOccupancyMaxActiveClusters = 0),
-// keeps the existing kernels.
+// 8192 x 32000 bf16 C = 2, 8192 x 128256 bf16 C = 8; 1 x 8192 bf16 (1024 vectors), and many
+// rows of up to 16384 bf16 columns, keep the one-block kernels. The block shape within the
+// cluster is pick_row_shape's (common/row_shape.h) for R x C rows of a slice. A device without
+// sm_90 code in this build, or one that cannot hold the cluster
+// (cudaOccupancyMaxActiveClusters = 0), keeps the one-block kernels.
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -35,14 +42,19 @@ namespace llmk::detail {
 
 namespace {
 
-constexpr int64_t kClusterMinSlice = 1024;     // 16-byte vectors per block at least
-constexpr int64_t kClusterMaxSlice = 512 * 16;  // vectors one block holds in registers
+constexpr int64_t kClusterMinSlice = 1024;          // 16-byte vectors per block at least (few rows)
+constexpr int64_t kClusterMaxSlice = 512 * 16;      // vectors one block holds in registers
+constexpr int64_t kClusterManyRowsSlice = 512 * 4;  // vectors per block at most (many rows)
+constexpr int64_t kClusterMaxRows = 65535;          // the grid's y dimension, one row each
 
 // Blocks per cluster for `rows` rows of `vectors` 16-byte vectors on `sms` SMs; 0: none.
 int cluster_blocks(int64_t rows, int64_t vectors, int sms) {
-  if (!few_rows(rows, sms)) return 0;
+  if (rows > kClusterMaxRows) return 0;
   const int64_t fit = (vectors + kClusterMaxSlice - 1) / kClusterMaxSlice;
-  const int64_t c = std::min({int64_t{kSoftmaxMaxCluster}, std::max(fit, sms / rows), vectors / kClusterMinSlice});
+  const int64_t c =
+      few_rows(rows, sms)
+          ? std::min({int64_t{kSoftmaxMaxCluster}, std::max(fit, sms / rows), vectors / kClusterMinSlice})
+          : std::min(int64_t{kSoftmaxMaxCluster}, (vectors + kClusterManyRowsSlice - 1) / kClusterManyRowsSlice);
   return c >= 2 && c >= fit ? static_cast<int>(c) : 0;
 }
 

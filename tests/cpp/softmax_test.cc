@@ -1,9 +1,9 @@
 // softmax, log_softmax and their backwards: the CPU reference against hand-computed values,
 // masking rules and finite differences; the CUDA kernels against the CPU reference (every
-// kernel path: register-resident rows, long rows of the two-pass path, unaligned rows,
-// vocabulary-sized rows split over a thread-block cluster on sm_90; scales, inputs of
-// magnitude 1e4, masked rows, strided rows, in place); fp32 accuracy at logits of magnitude
-// 1e3; single columns (exactly 1 and 0); bad inputs.
+// kernel path: register-resident rows, long rows of the two-pass path, unaligned rows, long
+// rows split over a thread-block cluster on sm_90 at few rows and at many; scales, inputs
+// of magnitude 1e4, masked rows, strided rows, in place); fp32 accuracy at logits of
+// magnitude 1e3; single columns (exactly 1 and 0); bad inputs.
 #include "test_util.h"
 
 namespace llmk::test {
@@ -207,6 +207,24 @@ TEST(SoftmaxGpu, VocabularyRowsOverClusters) {
       run_gpu_case(log, {dt, 1, 128256, 128256, 1.0, 1e4f});             // magnitude 1e4
       run_gpu_case(log, {dt, 4, 128256, 128256, 0.5, 3.0f, true});       // in place
       run_gpu_case(log, {dt, 80, 70000, 70000});  // rows past SMs / 2: as few blocks as hold the row
+    }
+}
+
+// Long rows at many rows. On sm_90 softmax.cu's rule splits rows of more than 2048 16-byte
+// vectors (16384 bf16 columns) over C = min(8, ceil(V / 2048)) blocks when rows >= 2 x SMs
+// (264 on the H100): 300 x 32000 bf16 takes C = 2 (fp32: 4), 300 x 128264 C = 8 with a
+// shorter last slice; elsewhere the one-block kernels (two-pass past 65536 bf16 columns) run
+// the same cases. run_gpu_case masks every fifth column.
+TEST(SoftmaxGpu, ManyLongRowsOverClusters) {
+  LLMK_REQUIRE_GPU();
+  for (bool log : {false, true})
+    for (DType dt : all_dtypes()) {
+      run_gpu_case(log, {dt, 300, 32000, 32000});
+      run_gpu_case(log, {dt, 300, 128264, 128264, 0.37});
+      // strided rows (NaN between them), negative scale, three fully masked rows
+      run_gpu_case(log, {dt, 280, 24000, 24000 + 40, -1.5, 3.0f, false, 3});
+      run_gpu_case(log, {dt, 270, 20008, 20008, 1.0, 1e4f});            // magnitude 1e4
+      run_gpu_case(log, {dt, 266, 40000, 40000, 0.5, 3.0f, true});       // in place
     }
 }
 
