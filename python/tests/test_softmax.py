@@ -63,7 +63,7 @@ def test_scale_magnitude_masking_strides(device, dtype, log):
 
 
 # Vocabulary-sized rows at 1-16 rows: on sm_90 (132 SMs) each row is split over a cluster of
-# 8 blocks (src/softmax/softmax.cu: rows < 2 x SMs and slices of >= 1024 16-byte vectors);
+# 8 blocks (src/softmax/softmax_cluster_launch.cuh: rows < 2 x SMs and slices of >= 1024 16-byte vectors);
 # 128264 columns leave the last block a shorter slice. From 2 x SMs rows, rows past 2048
 # vectors take min(8, ceil(V / 2048)) blocks: 300 x 32000 bf16 2, 280 x 128264 8.
 @pytest.mark.parametrize("device", DEVICES)

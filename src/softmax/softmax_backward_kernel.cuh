@@ -7,7 +7,9 @@
 // 4096 vectors): each is read once. softmax_backward_loop_kernel (longer rows, or
 // unaligned with N = 1) re-reads both on its second pass. At VPT 8 only one block fits
 // per SM, with nothing to overlap its load phase: 76% of copy at 32000 bf16 columns (the
-// loop kernel measured 62% there).
+// loop kernel measured 62% there). On sm_90 long rows split over a thread-block cluster
+// instead (softmax_backward_cluster_kernel in softmax_cluster_kernel.cuh, the rule in
+// softmax_cluster_launch.cuh), with this file's row helpers.
 //
 // Roofline (bf16): read y and dy, write dx: 6 bytes per element; ~4 FLOPs (log: plus one
 // exp): bandwidth bound. 8192 x 32000 bf16: 1.57 GB -> 524 us at 3.0 TB/s.
@@ -19,6 +21,7 @@
 #include "common/ptx.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
+#include "softmax/softmax_kernel.cuh"
 #include "softmax/softmax_params.h"
 
 namespace llmk::detail {
@@ -33,40 +36,55 @@ __device__ __forceinline__ float softmax_dx(float y, float dy, float dot, float 
   return kLog ? scale * (dy - __expf(y) * dot) : scale * y * (dy - dot);
 }
 
+// Loads this thread's VPT vectors of y and dy of a row of n columns into registers
+// (row_vec_col's columns; vectors past the row's end are left unset) and returns the
+// thread's part of dot.
+template <class T, int N, int VPT, bool kLog>
+__device__ __forceinline__ float load_backward_row(const T* y, const T* dy, int n, Vec<T, N> (&yv)[VPT],
+                                                   Vec<T, N> (&dyv)[VPT]) {
+  float dot = 0.0f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int col = row_vec_col<N>(i);
+    if (col < n) {
+      yv[i] = load_vec<T, N>(y + col);
+      dyv[i] = load_vec<T, N>(dy + col);
+#pragma unroll
+      for (int j = 0; j < N; ++j) dot += softmax_dot_term<kLog>(to_float(yv[i].v[j]), to_float(dyv[i].v[j]));
+    }
+  }
+  return dot;
+}
+
+// Writes dx of the thread's vectors (load_backward_row's) from the row's dot.
+template <class T, int N, int VPT, bool kLog>
+__device__ __forceinline__ void store_backward_row(T* dx, int n, Vec<T, N> (&yv)[VPT], Vec<T, N> (&dyv)[VPT],
+                                                   float dot, float scale) {
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int col = row_vec_col<N>(i);
+    if (col < n) {
+      opaque(yv[i]);
+      opaque(dyv[i]);
+      Vec<T, N> g;
+#pragma unroll
+      for (int j = 0; j < N; ++j)
+        g.v[j] = from_float<T>(softmax_dx<kLog>(to_float(yv[i].v[j]), to_float(dyv[i].v[j]), dot, scale));
+      store_vec(dx + col, g);
+    }
+  }
+}
+
 template <class T, int N, int VPT, bool kLog>
 __global__ void __launch_bounds__(512) softmax_backward_vec_kernel(SoftmaxBackwardParams p) {
   ptx::pdl_start();
   const int n = static_cast<int>(p.n);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const T* y = static_cast<const T*>(p.y) + row * p.y_stride;
-    const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
     Vec<T, N> yv[VPT], dyv[VPT];
-    float dot = 0.0f;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-      if (col < n) {
-        yv[i] = load_vec<T, N>(y + col);
-        dyv[i] = load_vec<T, N>(dy + col);
-#pragma unroll
-        for (int j = 0; j < N; ++j) dot += softmax_dot_term<kLog>(to_float(yv[i].v[j]), to_float(dyv[i].v[j]));
-      }
-    }
-    dot = block_sum(dot);
-    T* dx = static_cast<T*>(p.dx) + row * p.dx_stride;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
-      if (col < n) {
-        opaque(yv[i]);
-        opaque(dyv[i]);
-        Vec<T, N> g;
-#pragma unroll
-        for (int j = 0; j < N; ++j)
-          g.v[j] = from_float<T>(softmax_dx<kLog>(to_float(yv[i].v[j]), to_float(dyv[i].v[j]), dot, p.scale));
-        store_vec(dx + col, g);
-      }
-    }
+    const float dot = block_sum(load_backward_row<T, N, VPT, kLog>(static_cast<const T*>(p.y) + row * p.y_stride,
+                                                                     static_cast<const T*>(p.dy) + row * p.dy_stride,
+                                                                     n, yv, dyv));
+    store_backward_row<T, N, VPT, kLog>(static_cast<T*>(p.dx) + row * p.dx_stride, n, yv, dyv, dot, p.scale);
   }
 }
 

@@ -22,7 +22,7 @@
 //     that the re-read hits it, and unrolling the loops x4: slower or no faster.)
 //   - On sm_90, long rows (at small batch, or past 16384 bf16 columns at any batch) split
 //     each row over a thread-block cluster instead (softmax_cluster_kernel.cuh, its
-//     dispatch rule in softmax.cu).
+//     dispatch rule in softmax_cluster_launch.cuh).
 // Masked (-inf) entries contribute 0; a fully masked row gives zeros (log: -inf).
 //
 // Roofline (bf16, rows x n): read n, write n: 4 bytes per element (vector path), 6 with

@@ -1,7 +1,7 @@
 // Host-side launch of the softmax kernels, forward (SoftmaxParams) and backward
 // (SoftmaxBackwardParams): the register-resident vector kernel when the row is aligned and
 // fits (its shape from common/row_shape.h), else the two-pass loop kernel. (The forward
-// first offers long rows to the sm_90 cluster kernel: softmax.cu.)
+// and backward first offer long rows to the sm_90 cluster kernels: softmax_cluster_launch.cuh.)
 #pragma once
 
 #include <type_traits>

@@ -190,7 +190,7 @@ TEST(SoftmaxGpu, ScalesMagnitudesMaskingStridesInPlace) {
     }
 }
 
-// Vocabulary-sized rows at small batch. On sm_90 (H100: 132 SMs) softmax.cu's rule splits
+// Vocabulary-sized rows at small batch. On sm_90 (H100: 132 SMs) softmax_cluster_launch.cuh's rule splits
 // each row over a cluster of C blocks: C = min(8, max(ceil(V / 8192), SMs / rows), V / 1024)
 // for V 16-byte vectors per row, when rows < 2 x SMs and C >= 2. Every case below takes it
 // there (C = 8, except 80 x 70000: C = 2 for 16-bit types, 3 for fp32); elsewhere the
@@ -210,7 +210,7 @@ TEST(SoftmaxGpu, VocabularyRowsOverClusters) {
     }
 }
 
-// Long rows at many rows. On sm_90 softmax.cu's rule splits rows of more than 2048 16-byte
+// Long rows at many rows. On sm_90 softmax_cluster_launch.cuh's rule splits rows of more than 2048 16-byte
 // vectors (16384 bf16 columns) over C = min(8, ceil(V / 2048)) blocks when rows >= 2 x SMs
 // (264 on the H100): 300 x 32000 bf16 takes C = 2 (fp32: 4), 300 x 128264 C = 8 with a
 // shorter last slice; elsewhere the one-block kernels (two-pass past 65536 bf16 columns) run
