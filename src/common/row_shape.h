@@ -31,6 +31,18 @@ inline int round_up_warp(int64_t threads) {
 // serves only the many-rows side, and the sm_90 softmax cluster kernel has a rule per side).
 inline bool few_rows(int64_t rows, int sm_count) { return rows < 2 * int64_t{sm_count}; }
 
+// The shape with the most threads for rows of n 16-byte vectors: the smallest compiled VPT
+// in {1, 2, 4, 8, 16} with 128 <= n / VPT <= 512 threads (fewer only for VPT = 1), the
+// shortest serial work per thread. vpt = 0: the row does not fit.
+template <class KernelFor>
+RowShape widest_row_shape(int64_t n, KernelFor&& kernel_for) {
+  for (int vpt : {1, 2, 4, 8, 16}) {
+    const int threads = round_up_warp((n + vpt - 1) / vpt);
+    if (kernel_for(vpt) != nullptr && threads <= 512 && (threads >= 128 || vpt == 1)) return {vpt, threads};
+  }
+  return {0, 0};
+}
+
 // The shape for rows of n 16-byte vectors: VPT in {1, 2, 4, 8, 16} with
 // 128 <= n / VPT <= 512 threads (fewer only for VPT = 1). Few rows (under two per SM):
 // the most threads per row, for latency. Otherwise the most resident threads per SM
@@ -42,14 +54,13 @@ template <class KernelFor>
 RowShape pick_row_shape(int64_t rows, int64_t n, KernelFor&& kernel_for) {
   int device = 0;
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
-  const bool few = few_rows(rows, sm_count_of(device));
+  if (few_rows(rows, sm_count_of(device))) return widest_row_shape(n, kernel_for);
   RowShape best{0, 0};
   int64_t best_score = -1;
   for (int vpt : {1, 2, 4, 8, 16}) {
     const int threads = round_up_warp((n + vpt - 1) / vpt);
     const void* kernel = kernel_for(vpt);
     if (kernel == nullptr || threads > 512 || (threads < 128 && vpt > 1)) continue;
-    if (few) return {vpt, threads};
     const KernelFit fit = kernel_fit(kernel, threads, device);
     // Non-spilling kernels rank above every spilling one.
     const int64_t score = int64_t{fit.blocks_per_sm} * threads + (fit.spills ? 0 : (int64_t{1} << 32));

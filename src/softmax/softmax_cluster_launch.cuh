@@ -29,8 +29,12 @@
 // C = 3, 8192 x 32000 bf16 C = 2, 8192 x 128256 bf16 C = 8; 1 x 8192 bf16 (1024 vectors),
 // and many rows of up to 16384 bf16 columns, keep the one-block kernels. Backward: 8192 x
 // 32000 bf16 C = 4, 8192 x 128256 C = 8, many rows of up to 8192 bf16 columns one block.
-// The block shape within the cluster is pick_row_shape's (common/row_shape.h) for R x C rows
-// of a slice. A device without sm_90 code in this build, or one that cannot hold the cluster
+// The block shape within the cluster is the widest (common/row_shape.h): the smallest compiled
+// VPT within 512 threads, 4 vectors per thread (backward 2 + 2, or 4 + 4) at many rows, where
+// the kernels' launch bounds keep 4 blocks of 512 threads per SM (backward at VPT 4: 3).
+// (Ranking shapes by resident threads, as the one-block kernels do, picked 8 vectors per
+// thread for kernels whose VPT 4 spilled 4 bytes, and 3 blocks per SM at 38-40 registers
+// measured 77.6% of copy at 8192 x 32000 where 4 blocks at 32 reached 89%.) A device without sm_90 code in this build, or one that cannot hold the cluster
 // (cudaOccupancyMaxActiveClusters = 0), keeps the one-block kernels.
 #pragma once
 
@@ -123,7 +127,7 @@ bool launch_softmax_cluster(const char* op, const Params& p, bool log, DType dty
       dispatch_vpt(vpt, [&](auto v) { kernel = softmax_cluster_kernel_ptr<Params, T, decltype(v)::value>(log); });
       return kernel;
     };
-    const RowShape shape = pick_row_shape(p.rows * cluster, slice, kernel_for);
+    const RowShape shape = widest_row_shape(slice, kernel_for);
     if (shape.vpt == 0 || !softmax_cluster_runs(kernel_for(shape.vpt), shape.threads, cluster, device)) return false;
     int slice_columns = static_cast<int>(slice * N);
     void* args[] = {const_cast<Params*>(&p), &slice_columns};
