@@ -131,18 +131,20 @@ __device__ __forceinline__ int row_vec_col(int i) {
 // per element where converting each to fp32, scaling it by the sign and comparing took three
 // (Nsight Compute had the bf16 kernels issuing on 71-81% of cycles; H100, bf16, same run:
 // 2048 x 4096 85% -> 98% of copy, 8192 x 4096 90% -> 96%, 8192 x 32000 88% -> 91%, 8192 x
-// 128256 79% -> 91%). At VPT 16 (one block of 512 threads per 65536-column row: sm_80, or
-// rows the cluster kernel does not take) the 16-bit softmax kernels spill 28-56 bytes.
-template <class T>
+// 128256 79% -> 91%). kPairs = false keeps the per-element form: at VPT 16 (one block of 512
+// threads per 65536-column row: sm_80, or rows the cluster kernel does not take) the pairs'
+// two accumulators made the 16-bit softmax kernels spill 28-56 bytes.
+template <class T, bool kPairs = true>
 struct MaxKey {
+  static constexpr bool kPacked = kPairs && !std::is_same_v<T, float>;
   using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-  Pair hi{T(-INFINITY), T(-INFINITY)}, lo{T(INFINITY), T(INFINITY)};  // 16-bit
-  float m = -INFINITY;                                                // fp32
+  Pair hi{T(-INFINITY), T(-INFINITY)}, lo{T(INFINITY), T(INFINITY)};  // kPacked
+  float m = -INFINITY;                                                // otherwise
   template <int N>
   __device__ __forceinline__ void add(const Vec<T, N>& v, const RowScale<T>& sc) {
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (!kPacked) {
 #pragma unroll
-      for (int j = 0; j < N; ++j) m = fmaxf(m, sc.key(v.v[j]));
+      for (int j = 0; j < N; ++j) m = fmaxf(m, sc.key(to_float(v.v[j])));
     } else {
 #pragma unroll
       for (int j = 0; j < N / 2; ++j) {
@@ -153,7 +155,7 @@ struct MaxKey {
     }
   }
   __device__ __forceinline__ float value(const RowScale<T>& sc) const {
-    if constexpr (std::is_same_v<T, float>) return m;
+    if constexpr (!kPacked) return m;
     else return sc.sign > 0.0f ? fmaxf(to_float(hi.x), to_float(hi.y)) : -fminf(to_float(lo.x), to_float(lo.y));
   }
 };
@@ -162,7 +164,7 @@ struct MaxKey {
 // row's end are left unset) and returns the thread's pair over them.
 template <class T, int N, int VPT>
 __device__ __forceinline__ MaxSum load_row(const T* x, int n, Vec<T, N> (&s)[VPT], const RowScale<T>& sc) {
-  MaxKey<T> key;
+  MaxKey<T, (VPT <= 8)> key;
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
     if (row_vec_col<N>(i) < n) {
