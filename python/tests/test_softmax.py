@@ -1,8 +1,8 @@
 """torch.ops.llmk.softmax (softmax and log_softmax) and softmax_backward: values against the
-float64 definition on CPU and CUDA (short, long and two-pass rows, vocabulary-sized rows at
-small batch (split over a thread-block cluster on sm_90), scales, magnitude 1e4, masked
-entries and rows, strided rows), autograd against float64 autograd, opcheck,
-torch.compile(fullgraph=True), bad inputs."""
+float64 definition on CPU and CUDA (short, long and two-pass rows, long rows split over a
+thread-block cluster on sm_90 at few rows and at many, forward and backward, scales,
+magnitude 1e4, masked entries and rows, strided rows), autograd against float64 autograd,
+opcheck, torch.compile(fullgraph=True), bad inputs."""
 
 import pytest
 import torch
@@ -91,12 +91,15 @@ def test_vocabulary_rows_strided_masked(device, dtype, log):
     check(y, softmax_ref(x, 1.0, log), dtype, log)
 
 
+# (16, 128256) and (300, 32000): on sm_90 (132 SMs) the backward splits each row over a
+# cluster, 8 blocks at few rows and 4 at many (src/softmax/softmax_cluster_launch.cuh).
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("log", [False, True])
-def test_autograd_matches_float64(device, dtype, log):
-    x = (torch.randn(6, 3, 700, device=device, dtype=dtype) * 2).requires_grad_()
-    dy = torch.randn(6, 3, 700, device=device, dtype=dtype)
+@pytest.mark.parametrize("shape", [(6, 3, 700), (16, 128256), (300, 32000)])
+def test_autograd_matches_float64(device, dtype, log, shape):
+    x = (torch.randn(shape, device=device, dtype=dtype) * 2).requires_grad_()
+    dy = torch.randn(shape, device=device, dtype=dtype)
     ours(x, 0.3, log).backward(dy)
     x64 = x.detach().double().requires_grad_()
     softmax_ref(x64, 0.3, log).backward(dy.double())

@@ -89,7 +89,8 @@ __global__ void __launch_bounds__(512, VPT <= 4 ? 4 : 1) softmax_cluster_kernel(
   const int64_t row = blockIdx.y;
   Vec<T, N> s[VPT];
   const MaxSum own = block_max_sum(load_row(static_cast<const T*>(p.x) + row * p.x_stride + first, n, s, sc), sc);
-  const MaxSum all = cluster_merge(published, own, MaxSum{-INFINITY, 0.0f}, [&](MaxSum v) { return warp_max_sum(v, sc); });
+  const MaxSum all =
+      cluster_merge(published, own, MaxSum{-INFINITY, 0.0f}, [&](MaxSum v) { return warp_max_sum(v, sc); });
   store_row(static_cast<T*>(p.out) + row * p.out_stride + first, n, s, SoftmaxOut<T, kLog>(all, sc));
   cluster_merge_done();
 #else
@@ -105,7 +106,8 @@ __global__ void __launch_bounds__(512, VPT <= 4 ? 4 : 1) softmax_cluster_kernel(
 // 512 threads per SM at VPT 2 (the many-rows shape), 3 at VPT 4 (40 registers, no spill in
 // 16-bit, 16 bytes in fp32; 48-51 registers otherwise, 2 blocks).
 template <class T, int N, int VPT, bool kLog>
-__global__ void __launch_bounds__(512, VPT <= 2 ? 4 : VPT == 4 ? 3 : 1) softmax_backward_cluster_kernel(SoftmaxBackwardParams p, int slice) {
+__global__ void __launch_bounds__(512, VPT <= 2 ? 4 : VPT == 4 ? 3 : 1)
+    softmax_backward_cluster_kernel(SoftmaxBackwardParams p, int slice) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   ptx::pdl_start();
   __shared__ float published;  // this block's part of dot

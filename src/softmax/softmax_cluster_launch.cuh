@@ -34,7 +34,8 @@
 // the kernels' launch bounds keep 4 blocks of 512 threads per SM (backward at VPT 4: 3).
 // (Ranking shapes by resident threads, as the one-block kernels do, picked 8 vectors per
 // thread for kernels whose VPT 4 spilled 4 bytes, and 3 blocks per SM at 38-40 registers
-// measured 77.6% of copy at 8192 x 32000 where 4 blocks at 32 reached 89%.) A device without sm_90 code in this build, or one that cannot hold the cluster
+// measured 77.6% of copy at 8192 x 32000 where 4 blocks at 32 reached 89%.) A device without
+// sm_90 code in this build, or one that cannot hold the cluster
 // (cudaOccupancyMaxActiveClusters = 0), keeps the one-block kernels.
 #pragma once
 
@@ -60,8 +61,9 @@ struct SoftmaxClusterSizes {
 };
 
 template <class Params>
-inline constexpr SoftmaxClusterSizes kSoftmaxClusterSizes =
-    std::is_same_v<Params, SoftmaxParams> ? SoftmaxClusterSizes{512 * 16, 512 * 4} : SoftmaxClusterSizes{512 * 8, 512 * 2};
+inline constexpr SoftmaxClusterSizes kSoftmaxClusterSizes = std::is_same_v<Params, SoftmaxParams>
+                                                                ? SoftmaxClusterSizes{512 * 16, 512 * 4}
+                                                                : SoftmaxClusterSizes{512 * 8, 512 * 2};
 
 inline constexpr int64_t kClusterMinSlice = 1024;  // 16-byte vectors per block at least (few rows)
 inline constexpr int64_t kClusterMaxRows = 65535;  // the grid's y dimension, one row each

@@ -20,9 +20,9 @@
 //     folds each chunk into the running (max, sum), the second re-reads the row and
 //     writes y. (Measured and reverted: bounding the rows in flight to half the L2 so
 //     that the re-read hits it, and unrolling the loops x4: slower or no faster.)
-//   - On sm_90, long rows (at small batch, or past 16384 bf16 columns at any batch) split
-//     each row over a thread-block cluster instead (softmax_cluster_kernel.cuh, its
-//     dispatch rule in softmax_cluster_launch.cuh).
+//   - On sm_90, long rows (at small batch, or past 16384 bf16 columns at any batch, up to
+//     65535 rows and 65536 vectors) split each row over a thread-block cluster instead
+//     (softmax_cluster_kernel.cuh, its dispatch rule in softmax_cluster_launch.cuh).
 // Masked (-inf) entries contribute 0; a fully masked row gives zeros (log: -inf).
 //
 // Roofline (bf16, rows x n): read n, write n: 4 bytes per element (vector path), 6 with

@@ -166,7 +166,8 @@ TEST(SoftmaxGpu, MatchesCpuReference) {
         for (int64_t rows : {1, 3, 37}) run_gpu_case(log, {dt, rows, n, n});
       run_gpu_case(log, {dt, 3, 65536, 65536});    // the longest register-resident bf16 row (sm_90: cluster)
       // The longest register-resident row (512 threads x 16 vectors) at a row count that the
-      // cluster rule leaves to one block per row (rows > SMs / 2 with fewer than 160 SMs).
+      // cluster rule leaves to one block per row in the forward (rows > SMs / 2 with fewer
+      // than 160 SMs); the backward, which holds 8 vectors per thread, takes a cluster of 2.
       const int64_t longest = 512 * 16 * (16 / static_cast<int64_t>(dtype_size(dt)));
       run_gpu_case(log, {dt, 80, longest, longest});
       run_gpu_case(log, {dt, 2, 65544, 65544});    // two-pass path, vector loads (sm_90: cluster)
@@ -190,11 +191,12 @@ TEST(SoftmaxGpu, ScalesMagnitudesMaskingStridesInPlace) {
     }
 }
 
-// Vocabulary-sized rows at small batch. On sm_90 (H100: 132 SMs) softmax_cluster_launch.cuh's rule splits
-// each row over a cluster of C blocks: C = min(8, max(ceil(V / 8192), SMs / rows), V / 1024)
-// for V 16-byte vectors per row, when rows < 2 x SMs and C >= 2. Every case below takes it
-// there (C = 8, except 80 x 70000: C = 2 for 16-bit types, 3 for fp32); elsewhere the
-// one-block kernels run the same cases. run_gpu_case masks every fifth column.
+// Vocabulary-sized rows at small batch. On sm_90 (H100: 132 SMs) softmax_cluster_launch.cuh's
+// rule splits each row over a cluster of C blocks: C = min(8, max(ceil(V / M), SMs / rows),
+// V / 1024) for V 16-byte vectors per row (M = 8192 forward, 4096 backward), when rows < 2 x
+// SMs and C >= 2. Every case below takes it there (C = 8, except 80 x 70000: forward C = 2
+// for 16-bit types and 3 for fp32, backward 3 and 5); elsewhere the one-block kernels run the
+// same cases. run_gpu_case masks every fifth column.
 TEST(SoftmaxGpu, VocabularyRowsOverClusters) {
   LLMK_REQUIRE_GPU();
   for (bool log : {false, true})
@@ -210,11 +212,13 @@ TEST(SoftmaxGpu, VocabularyRowsOverClusters) {
     }
 }
 
-// Long rows at many rows. On sm_90 softmax_cluster_launch.cuh's rule splits rows of more than 2048 16-byte
-// vectors (16384 bf16 columns) over C = min(8, ceil(V / 2048)) blocks when rows >= 2 x SMs
-// (264 on the H100): 300 x 32000 bf16 takes C = 2 (fp32: 4), 300 x 128264 C = 8 with a
-// shorter last slice; elsewhere the one-block kernels (two-pass past 65536 bf16 columns) run
-// the same cases. run_gpu_case masks every fifth column.
+// Long rows at many rows. On sm_90 softmax_cluster_launch.cuh's rule splits rows of more than
+// 2048 16-byte vectors (16384 bf16 columns; backward 1024) over C = min(8, ceil(V / 2048))
+// blocks (backward ceil(V / 1024)) when rows >= 2 x SMs (264 on the H100; on a GPU of more
+// than 133 SMs these cases take the few-rows rule instead): 300 x 32000 bf16 takes C = 2
+// (fp32: 4; backward 4 and 8), 300 x 128264 C = 8 with a shorter last slice; elsewhere the
+// one-block kernels (two-pass past 65536 bf16 columns) run the same cases. run_gpu_case
+// masks every fifth column and runs the backward on each case.
 TEST(SoftmaxGpu, ManyLongRowsOverClusters) {
   LLMK_REQUIRE_GPU();
   for (bool log : {false, true})
