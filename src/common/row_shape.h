@@ -31,14 +31,21 @@ inline int round_up_warp(int64_t threads) {
 // serves only the many-rows side, and the sm_90 softmax cluster kernel has a rule per side).
 inline bool few_rows(int64_t rows, int sm_count) { return rows < 2 * int64_t{sm_count}; }
 
+// The block of a row of n 16-byte vectors at VPT vectors per thread: n / VPT threads rounded
+// up to a warp, if within 128..512 (fewer than 128 only for VPT = 1); 0 otherwise.
+inline int row_block_threads(int64_t n, int vpt) {
+  const int threads = round_up_warp((n + vpt - 1) / vpt);
+  return threads > 512 || (threads < 128 && vpt > 1) ? 0 : threads;
+}
+
 // The shape with the most threads for rows of n 16-byte vectors: the smallest compiled VPT
-// in {1, 2, 4, 8, 16} with 128 <= n / VPT <= 512 threads (fewer only for VPT = 1), the
-// shortest serial work per thread. vpt = 0: the row does not fit.
+// in {1, 2, 4, 8, 16} with a row_block_threads block, the shortest serial work per thread.
+// vpt = 0: the row does not fit.
 template <class KernelFor>
 RowShape widest_row_shape(int64_t n, KernelFor&& kernel_for) {
   for (int vpt : {1, 2, 4, 8, 16}) {
-    const int threads = round_up_warp((n + vpt - 1) / vpt);
-    if (kernel_for(vpt) != nullptr && threads <= 512 && (threads >= 128 || vpt == 1)) return {vpt, threads};
+    const int threads = row_block_threads(n, vpt);
+    if (threads != 0 && kernel_for(vpt) != nullptr) return {vpt, threads};
   }
   return {0, 0};
 }
@@ -58,9 +65,9 @@ RowShape pick_row_shape(int64_t rows, int64_t n, KernelFor&& kernel_for) {
   RowShape best{0, 0};
   int64_t best_score = -1;
   for (int vpt : {1, 2, 4, 8, 16}) {
-    const int threads = round_up_warp((n + vpt - 1) / vpt);
+    const int threads = row_block_threads(n, vpt);
     const void* kernel = kernel_for(vpt);
-    if (kernel == nullptr || threads > 512 || (threads < 128 && vpt > 1)) continue;
+    if (kernel == nullptr || threads == 0) continue;
     const KernelFit fit = kernel_fit(kernel, threads, device);
     // Non-spilling kernels rank above every spilling one.
     const int64_t score = int64_t{fit.blocks_per_sm} * threads + (fit.spills ? 0 : (int64_t{1} << 32));
