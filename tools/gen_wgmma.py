@@ -2,12 +2,13 @@
 
 wgmma.mma_async names every accumulator register in its operand list (N/2 of them for
 m64nNk16), which is too long to write by hand and cannot be built by the preprocessor
-without macros; this script spells the lists out. Run it after changing SHAPES:
+without macros; this script spells the lists out. Run it after changing SHAPES or RS_SHAPES:
     python3 tools/gen_wgmma.py
 """
 import pathlib
 
-SHAPES = (64, 128, 256)  # the N of m64nNk16 that the kernels use
+SHAPES = (32, 64, 128, 256)  # the N of m64nNk16 that the kernels use, both operands in shared memory
+RS_SHAPES = (64, 128, 256)  # the same with A from registers
 DTYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "src/common/sm90/wgmma_ops.cuh"
@@ -75,7 +76,7 @@ def main():
     body.append("")
     body.append("// A from registers (the mma.sync m16n8k16 A fragment of each warp's 16 rows), B from")
     body.append("// shared memory; kTransB as above.")
-    for n in SHAPES:
+    for n in RS_SHAPES:
         for ctype, ptx in DTYPES:
             body.append(function_rs(n, ctype, ptx).rstrip())
     body += ["", "}  // namespace llmk::detail::sm90", ""]

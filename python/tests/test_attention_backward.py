@@ -198,7 +198,7 @@ def test_varlen_matches_each_sequence(monkeypatch, device, path, causal, dim, le
 
 @requires_cuda
 @pytest.mark.parametrize("path", ["sm80", "sm90", "auto"])
-@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("dim", [64, 128, 256])
 def test_deterministic_is_bitwise_repeatable(monkeypatch, path, dim):
     """deterministic=True (and torch.use_deterministic_algorithms) gives the same bytes in 10
     runs; both it and the default follow the rule."""

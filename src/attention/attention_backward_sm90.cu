@@ -1,12 +1,15 @@
-// Launcher of the Hopper attention backward main kernel (attention_backward_sm90_kernel.cuh):
-// which calls it takes, the TMA maps over q, k, v, dout and the dq accumulator, the grid. The
-// rows kernels before and after it are the sm_80 path's (attention_backward.cu); the
-// deterministic path is this kernel with its dq reductions in key-block order.
+// Launcher of the Hopper attention backward main kernels (attention_backward_sm90_kernel.cuh at
+// head dims 64 and 128, attention_backward_sm90_hd256_kernel.cuh at 256): which calls they
+// take, the TMA maps over q, k, v, dout and the dq accumulator, the grid. The rows kernels
+// before and after them are the sm_80 path's (attention_backward.cu); the deterministic path
+// is the same kernels with their dq reductions in key-block order.
 //
-// Instantiations (the only list): {bf16, fp16} x head dim {64, 128}. Head dims 32, 96 (rows
-// that are not whole 128-byte swizzle chunks) and 256 (whose dK + dV accumulators of 64 keys
-// take 256 registers per thread), head dims LLMK_HEAD_DIMS leaves out, and strides TMA
-// cannot address take the sm_80 main kernel.
+// Instantiations (the only list): {bf16, fp16} x head dim {64, 128, 256}. Head dims 32 and 96
+// (rows that are not whole 128-byte swizzle chunks), head dims LLMK_HEAD_DIMS leaves out, and
+// strides TMA cannot address take the sm_80 main kernel.
+#include <type_traits>
+
+#include "attention/attention_backward_sm90_hd256_kernel.cuh"
 #include "attention/attention_backward_sm90_kernel.cuh"
 #include "attention/attention_params.h"
 #include "attention/attention_sm90_maps.h"
@@ -20,14 +23,22 @@ namespace llmk::detail {
 
 namespace {
 
+template <int kHeadDim>
+using TileOf = std::conditional_t<kHeadDim == 256, sm90::AttentionBackwardSm90Hd256Tile,
+                                  sm90::AttentionBackwardSm90Tile<kHeadDim>>;
+
 template <class T, int kHeadDim>
 const void* kernel_for() {
-  return reinterpret_cast<const void*>(sm90::attention_backward_sm90_kernel<T, kHeadDim>);
+  if constexpr (kHeadDim == 256) return reinterpret_cast<const void*>(sm90::attention_backward_sm90_hd256_kernel<T>);
+  else return reinterpret_cast<const void*>(sm90::attention_backward_sm90_kernel<T, kHeadDim>);
 }
+
+// The key block of the kernel that takes head dim `head_dim` (64 keys at 256, else 128).
+int block_n_of(int head_dim) { return head_dim == 256 ? TileOf<256>::kBlockN : TileOf<128>::kBlockN; }
 
 template <class T, int kHeadDim>
 void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream) {
-  using Tile = sm90::AttentionBackwardSm90Tile<kHeadDim>;
+  using Tile = TileOf<kHeadDim>;
   const AttentionParams& p = bp.fwd;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int batch = varlen ? 1 : p.batch;
@@ -67,7 +78,8 @@ void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream)
   // Key blocks in order: causal blocks with the first keys see the most query tiles and
   // start first (deterministic causal calls reverse it: the kernel maps blockIdx.x).
   const dim3 grid((p.seqlen_k + Tile::kBlockN - 1) / Tile::kBlockN, bp.heads_kv, p.batch);
-  sm90::attention_backward_sm90_kernel<T, kHeadDim><<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(maps, bp);
+  void* args[] = {&maps, const_cast<AttentionBackwardParams*>(&bp)};
+  LLMK_CUDA_CHECK(cudaLaunchKernel(kernel, grid, dim3(Tile::kThreads), args, Tile::kSharedBytes, stream));
 }
 
 }  // namespace
@@ -76,8 +88,9 @@ bool attention_backward_sm90_takes(const AttentionBackwardParams& bp, DType dtyp
   const AttentionParams& p = bp.fwd;
   const bool varlen = p.cu_seqlens_q != nullptr;
   if (dtype != DType::f16 && dtype != DType::bf16) return *why = "the dtype is not float16 or bfloat16", false;
-  if (!((p.head_dim == 64 && head_dim_compiled(64)) || (p.head_dim == 128 && head_dim_compiled(128))))
-    return *why = "the Hopper backward is built for head dims 64 and 128 (as far as LLMK_HEAD_DIMS builds them)",
+  if (!((p.head_dim == 64 && head_dim_compiled(64)) || (p.head_dim == 128 && head_dim_compiled(128)) ||
+        (p.head_dim == 256 && head_dim_compiled(256))))
+    return *why = "the Hopper backward is built for head dims 64, 128 and 256 (as far as LLMK_HEAD_DIMS builds them)",
            false;
   if (!attention_tma_ok(p.q, varlen) || !attention_tma_ok(p.k, varlen) || !attention_tma_ok(p.v, varlen) ||
       !attention_tma_ok(bp.dout, varlen))
@@ -87,18 +100,19 @@ bool attention_backward_sm90_takes(const AttentionBackwardParams& bp, DType dtyp
   for (const AttentionTensor* t : {&bp.dk, &bp.dv})
     if (reinterpret_cast<uintptr_t>(t->data) % 4 != 0 || t->row_stride % 2 != 0)
       return *why = "dk and dv need 4-byte aligned rows", false;
-  if (!sm90::sm90a_kernel_runs(kernel_for<__nv_bfloat16, head_dim_compiled(128) ? 128 : 64>(), device))
+  if (!sm90::sm90a_kernel_runs(
+          kernel_for<__nv_bfloat16, head_dim_compiled(128) ? 128 : head_dim_compiled(64) ? 64 : 256>(), device))
     return *why = "the device is not sm_90 or this build has no sm_90a code", false;
   return true;
 }
 
 void attention_backward_sm90_plan(AttentionBackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
-  constexpr int kBlockN = sm90::AttentionBackwardSm90Tile<64>::kBlockN;
-  static_assert(kBlockN == sm90::AttentionBackwardSm90Tile<128>::kBlockN, "one key block size");
+  static_assert(TileOf<64>::kBlockN == TileOf<128>::kBlockN, "one key block size below head dim 256");
+  const int block_n = block_n_of(p.head_dim);
   int device = 0;
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
-  const int key_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  const int key_blocks = (p.seqlen_k + block_n - 1) / block_n;
   // A sequence's key blocks fit the SMs (one block per SM): with blocks dispatched in blockIdx
   // order, a block may then wait on one dispatched after it (the device's SM count: a
   // partition of the GPU with fewer SMs could hang such waits).
@@ -111,7 +125,8 @@ void attention_backward_sm90_plan(AttentionBackwardParams& bp) {
   // hidden 2048): causal +5-13% at seqlen 512-1024, +2-4% at 2048-4096 (deterministic; the
   // default -1% to +1% at 4096), -0.5% at 16k; non-causal +2-8% at 512 (hd 64 1024), then
   // -2% to +2% at 2048-4096 and down to -4% at 16k (deterministic hd 128).
-  const bool short_walks = key_blocks <= (p.causal ? 32 : 8);
+  // (Measured with 128-key blocks, as 32 and 8 key blocks: the same key counts at head dim 256.)
+  const bool short_walks = p.seqlen_k <= (p.causal ? 4096 : 1024);
   // The first store: rank 0 reaches its tile no later than any other block (causal, the
   // tile's highest key block; non-causal, the rotated walk's first arrival), but may be
   // dispatched after them (except deterministic causal, whose grid runs last blocks first),
@@ -129,13 +144,15 @@ void attention_backward_sm90(const AttentionBackwardParams& bp, DType dtype, cud
     using T = device_type_t<decltype(tag)>;
     if (bp.fwd.head_dim == 64) {
       if constexpr (head_dim_compiled(64)) launch<T, 64>(bp, dtype, stream);
-    } else if constexpr (head_dim_compiled(128)) {
-      launch<T, 128>(bp, dtype, stream);
+    } else if (bp.fwd.head_dim == 128) {
+      if constexpr (head_dim_compiled(128)) launch<T, 128>(bp, dtype, stream);
+    } else if constexpr (head_dim_compiled(256)) {
+      launch<T, 256>(bp, dtype, stream);
     }
   };
   if (dtype == DType::bf16) with_type(DTypeTag<DType::bf16>{});
   else with_type(DTypeTag<DType::f16>{});
-  LLMK_CHECK_LAUNCH("attention_backward_sm90_kernel", stream);
+  LLMK_CHECK_LAUNCH("attention_backward_sm90 main kernel", stream);
 }
 
 }  // namespace llmk::detail

@@ -72,16 +72,9 @@
 // and dS on every S^T element and 4 D bytes of dq reductions per (query row, key block).
 #pragma once
 
-#include <cuda.h>
-
-#include "attention/attention_backward_kernel.cuh"
-#include "attention/attention_params.h"
+#include "attention/attention_backward_sm90_walk.cuh"
 #include "common/ptx.cuh"
-#include "common/sm90/mbarrier.cuh"
 #include "common/sm90/store_tile.cuh"
-#include "common/sm90/tma.cuh"
-#include "common/sm90/turns.cuh"
-#include "common/sm90/warpgroup.cuh"
 #include "common/sm90/wgmma.cuh"
 
 namespace llmk::detail::sm90 {
@@ -117,14 +110,6 @@ struct AttentionBackwardSm90Tile {
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "D = 64 or 128: whole swizzle chunks, dK + dV in registers");
 };
 
-// Maps over q, dout (boxes of kBlockM rows) and k, v (kBlockN rows) as 4-d [batch, heads,
-// rows, D] (dense) or [1, heads, total, D] (varlen), 64 columns per box.
-// dq_accum: the float32 accumulator as 4-d [batch, heads, rows, D] (its layout is lse's
-// times D), boxes of 64 rows x 32 columns, added to by TMA reductions.
-struct AttentionBackwardSm90Maps {
-  CUtensorMap q, k, v, dout, dq_accum;
-};
-
 // grid (ceil(seqlen_k / kBlockN), heads_kv, batch). Writes dk, dv of the block's keys (0
 // for keys no query row sees) and adds its share of dq to bp.dq_accum.
 template <class T, int kHeadDim>
@@ -135,26 +120,13 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   using Tile = AttentionBackwardSm90Tile<kHeadDim>;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN, D = kHeadDim;
   const AttentionParams& p = bp.fwd;
-  // Deterministic causal calls dispatch the last key blocks first: their dq turns run from the
-  // last key block down (below).
-  const bool last_first = p.causal && bp.dq_ordered;
-  const int n_block = static_cast<int>(last_first ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
-  const int kv_head = static_cast<int>(blockIdx.y);
-  const int batch = static_cast<int>(blockIdx.z);
-  const SequenceBounds seq = sequence_bounds(p, batch);
-  const int n0 = n_block * N;
-  if (n0 >= seq.seqlen_k) return;
-  const int shift = seq.seqlen_k - seq.seqlen_q;  // causal: row i sees key j <= i + shift
-  const bwd::QueryTiles tiles = bwd::query_tiles_seeing(seq, p.causal, n0, M);
-  const int m_begin = tiles.begin, per_head = tiles.count();
-  const int n_iters = per_head * p.group;
-  const int32_t map_batch = p.cu_seqlens_q != nullptr ? 0 : batch;
+  const KeyBlockWalk<M, N> walk(bp);
+  if (walk.empty()) return;
+  const int n0 = walk.n0, n_iters = walk.n_iters;
+  const SequenceBounds& seq = walk.seq;
 
   extern __shared__ uint8_t shared_raw[];
-  // Rounded up to 1024 bytes by pointer arithmetic on the shared array (an integer round trip
-  // would lose the address space: lse2 and D were read with generic loads).
-  uint8_t* base =
-      shared_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw)) & 1023u)) & 1023u);
+  uint8_t* base = aligned_shared_base(shared_raw);
   float* row_lse2 = reinterpret_cast<float*>(base + Tile::kRows);  // [kStages][M]
   float* row_delta = row_lse2 + Tile::kStages * M;                  // [kStages][M]
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(base + Tile::kBarriers);
@@ -176,129 +148,38 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   // Consumer c's share of a tile's dQ: 64 rows x 64 columns of the kBlockM x D tile.
   auto dq_row0 = [](int c) { return M == 128 ? 64 * c : 0; };
   auto dq_col0 = [](int c) { return M == 128 ? 0 : 64 * c; };
-  // The sequence's key blocks (as far as the grid reaches: see the deterministic turns below).
-  const int key_blocks = min((seq.seqlen_k + N - 1) / N, static_cast<int>(gridDim.x));
-  // The walk: step it visits tile u = (it + walk_start) mod n_iters (rotate_walk: non-causal,
-  // where every block sees every tile), query head kv_head * group + u / per_head, query tile
-  // m_begin + u % per_head.
-  const int walk_start =
-      bp.rotate_walk ? static_cast<int>(static_cast<int64_t>(n_block) * n_iters / key_blocks) : 0;
-  auto walk_index = [&](int it) { return it + walk_start < n_iters ? it + walk_start : it + walk_start - n_iters; };
-  auto tile_of = [&](int it, int& head, int& m0) {
-    const int u = walk_index(it);
-    head = kv_head * p.group + u / per_head;
-    m0 = (m_begin + u % per_head) * M;
-  };
-  // A tile's first row in lse's layout (that of D, and of the turn counters' row pairs).
-  auto lse_row = [&](int head, int m0) -> int64_t {
-    return p.lse_offset(batch, head) + seq.q_start + m0;
-  };
 
   const int wg = warpgroup_index();
   if (wg == 0) {
     warpgroup_release_registers<24>();
-    RingState<Tile::kStages> ring;
-    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-    if (warp == 1) {
-      for (int it = 0; it < n_iters; ++it) {
-        int head, m0;
-        tile_of(it, head, m0);
-        const int64_t first = lse_row(head, m0);
-        mbarrier_wait(&q_empty[ring.stage], ring.phase ^ 1u);
-        for (int r = lane; r < M; r += 32) {
-          const bool valid = m0 + r < seq.seqlen_q;
-          row_lse2[ring.stage * M + r] = valid ? bwd::lse_log2(p.lse[first + r]) : INFINITY;
-          row_delta[ring.stage * M + r] = valid ? bp.delta[first + r] : 0.0f;
-        }
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(&q_full[ring.stage]);
-        ring.advance();
-      }
-    }
+    const int warp = static_cast<int>(threadIdx.x) / 32;
+    if (warp == 1) write_row_stats<Tile::kStages>(walk, bp, row_lse2, row_delta, q_full, q_empty);
     if (warp == 2 || warp == 3) {
-      // Producer warp 2 + c adds consumer c's share of each tile's dQ to the accumulator
-      // once the consumer has written it: two TMA reduce-adds of 64 rows x 32 floats (with
-      // dq_first_store, the tile's rank-0 block stores them instead, and the other blocks
-      // wait until that store has completed and the counter reads 1). With dq_ordered
-      // (deterministic) the key blocks of a tile add in a fixed order. Unrotated, that of
-      // their dispatch, so that a block only waits on blocks running or done: every key block
-      // below this one sees each query tile this one sees, so the turn is the block's index
-      // (non-causal), or, causal, the tile's last key block (the highest that sees it) goes
-      // first and the turn is the distance from it, the order in which the blocks reach the
-      // tile from their diagonals. With rotate_walk the blocks reach tile u in the order of
-      // their steps to it: first those whose walks start at or before u (g of them, the latest
-      // start first), then the others (the latest start first); a block may then wait on one
-      // dispatched after it, which in-order dispatch reaches while the sequence's key blocks
-      // fit the SMs (attention_backward_sm90_plan rotates, and stores first on the default
-      // path, only then). A varlen sequence
-      // longer than max_seqlen_q / max_seqlen_k breaks the API's contract: its tiles from
-      // max_seqlen_q on (whose counters the rows kernel does not zero) add in any order, and
-      // its key blocks past the grid do not exist (the turns count from the last one that
-      // does), so that no block waits forever.
       const int c = warp - 2;
-      const int last_key_block = key_blocks - 1;
-      auto turn_of = [&](int it, int m0) {
-        if (p.causal) return min(last_key_block, (m0 + M + shift - 1) / N) - n_block;
-        if (!bp.rotate_walk) return n_block;
-        const int64_t u = walk_index(it);
-        const int g = static_cast<int>(min(int64_t{key_blocks}, ((u + 1) * key_blocks + n_iters - 1) / n_iters));
-        return n_block < g ? g - 1 - n_block : g + key_blocks - 1 - n_block;
-      };
-      uint8_t* boxes = base + Tile::kDq + c * 2 * Tile::kDqBoxBytes;
-      for (int it = 0; it < n_iters; ++it) {
-        int head, m0;
-        tile_of(it, head, m0);
-        named_barrier_sync(Tile::kDqFull + c, Tile::kDqBarrierThreads);
-        if (lane == 0) {
-          int* counter = nullptr;
-          int rank = 0;
-          if ((bp.dq_ordered || bp.dq_first_store) && m0 < p.seqlen_q) {
-            counter = bp.dq_counters + 2 * lse_row(head, m0) + c;
-            rank = turn_of(it, m0);
-          }
-          const bool store = counter != nullptr && bp.dq_first_store && rank == 0;
-          // Ordered, every block waits for its turn; else, with the first store, the other
-          // blocks wait until it has completed (the counter reads 1).
-          if (counter != nullptr && (bp.dq_ordered || !store)) wait_for_turn(counter, bp.dq_ordered ? rank : 1);
-          const int32_t row = static_cast<int32_t>(seq.q_start + m0 + dq_row0(c));
-          for (int b = 0; b < 2; ++b) {
-            const int32_t col = dq_col0(c) + 32 * b;
-            if (store) tma_store_4d(&maps.dq_accum, boxes + b * Tile::kDqBoxBytes, col, row, head, map_batch);
-            else tma_reduce_add_4d(&maps.dq_accum, boxes + b * Tile::kDqBoxBytes, col, row, head, map_batch);
-          }
-          tma_store_commit();
-          if (counter != nullptr && (bp.dq_ordered || store)) {
-            // The boxes are freed after the turn passes (1-7% faster than before the wait).
-            tma_store_wait_all();
-            pass_turn(counter);
-          } else {
-            tma_store_wait_read();
-          }
-        }
-        __syncwarp();
-        named_barrier_arrive(Tile::kDqEmpty + c, Tile::kDqBarrierThreads);
-      }
+      reduce_dq_shares<1>(walk, bp, &maps.dq_accum, base + Tile::kDq + c * 2 * Tile::kDqBoxBytes, Tile::kDqBoxBytes, c,
+                          dq_row0(c), dq_col0(c), Tile::kDqFull + c, Tile::kDqEmpty + c);
     }
     if (threadIdx.x == 0) {
+      RingState<Tile::kStages> ring;
       if (n_iters > 0) {
         mbarrier_arrive_expect_tx(kv_full, 2 * Tile::kKvBytes);
         const int32_t k_row = static_cast<int32_t>(seq.k_start + n0);
-        tma_load_4d_chunks<Tile::kChunks>(base + Tile::kK, Tile::kKvChunkBytes, &maps.k, kv_full, k_row, kv_head,
-                                          map_batch);
-        tma_load_4d_chunks<Tile::kChunks>(base + Tile::kV, Tile::kKvChunkBytes, &maps.v, kv_full, k_row, kv_head,
-                                          map_batch);
+        tma_load_4d_chunks<Tile::kChunks>(base + Tile::kK, Tile::kKvChunkBytes, &maps.k, kv_full, k_row, walk.kv_head,
+                                          walk.map_batch);
+        tma_load_4d_chunks<Tile::kChunks>(base + Tile::kV, Tile::kKvChunkBytes, &maps.v, kv_full, k_row, walk.kv_head,
+                                          walk.map_batch);
       }
       for (int it = 0; it < n_iters; ++it) {
         int head, m0;
-        tile_of(it, head, m0);
+        walk.tile(it, head, m0);
         const int32_t q_row = static_cast<int32_t>(seq.q_start + m0);
         mbarrier_wait(&q_empty[ring.stage], ring.phase ^ 1u);
         mbarrier_arrive_expect_tx(&q_full[ring.stage], Tile::kQBytes);
         tma_load_4d_chunks<Tile::kChunks>(base + Tile::kQ + ring.stage * Tile::kQBytes, Tile::kQChunkBytes, &maps.q,
-                                          &q_full[ring.stage], q_row, head, map_batch);
+                                          &q_full[ring.stage], q_row, head, walk.map_batch);
         mbarrier_arrive_expect_tx(&do_full[ring.stage], Tile::kQBytes);
         tma_load_4d_chunks<Tile::kChunks>(base + Tile::kDo + ring.stage * Tile::kQBytes, Tile::kQChunkBytes,
-                                          &maps.dout, &do_full[ring.stage], q_row, head, map_batch);
+                                          &maps.dout, &do_full[ring.stage], q_row, head, walk.map_batch);
         ring.advance();
       }
     }
@@ -328,7 +209,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   RingState<Tile::kStages> ring;
   for (int it = 0; it < n_iters; ++it) {
     int head, m0;
-    tile_of(it, head, m0);
+    walk.tile(it, head, m0);
     const uint32_t q_addr = smem + Tile::kQ + ring.stage * Tile::kQBytes;
     const uint32_t do_addr = smem + Tile::kDo + ring.stage * Tile::kQBytes;
     const float* lse2 = row_lse2 + ring.stage * M;
@@ -365,11 +246,11 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
     if (Tile::kDkAcrossTiles && it > 0) release(ring.stage ^ 1);
 
     const int key0 = n0 + 64 * consumer + 16 * warp;  // the warp's first key
-    const bool need_mask = key0 + 16 > seq.seqlen_k || (p.causal && key0 + 15 > m0 + shift);
+    const bool need_mask = key0 + 16 > seq.seqlen_k || (p.causal && key0 + 15 > m0 + walk.shift);
     auto lse2_of = [&](int, int nt, int i) { return lse2[nt * 8 + 2 * (lane % 4) + (i & 1)]; };
     auto masked = [&](int row, int col) {
       const int j = key0 + row;
-      return j >= seq.seqlen_k || (p.causal && j > m0 + col + shift);
+      return j >= seq.seqlen_k || (p.causal && j > m0 + col + walk.shift);
     };
     bwd::probabilities(s, p.scale_log2, lane, lse2_of, need_mask, masked);
 
@@ -447,21 +328,8 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   if (n_iters > 0) named_barrier_sync(Tile::kDqEmpty + consumer, Tile::kDqBarrierThreads);
 
   // dk = scale * sum dS^T Q and dv, rounded, stored from registers: the consumer's 64 keys.
-  auto store = [&](const AttentionTensor& t, const float(&acc)[D / 2], float scale) {
-    T* rows = static_cast<T*>(t.data) + batch * t.batch_stride + kv_head * t.head_stride;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = n0 + 64 * consumer + 16 * warp + 8 * half + lane / 4;
-      if (key >= seq.seqlen_k) continue;
-      T* row = rows + (seq.k_start + key) * t.row_stride + 2 * (lane % 4);
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-        *reinterpret_cast<uint32_t*>(row + 8 * j) =
-            ptx::pack2<T>(acc[4 * j + 2 * half] * scale, acc[4 * j + 2 * half + 1] * scale);
-    }
-  };
-  store(bp.dk, dk, p.scale);
-  store(bp.dv, dv, 1.0f);
+  store_key_rows<T, D>(bp.dk, dk, p.scale, walk, 64 * consumer, 0);
+  store_key_rows<T, D>(bp.dv, dv, 1.0f, walk, 64 * consumer, 0);
 #endif
 }
 

@@ -728,10 +728,13 @@ TEST(AttentionBackwardGpu, DeterministicIsBitwiseRepeatable) {
   LLMK_REQUIRE_GPU();
   check_backward(DType::bf16, {2, 300, 300, 8, 2, 128}, true, {}, 9);
   check_backward(DType::f16, {1, 257, 513, 4, 4, 64}, false, {}, 9);
+  check_backward(DType::bf16, {1, 200, 333, 4, 2, 256}, true, {}, 9);
+  check_backward(DType::f16, {1, 333, 200, 2, 1, 256}, false, {}, 9);
 }
 
 // A deterministic call with more key blocks per head than the GPU holds at once (20,000
-// keys: 157 blocks of 128 per head, one block per SM on the Hopper path): its dq turns follow
+// keys: 157 blocks of 128 per head, 313 of 64 at head dim 256, one block per SM on the Hopper
+// path): its dq turns follow
 // the order the blocks are dispatched in, so it finishes (a wrong order hangs here: ctest's
 // 900 s limit, tests/cpp/CMakeLists.txt, fails it), and a second run repeats the first's bits.
 // Causal: dk and dv are the default path's bits (the same blocks walk the same tiles in the
@@ -739,20 +742,21 @@ TEST(AttentionBackwardGpu, DeterministicIsBitwiseRepeatable) {
 // deterministic walks (the default path never does), so dk and dv may sum in another order.
 // dq (and there dk, dv) match the default path's within fp32 summation-order noise and
 // rounding.
-void check_wide_deterministic(bool causal) {
-  SCOPED_TRACE(causal ? "causal" : "non-causal");
-  const int64_t seq = 20000, heads = 2, d = 64;
+void check_wide_deterministic(bool causal, int64_t d) {
+  SCOPED_TRACE(testing::Message() << (causal ? "causal" : "non-causal") << ", head dim " << d);
+  const int64_t seq = 20000, heads = 2;
+  const double scale = 1.0 / std::sqrt(double(d));
   Heads q(DType::bf16, 1, seq, heads, d), k(DType::bf16, 1, seq, heads, d), v(DType::bf16, 1, seq, heads, d),
       dout(DType::bf16, 1, seq, heads, d), out(DType::bf16, 1, seq, heads, d);
   for (Heads* t : {&q, &k, &v, &dout}) t->randomize();
   Lse lse({1, heads, seq});
-  attention(out.gpu(), q.gpu(), k.gpu(), v.gpu(), causal, 0.125, lse.gpu());
+  attention(out.gpu(), q.gpu(), k.gpu(), v.gpu(), causal, scale, lse.gpu());
   auto run = [&](bool deterministic) {
     Heads dq(DType::bf16, 1, seq, heads, d), dk(DType::bf16, 1, seq, heads, d), dv(DType::bf16, 1, seq, heads, d);
     const int64_t need = attention_backward_workspace_size(seq, heads, d);
     Workspace ws(need);
     attention_backward(dq.gpu(), dk.gpu(), dv.gpu(), dout.gpu(), q.gpu(), k.gpu(), v.gpu(), out.gpu(), lse.gpu(),
-                       causal, 0.125, deterministic, ws.view(need));
+                       causal, scale, deterministic, ws.view(need));
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return std::array<HostTensor, 3>{dq.download(), dk.download(), dv.download()};
   };
@@ -776,8 +780,11 @@ void check_wide_deterministic(bool causal) {
 
 TEST(AttentionBackwardGpu, DeterministicWiderThanTheGpu) {
   LLMK_REQUIRE_GPU();
-  check_wide_deterministic(true);
-  check_wide_deterministic(false);
+  for (int64_t d : {64, 256}) {
+    if (!attention_head_dim_compiled(d)) continue;
+    check_wide_deterministic(true, d);
+    check_wide_deterministic(false, d);
+  }
 }
 
 // Packed sequences: the CPU backend and the GPU (default and deterministic) against the

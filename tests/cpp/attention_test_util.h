@@ -66,9 +66,9 @@ inline bool sm90_must_take(int64_t head_dim) {
          attention_head_dim_compiled(head_dim);
 }
 
-// A backward call the Hopper backward kernel must take: as sm90_must_take, head dims 64
-// and 128 only.
-inline bool sm90_backward_must_take(int64_t head_dim) { return head_dim != 256 && sm90_must_take(head_dim); }
+// A backward call the Hopper backward kernels must take: as sm90_must_take (head dims 64,
+// 128 and 256).
+inline bool sm90_backward_must_take(int64_t head_dim) { return sm90_must_take(head_dim); }
 
 // Prints a note once per distinct text (on a device without the Hopper kernel every case
 // declines for the same reason).

@@ -77,11 +77,14 @@ __device__ __forceinline__ void store_accumulators_swizzled(uint32_t boxes, cons
 }
 
 // The same from accumulators already rounded and packed as wgmma A fragments (a[c]: the 16
-// columns of group c, the register order of an m64k16 A fragment is stmatrix's).
+// columns of group c, the register order of an m64k16 A fragment is stmatrix's), into the
+// boxes' columns from 16 first_group on.
 template <int kCols>
-__device__ __forceinline__ void store_fragments_swizzled(uint32_t boxes, const uint32_t (&a)[kCols / 16][4]) {
+__device__ __forceinline__ void store_fragments_swizzled(uint32_t boxes, const uint32_t (&a)[kCols / 16][4],
+                                                         int first_group = 0) {
 #pragma unroll
-  for (int c = 0; c < kCols / 16; ++c) stmatrix_x4(swizzled_row_address(boxes, c), a[c][0], a[c][1], a[c][2], a[c][3]);
+  for (int c = 0; c < kCols / 16; ++c)
+    stmatrix_x4(swizzled_row_address(boxes, first_group + c), a[c][0], a[c][1], a[c][2], a[c][3]);
 }
 
 template <class T>

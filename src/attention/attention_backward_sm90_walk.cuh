@@ -1,0 +1,200 @@
+// What the Hopper attention backward kernels share (attention_backward_sm90_kernel.cuh at head
+// dims 64 and 128, attention_backward_sm90_hd256_kernel.cuh at 256): the TMA maps, a key
+// block's walk over the query tiles that see it with the dq turns, and the producer
+// warpgroup's warps 1-3 (lse and D beside each Q stage; the dq reduce-adds). The turns and
+// the first store are described in attention_backward_sm90_kernel.cuh.
+#pragma once
+
+#include <cuda.h>
+
+#include "attention/attention_backward_kernel.cuh"
+#include "attention/attention_params.h"
+#include "common/ptx.cuh"
+#include "common/sm90/mbarrier.cuh"
+#include "common/sm90/tma.cuh"
+#include "common/sm90/turns.cuh"
+#include "common/sm90/warpgroup.cuh"
+
+namespace llmk::detail::sm90 {
+
+// Maps over q, dout (boxes of kBlockM rows) and k, v (kBlockN rows) as 4-d [batch, heads,
+// rows, D] (dense) or [1, heads, total, D] (varlen), 64 columns per box.
+// dq_accum: the float32 accumulator as 4-d [batch, heads, rows, D] (its layout is lse's
+// times D), boxes of 64 rows x 32 columns, added to by TMA reductions.
+struct AttentionBackwardSm90Maps {
+  CUtensorMap q, k, v, dout, dq_accum;
+};
+
+// The dynamic shared memory rounded up to 1024 bytes (the 128-byte swizzle's period) by
+// pointer arithmetic on the shared array: an integer round trip would lose the address space,
+// and lse2 and D were then read with generic loads.
+__device__ __forceinline__ uint8_t* aligned_shared_base(uint8_t* raw) {
+  return raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(raw)) & 1023u)) & 1023u);
+}
+
+// The walk of this block's kBlockN keys (blockIdx: key block, kv head, batch entry) over the
+// query tiles of kBlockM rows that see them, for every query head of the kv head's group: step
+// it visits tile u = (it + walk_start) mod n_iters (rotate_walk: non-causal, every block sees
+// every tile), query head kv_head * group + u / per_head, query tile m_begin + u % per_head.
+template <int kBlockM_, int kBlockN_>
+struct KeyBlockWalk {
+  static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_;
+  const AttentionParams& p;
+  const bool rotate;
+  SequenceBounds seq;
+  int n_block, kv_head, batch, n0, shift, m_begin, per_head, n_iters, key_blocks, walk_start;
+  int32_t map_batch;  // the maps' batch coordinate (varlen maps have one entry)
+
+  __device__ explicit KeyBlockWalk(const AttentionBackwardParams& bp) : p(bp.fwd), rotate(bp.rotate_walk) {
+    // Deterministic causal calls dispatch the last key blocks first: their dq turns run from
+    // the last key block down (turn below).
+    const bool last_first = p.causal && bp.dq_ordered;
+    n_block = static_cast<int>(last_first ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+    kv_head = static_cast<int>(blockIdx.y);
+    batch = static_cast<int>(blockIdx.z);
+    seq = sequence_bounds(p, batch);
+    n0 = n_block * kBlockN;
+    shift = seq.seqlen_k - seq.seqlen_q;  // causal: row i sees key j <= i + shift
+    const bwd::QueryTiles tiles = bwd::query_tiles_seeing(seq, p.causal, n0, kBlockM);
+    m_begin = tiles.begin;
+    per_head = tiles.count();
+    n_iters = per_head * p.group;
+    map_batch = p.cu_seqlens_q != nullptr ? 0 : batch;
+    // The sequence's key blocks, as far as the grid reaches (see turn).
+    key_blocks = min((seq.seqlen_k + kBlockN - 1) / kBlockN, static_cast<int>(gridDim.x));
+    walk_start = rotate && key_blocks > 0 ? static_cast<int>(static_cast<int64_t>(n_block) * n_iters / key_blocks) : 0;
+  }
+  // No key of the sequence in this block: it writes nothing.
+  __device__ bool empty() const { return n0 >= seq.seqlen_k; }
+  __device__ int index(int it) const { return it + walk_start < n_iters ? it + walk_start : it + walk_start - n_iters; }
+  __device__ void tile(int it, int& head, int& m0) const {
+    const int u = index(it);
+    head = kv_head * p.group + u / per_head;
+    m0 = (m_begin + u % per_head) * kBlockM;
+  }
+  // A tile's first row in lse's layout (that of D, and of the turn counters' row pairs).
+  __device__ int64_t lse_row(int head, int m0) const { return p.lse_offset(batch, head) + seq.q_start + m0; }
+  // This block's rank among the key blocks that add to tile step `it` (first row m0). Unrotated,
+  // that of their dispatch, so that a block only waits on blocks running or done: every key
+  // block below this one sees each query tile this one sees, so the turn is the block's index
+  // (non-causal), or, causal, the tile's last key block (the highest that sees it) goes first
+  // and the turn is the distance from it, the order in which the blocks reach the tile from
+  // their diagonals. Rotated, the blocks reach tile u in the order of their steps to it: first
+  // those whose walks start at or before u (g of them, the latest start first), then the
+  // others (the latest start first); a block may then wait on one dispatched after it, which
+  // in-order dispatch reaches while the sequence's key blocks fit the SMs
+  // (attention_backward_sm90_plan rotates, and stores first on the default path, only then).
+  // A varlen sequence longer than max_seqlen_q / max_seqlen_k breaks the API's contract: its
+  // tiles from max_seqlen_q on (whose counters the rows kernel does not zero) add in any
+  // order, and its key blocks past the grid do not exist (the turns count from the last one
+  // that does), so that no block waits forever.
+  __device__ int turn(int it, int m0) const {
+    if (p.causal) return min(key_blocks - 1, (m0 + kBlockM + shift - 1) / kBlockN) - n_block;
+    if (!rotate) return n_block;
+    const int64_t u = index(it);
+    const int g = static_cast<int>(min(int64_t{key_blocks}, ((u + 1) * key_blocks + n_iters - 1) / n_iters));
+    return n_block < g ? g - 1 - n_block : g + key_blocks - 1 - n_block;
+  }
+};
+
+// Producer warp 1: lse_i log2(e) and D_i of each tile's kBlockM rows into the Q stage's
+// row_lse2[stage][row] and row_delta[stage][row] (+inf and 0 past the sequence end, so those
+// columns of P and dS are 0 without a mask), then an arrival on the stage's q_full.
+template <int kStages, class Walk>
+__device__ __forceinline__ void write_row_stats(const Walk& walk, const AttentionBackwardParams& bp, float* row_lse2,
+                                                float* row_delta, uint64_t* q_full, uint64_t* q_empty) {
+  constexpr int M = Walk::kBlockM;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  RingState<kStages> ring;
+  for (int it = 0; it < walk.n_iters; ++it) {
+    int head, m0;
+    walk.tile(it, head, m0);
+    const int64_t first = walk.lse_row(head, m0);
+    mbarrier_wait(&q_empty[ring.stage], ring.phase ^ 1u);
+    for (int r = lane; r < M; r += 32) {
+      const bool valid = m0 + r < walk.seq.seqlen_q;
+      row_lse2[ring.stage * M + r] = valid ? bwd::lse_log2(walk.p.lse[first + r]) : INFINITY;
+      row_delta[ring.stage * M + r] = valid ? bp.delta[first + r] : 0.0f;
+    }
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&q_full[ring.stage]);
+    ring.advance();
+  }
+}
+
+// Producer warp 2 + c: adds consumer c's share of each tile's dQ (rows row0.. +64 of the tile,
+// columns col0 ..) to the fp32 accumulator once the consumer has written it to shared memory,
+// in kRounds rounds per tile; round r is two TMA reduce-adds of 64 rows x 32 floats from the
+// boxes at `boxes` and `boxes + box_bytes`, columns col0 + 64 r + 32 b. The named barriers:
+// `full` (the consumer's 128 threads arrive when a round is in the boxes, this warp waits) and
+// `empty` (this warp arrives once the reduction has read them, the consumer waits before its
+// next round), each among the consumer's 128 threads and this warp.
+// With dq_first_store, the tile's rank-0 block stores its share instead, and the other blocks
+// wait until that store has completed and the counter reads 1; with dq_ordered
+// (deterministic) the key blocks of a tile add in the fixed order of Walk::turn. The turn is
+// waited for before the first round and passed after the last has completed (the boxes are
+// then freed: 1-7% faster than freeing them before the wait).
+template <int kRounds, class Walk>
+__device__ __forceinline__ void reduce_dq_shares(const Walk& walk, const AttentionBackwardParams& bp,
+                                                 const CUtensorMap* map, uint8_t* boxes, uint32_t box_bytes, int c,
+                                                 int row0, int col0, int full, int empty) {
+  constexpr int kBarrierThreads = kWarpgroupThreads + 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  for (int it = 0; it < walk.n_iters; ++it) {
+    int head, m0;
+    walk.tile(it, head, m0);
+    int* counter = nullptr;
+    int rank = 0;
+    if ((bp.dq_ordered || bp.dq_first_store) && m0 < walk.p.seqlen_q) {
+      counter = bp.dq_counters + 2 * walk.lse_row(head, m0) + c;
+      rank = walk.turn(it, m0);
+    }
+    const bool store = counter != nullptr && bp.dq_first_store && rank == 0;
+    const int32_t row = static_cast<int32_t>(walk.seq.q_start + m0 + row0);
+    for (int r = 0; r < kRounds; ++r) {
+      named_barrier_sync(full, kBarrierThreads);
+      if (lane == 0) {
+        // Ordered, every block waits for its turn; else, with the first store, the other
+        // blocks wait until it has completed (the counter reads 1).
+        if (r == 0 && counter != nullptr && (bp.dq_ordered || !store))
+          wait_for_turn(counter, bp.dq_ordered ? rank : 1);
+        for (int b = 0; b < 2; ++b) {
+          const int32_t col = col0 + 64 * r + 32 * b;
+          if (store) tma_store_4d(map, boxes + b * box_bytes, col, row, head, walk.map_batch);
+          else tma_reduce_add_4d(map, boxes + b * box_bytes, col, row, head, walk.map_batch);
+        }
+        tma_store_commit();
+        if (r == kRounds - 1 && counter != nullptr && (bp.dq_ordered || store)) {
+          tma_store_wait_all();
+          pass_turn(counter);
+        } else {
+          tma_store_wait_read();
+        }
+      }
+      __syncwarp();
+      named_barrier_arrive(empty, kBarrierThreads);
+    }
+  }
+}
+
+// A consumer warpgroup's 64 key rows x kCols columns of dk or dv (the wgmma accumulator layout:
+// warp w holds rows 16w..16w+15) times `scale`, rounded, into t's rows of keys walk.n0 + key0
+// .. + 63, columns col0 ..; keys past the sequence's are skipped.
+template <class T, int kCols, class Walk>
+__device__ __forceinline__ void store_key_rows(const AttentionTensor& t, const float (&acc)[kCols / 2], float scale,
+                                               const Walk& walk, int key0, int col0) {
+  const int warp = static_cast<int>(threadIdx.x / 32) % 4, lane = static_cast<int>(threadIdx.x) % 32;
+  T* rows = static_cast<T*>(t.data) + walk.batch * t.batch_stride + walk.kv_head * t.head_stride;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = walk.n0 + key0 + 16 * warp + 8 * half + lane / 4;
+    if (key >= walk.seq.seqlen_k) continue;
+    T* row = rows + (walk.seq.k_start + key) * t.row_stride + col0 + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j)
+      *reinterpret_cast<uint32_t*>(row + 8 * j) =
+          ptx::pack2<T>(acc[4 * j + 2 * half] * scale, acc[4 * j + 2 * half + 1] * scale);
+  }
+}
+
+}  // namespace llmk::detail::sm90
