@@ -29,8 +29,8 @@
 // after the barrier of tile it - 1, which the other consumer passes after its wait for its
 // tile it - 2 GEMMs (dK at the start of tile it - 1).
 //
-// Registers per consumer thread: dK + dV 128, dQ 64 (from its GEMM to its stores), S^T +
-// dP^T 32. Shared memory: K, V 64 KB; Q 2 x 32 KB; dO 32 KB; P^T, dS^T 2 x 16 KB; dQ boxes
+// Registers per consumer thread: dK + dV 128, dQ 64 (from its GEMM to its first round's
+// stores; its second round, 32, lives on over the next tile's S^T and dP^T), S^T + dP^T 32. Shared memory: K, V 64 KB; Q 2 x 32 KB; dO 32 KB; P^T, dS^T 2 x 16 KB; dQ boxes
 // 32 KB; lse2, D 1 KB: 226 KB of sm_90's 227. Roofline: 10 seq_q seq_k D FLOPs per (batch,
 // query head), tensor-bound; per tile 4 * 64 * 256 bytes of dq reductions for 10.5 MFLOP, 2x
 // head dim 128's ratio (64-key blocks).

@@ -52,7 +52,7 @@
 //
 // First store (bp.dq_first_store, attention_backward_sm90_plan): where every row of the
 // accumulator lies in some key block's tiles (dense calls with keys; causal, seqlen_q <=
-// seqlen_k) and the walks are short (up to 32 key blocks causal, 8 non-causal), the rows
+// seqlen_k) and the walks are short (up to 4096 keys causal, 1024 non-causal), the rows
 // kernel does not zero the accumulator: a tile's rank-0 block (the first turn; default path,
 // the rotated walk's first arrival or, causal, the tile's highest key block: both reach the
 // tile no later than any other block) stores its dQ share with a TMA store, waits for it to

@@ -241,7 +241,7 @@ inline TensorView narrow_heads(const TensorView& t, int64_t first, int64_t n) {
 template <class F>
 void masked_row_cases(F&& check) {
   for (DType dt : kDTypes)
-    for (int64_t d : {64, 128}) {
+    for (int64_t d : {64, 128, 256}) {
       check(dt, Shape{3, 129, 1, 4, 2, d}, true, Layout{});
       check(dt, Shape{2, 300, 127, 4, 1, d}, true, Layout{});
       check(dt, Shape{2, 200, 72, 2, 2, d}, true, Layout{});
@@ -269,20 +269,21 @@ void sequence_length_cases(F&& check) {
                                               {127, 65},  {192, 192}, {193, 385}, {385, 191}};
   for (const auto& [sq, sk] : lens)
     for (bool causal : {false, true})
-      for (int64_t d : {64, 128}) check(DType::bf16, Shape{1, sq, sk, 2, 1, d}, causal, Layout{});
+      for (int64_t d : {64, 128, 256}) check(DType::bf16, Shape{1, sq, sk, 2, 1, d}, causal, Layout{});
 }
 
 // GQA group sizes 1 (MHA), 2, 3, 4, 5, 8 over 2 kv heads, and MQA (1 kv head) at 8.
 template <class F>
 void gqa_cases(F&& check) {
   for (int64_t group : {1, 2, 3, 4, 5, 8})
-    for (int64_t d : {64, 128}) {
+    for (int64_t d : {64, 128, 256}) {
       const DType dt = group % 2 ? DType::f16 : DType::bf16;
       check(dt, Shape{2, 150, 150, 2 * group, 2, d}, true, Layout{});
       check(dt, Shape{1, 100, 200, 2 * group, 2, d}, false, Layout{});
     }
   check(DType::bf16, Shape{2, 130, 130, 8, 1, 128}, true, Layout{});
   check(DType::f16, Shape{2, 130, 130, 8, 1, 64}, false, Layout{});
+  check(DType::bf16, Shape{1, 130, 70, 8, 1, 256}, true, Layout{});
 }
 
 // Layouts: MQA; [B, H, S, D] storage; head slices of wider rows; q, k, v as the head ranges
@@ -295,7 +296,7 @@ void layout_cases(F&& check) {
     check(dt, Shape{2, 100, 150, 6, 3, 64}, false, kTransposed);                    // [B, H, S, D]
     check(dt, Shape{2, 100, 150, 4, 2, 128}, true, Layout{false, 3, false, false});  // wider rows
     check(dt, Shape{2, 70, 70, 4, 4, 96}, true, Layout{true, 2, false, false});
-    for (int64_t d : {64, 128}) {
+    for (int64_t d : {64, 128, 256}) {
       check(dt, Shape{2, 129, 129, 8, 2, d}, true, Layout{false, 1, true, false});  // fused qkv
       check(dt, Shape{2, 127, 127, 4, 4, d}, false, Layout{true, 2, true, false});  // fused, [B, H, S, D]
       check(dt, Shape{1, 200, 130, 4, 2, d}, true, Layout{true, 1, false, false});
