@@ -79,8 +79,8 @@ void attention_varlen(const TensorView& out, const TensorView& q, const TensorVi
 // workspace: on the GPU a float32 CUDA buffer of at least attention_backward_workspace_size
 // elements (the fp32 dq accumulator, D and the counters); ignored on the CPU (std::nullopt
 // is fine).
-// On an sm_90 GPU (with an sm_90a build) head dims 64 and 128 run the Hopper (TMA + wgmma)
-// main kernel, everything else the sm_80 (mma.sync) kernels; LLMK_ATTENTION_PATH=sm80|sm90
+// On an sm_90 GPU (with an sm_90a build) head dims 64, 128 and 256 run the Hopper (TMA +
+// wgmma) main kernels, everything else the sm_80 (mma.sync) kernels; LLMK_ATTENTION_PATH=sm80|sm90
 // forces one as for the forward (sm90 throws, naming the reason, for a call it cannot take).
 // Host tensors run the double reference.
 void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,

@@ -19,10 +19,9 @@ What is replaced, each part only where llmk computes exactly what the model comp
   for calls it computes (fp16/bf16, no attention mask beyond causal, no dropout, no sliding
   window, no soft-capping, eval mode); every other call goes to SDPA, unchanged. A model in
   training mode keeps SDPA: llmk's attention backward exists, but a training step's forward +
-  backward runs at 0.96-1.12x cuDNN's on the H100 at head dims 64 and 128 (behind at 128
-  non-causal up to seqlen 2048, level at 16k), the backward at 0.54-0.75x at head dim 256 (no
-  Hopper kernel there yet), and the sm_80 backward at 0.87-0.98x FlashAttention 2's
-  (docs/benchmarks.md). By default (``attention=None``) a model on a Hopper GPU keeps SDPA too:
+  backward runs at 0.96-1.12x cuDNN's on the H100 (behind at head dim 128 non-causal up to
+  seqlen 2048, and at 256 below seqlen 4096), and the sm_80 backward at 0.77-0.97x
+  FlashAttention 2's (docs/benchmarks.md). By default (``attention=None``) a model on a Hopper GPU keeps SDPA too:
   there SDPA runs cuDNN's attention, which llmk's Hopper forward does not beat at every shape
   yet (issue 13); ``attention=True`` patches it anyway.
 
@@ -356,8 +355,8 @@ def _on_hopper(model: torch.nn.Module) -> bool:
 def _attention_unsupported(config, training: bool) -> str:
     if training:
         return ("the model is in training mode: SDPA stays (a training step's llmk attention, forward + "
-                "backward, measured 0.96-1.12x cuDNN's on the H100 at head dims 64 and 128, its backward "
-                "0.54-0.75x at 256; the sm_80 backward 0.87-0.98x FlashAttention 2's)")
+                "backward, measured 0.96-1.12x cuDNN's on the H100 at head dims 64, 128 and 256; the sm_80 "
+                "backward 0.77-0.97x FlashAttention 2's)")
     if getattr(config, "attn_logit_softcapping", None):
         return f"attention logit soft-capping ({config.attn_logit_softcapping}) has no llmk kernel"
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

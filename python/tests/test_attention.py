@@ -323,11 +323,11 @@ def test_info_names_the_attention_paths(monkeypatch):
 
     monkeypatch.setattr(llmk._C, "attention_head_dim_compiled", lambda dim: True)
     monkeypatch.delenv("LLMK_ATTENTION_PATH", raising=False)
-    forward, backward = cli.ATTENTION_SM90_HEAD_DIMS, cli.ATTENTION_BACKWARD_SM90_HEAD_DIMS
+    forward = cli.ATTENTION_SM90_HEAD_DIMS
     assert cli._attention_paths(True, forward).startswith(
         "Hopper TMA + wgmma kernel for fp16/bf16 head dims 64, 128, 256, mma.sync (sm_80) kernel for head dims 32, 96 "
         "and calls")
-    assert cli._attention_paths(True, backward).startswith(
+    assert cli._attention_paths(True, (64, 128)).startswith(
         "Hopper TMA + wgmma kernel for fp16/bf16 head dims 64, 128, mma.sync (sm_80) kernel for head dims 32, 96, 256 "
         "and calls")
     assert cli._attention_paths(False, forward).startswith(
