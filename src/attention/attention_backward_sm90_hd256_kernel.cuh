@@ -21,19 +21,22 @@
 //     dV_c += P^T dO_i[:, 128c..]   wgmma SS, m64n128, K = 64 queries; dO MN-major
 //     dQ_c  = dS K[:, 128c..]       A = dS^T read MN-major, B = K MN-major
 //     dK_c += dS^T Q_i[:, 128c..]   left in flight over the next tile's S^T and dP^T
-//     dV and dQ waited for (dO's stage is then free), dQ_c (64 rows x 128 floats) written to
-//     the consumer's 16 KB of swizzled boxes in two rounds of 64 columns, each added by the
-//     producer warp before the next is written.
+//     dV and dQ waited for (dO's stage is then free), dQ_c (64 rows x 128 floats) leaves
+//     through the consumer's 16 KB of swizzled boxes in two rounds of 64 columns, each added
+//     by the producer warp: the first right away, the second held in registers and written
+//     while the next tile's S^T and dP^T run.
 //   dK (times scale) and dV rounded and stored from registers at the end.
 // The double P^T / dS^T buffers need no second barrier: a consumer writes buffer it & 1 only
 // after the barrier of tile it - 1, which the other consumer passes after its wait for its
 // tile it - 2 GEMMs (dK at the start of tile it - 1).
 //
 // Registers per consumer thread: dK + dV 128, dQ 64 (from its GEMM to its first round's
-// stores; its second round, 32, lives on over the next tile's S^T and dP^T), S^T + dP^T 32. Shared memory: K, V 64 KB; Q 2 x 32 KB; dO 32 KB; P^T, dS^T 2 x 16 KB; dQ boxes
-// 32 KB; lse2, D 1 KB: 226 KB of sm_90's 227. Roofline: 10 seq_q seq_k D FLOPs per (batch,
-// query head), tensor-bound; per tile 4 * 64 * 256 bytes of dq reductions for 10.5 MFLOP, 2x
-// head dim 128's ratio (64-key blocks).
+// stores; its second round, 32, lives on over the next tile's S^T and dP^T), S^T + dP^T 32.
+// Shared memory: K, V 64 KB; Q 2 x 32 KB; dO 32 KB; P^T, dS^T 2 x 16 KB; dQ boxes 32 KB; lse2,
+// D 1 KB: 226 KB of sm_90's 227. Roofline: 10 seq_q seq_k D FLOPs per (batch, query head);
+// per tile 4 * 64 * 256 bytes of dq reductions for 10.5 MFLOP, 2x head dim 128's ratio (64-key
+// blocks). Nsight Compute at 16k tokens: L2 80% (the reductions), shared memory 76%, tensor
+// pipe 48% (docs/kernels/attention.md).
 #pragma once
 
 #include <type_traits>
@@ -59,7 +62,7 @@ struct AttentionBackwardSm90Hd256Tile {
   static constexpr uint32_t kRows = kDq + kConsumers * 2 * kDqBoxBytes;
   static constexpr int kDqRounds = kHeadDim / kConsumers / 64;
   // Named barriers as in AttentionBackwardSm90Tile: 1 both consumers, kDqFull + c, kDqEmpty + c.
-  static constexpr int kDqFull = 2, kDqEmpty = 2 + kConsumers, kDqBarrierThreads = kWarpgroupThreads + 32;
+  static constexpr int kDqFull = 2, kDqEmpty = 2 + kConsumers;
   static constexpr uint32_t kBarriers = kRows + 2 * kStages * kBlockM * 4;  // float lse2, D [kStages][kBlockM]
   // kv_full, q_full[kStages], q_empty[kStages], do_full, do_empty.
   static constexpr int kSharedBytes = kBarriers + (3 + 2 * kStages) * 8 + 1024;
@@ -115,14 +118,8 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Hd256Tile::kThreads, 1)
     if (threadIdx.x == 0) {
       RingState<Tile::kStages> ring;
       RingState<1> do_ring;
-      if (n_iters > 0) {
-        mbarrier_arrive_expect_tx(kv_full, 2 * Tile::kTileBytes);
-        const int32_t k_row = static_cast<int32_t>(walk.seq.k_start + walk.n0);
-        tma_load_4d_chunks<Tile::kChunks>(base + Tile::kK, Tile::kChunkBytes, &maps.k, kv_full, k_row, walk.kv_head,
-                                          walk.map_batch);
-        tma_load_4d_chunks<Tile::kChunks>(base + Tile::kV, Tile::kChunkBytes, &maps.v, kv_full, k_row, walk.kv_head,
-                                          walk.map_batch);
-      }
+      if (n_iters > 0)
+        load_key_block<Tile::kChunks>(walk, maps, base + Tile::kK, base + Tile::kV, Tile::kChunkBytes, kv_full);
       for (int it = 0; it < n_iters; ++it) {
         int head, m0;
         walk.tile(it, head, m0);
@@ -167,10 +164,10 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Hd256Tile::kThreads, 1)
   const uint32_t boxes = smem + Tile::kDq + consumer * 2 * Tile::kDqBoxBytes + warp * 2048;
   int dq_writes = 0;
   auto write_dq = [&](const float(&round)[32]) {
-    if (dq_writes++ > 0) named_barrier_sync(Tile::kDqEmpty + consumer, Tile::kDqBarrierThreads);
+    if (dq_writes++ > 0) named_barrier_sync(Tile::kDqEmpty + consumer, kDqBarrierThreads);
     store_warp_f32_swizzled(boxes, Tile::kDqBoxBytes, round);
     fence_async_shared();
-    named_barrier_arrive(Tile::kDqFull + consumer, Tile::kDqBarrierThreads);
+    named_barrier_arrive(Tile::kDqFull + consumer, kDqBarrierThreads);
   };
   float dq_next[32];
   if (n_iters > 0) mbarrier_wait(kv_full, 0);
@@ -272,7 +269,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Hd256Tile::kThreads, 1)
   wgmma_wait<0>();
   wgmma_fence_operands(dk);
   // The last reduction has read the boxes (every arrival of the producer warp is matched).
-  if (n_iters > 0) named_barrier_sync(Tile::kDqEmpty + consumer, Tile::kDqBarrierThreads);
+  if (n_iters > 0) named_barrier_sync(Tile::kDqEmpty + consumer, kDqBarrierThreads);
 
   // dk = scale * sum dS^T Q and dv, rounded, stored from registers: the 64 keys x the
   // consumer's columns.

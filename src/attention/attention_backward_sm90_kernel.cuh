@@ -103,7 +103,7 @@ struct AttentionBackwardSm90Tile {
   // the boxes: consumer c arrives, producer warp 2 + c waits) and kDqEmpty + c (the
   // reduction read the boxes: the producer warp arrives, the consumer waits), each among
   // the consumer's 128 threads and the producer warp.
-  static constexpr int kDqFull = 2, kDqEmpty = 2 + kConsumers, kDqBarrierThreads = kWarpgroupThreads + 32;
+  static constexpr int kDqFull = 2, kDqEmpty = 2 + kConsumers;
   static constexpr uint32_t kBarriers = kRows + 2 * kStages * kBlockM * 4;  // float lse2, D [kStages][kBlockM]
   static constexpr int kSharedBytes = kBarriers + (1 + 3 * kStages) * 8 + 1024;
   static_assert(kSharedBytes <= kMaxBlockSharedBytes, "the tile's shared memory exceeds sm_90's 227 KB");
@@ -161,14 +161,8 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
     }
     if (threadIdx.x == 0) {
       RingState<Tile::kStages> ring;
-      if (n_iters > 0) {
-        mbarrier_arrive_expect_tx(kv_full, 2 * Tile::kKvBytes);
-        const int32_t k_row = static_cast<int32_t>(seq.k_start + n0);
-        tma_load_4d_chunks<Tile::kChunks>(base + Tile::kK, Tile::kKvChunkBytes, &maps.k, kv_full, k_row, walk.kv_head,
-                                          walk.map_batch);
-        tma_load_4d_chunks<Tile::kChunks>(base + Tile::kV, Tile::kKvChunkBytes, &maps.v, kv_full, k_row, walk.kv_head,
-                                          walk.map_batch);
-      }
+      if (n_iters > 0)
+        load_key_block<Tile::kChunks>(walk, maps, base + Tile::kK, base + Tile::kV, Tile::kKvChunkBytes, kv_full);
       for (int it = 0; it < n_iters; ++it) {
         int head, m0;
         walk.tile(it, head, m0);
@@ -306,11 +300,11 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       // has read them; producer warp 2 + consumer adds them to the accumulator (rows past the
       // sequence end carry exact zeros, their P and dS are 0; past the tensor's rows TMA skips
       // them) while dK runs.
-      if (it > 0) named_barrier_sync(Tile::kDqEmpty + consumer, Tile::kDqBarrierThreads);
+      if (it > 0) named_barrier_sync(Tile::kDqEmpty + consumer, kDqBarrierThreads);
       const uint32_t boxes = smem + Tile::kDq + consumer * 2 * Tile::kDqBoxBytes + warp * 2048;
       store_warp_f32_swizzled(boxes, Tile::kDqBoxBytes, dq);
       fence_async_shared();
-      named_barrier_arrive(Tile::kDqFull + consumer, Tile::kDqBarrierThreads);
+      named_barrier_arrive(Tile::kDqFull + consumer, kDqBarrierThreads);
     }
     if constexpr (!Tile::kDkAcrossTiles) {
       wgmma_wait<0>();
@@ -325,7 +319,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   wgmma_fence_operands(dk);
   wgmma_fence_operands(dsa);
   // The last reduction has read the boxes (every arrival of the producer warp is matched).
-  if (n_iters > 0) named_barrier_sync(Tile::kDqEmpty + consumer, Tile::kDqBarrierThreads);
+  if (n_iters > 0) named_barrier_sync(Tile::kDqEmpty + consumer, kDqBarrierThreads);
 
   // dk = scale * sum dS^T Q and dv, rounded, stored from registers: the consumer's 64 keys.
   store_key_rows<T, D>(bp.dk, dk, p.scale, walk, 64 * consumer, 0);

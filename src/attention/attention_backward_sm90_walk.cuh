@@ -97,6 +97,20 @@ struct KeyBlockWalk {
   }
 };
 
+// The dq named barriers' threads: a consumer warpgroup and its producer warp (reduce_dq_shares).
+inline constexpr int kDqBarrierThreads = kWarpgroupThreads + 32;
+
+// Producer thread 0: the block's K and V (kChunks chunks of kBlockN rows x 64 columns each,
+// chunk_bytes apart) by TMA onto kv_full.
+template <int kChunks, class Walk>
+__device__ __forceinline__ void load_key_block(const Walk& walk, const AttentionBackwardSm90Maps& maps, uint8_t* k_dst,
+                                               uint8_t* v_dst, uint32_t chunk_bytes, uint64_t* kv_full) {
+  mbarrier_arrive_expect_tx(kv_full, 2 * kChunks * chunk_bytes);
+  const int32_t k_row = static_cast<int32_t>(walk.seq.k_start + walk.n0);
+  tma_load_4d_chunks<kChunks>(k_dst, chunk_bytes, &maps.k, kv_full, k_row, walk.kv_head, walk.map_batch);
+  tma_load_4d_chunks<kChunks>(v_dst, chunk_bytes, &maps.v, kv_full, k_row, walk.kv_head, walk.map_batch);
+}
+
 // Producer warp 1: lse_i log2(e) and D_i of each tile's kBlockM rows into the Q stage's
 // row_lse2[stage][row] and row_delta[stage][row] (+inf and 0 past the sequence end, so those
 // columns of P and dS are 0 without a mask), then an arrival on the stage's q_full.
@@ -138,7 +152,6 @@ template <int kRounds, class Walk>
 __device__ __forceinline__ void reduce_dq_shares(const Walk& walk, const AttentionBackwardParams& bp,
                                                  const CUtensorMap* map, uint8_t* boxes, uint32_t box_bytes, int c,
                                                  int row0, int col0, int full, int empty) {
-  constexpr int kBarrierThreads = kWarpgroupThreads + 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   for (int it = 0; it < walk.n_iters; ++it) {
     int head, m0;
@@ -152,7 +165,7 @@ __device__ __forceinline__ void reduce_dq_shares(const Walk& walk, const Attenti
     const bool store = counter != nullptr && bp.dq_first_store && rank == 0;
     const int32_t row = static_cast<int32_t>(walk.seq.q_start + m0 + row0);
     for (int r = 0; r < kRounds; ++r) {
-      named_barrier_sync(full, kBarrierThreads);
+      named_barrier_sync(full, kDqBarrierThreads);
       if (lane == 0) {
         // Ordered, every block waits for its turn; else, with the first store, the other
         // blocks wait until it has completed (the counter reads 1).
@@ -172,7 +185,7 @@ __device__ __forceinline__ void reduce_dq_shares(const Walk& walk, const Attenti
         }
       }
       __syncwarp();
-      named_barrier_arrive(empty, kBarrierThreads);
+      named_barrier_arrive(empty, kDqBarrierThreads);
     }
   }
 }
