@@ -3,6 +3,8 @@
 // device) so a launch pays for the queries once.
 #pragma once
 
+#include <cstddef>
+
 namespace llmk::detail {
 
 struct KernelFit {
@@ -14,5 +16,11 @@ KernelFit kernel_fit(const void* kernel, int threads, int device);
 
 // Streaming multiprocessors of CUDA device `device`.
 int sm_count_of(int device);
+
+// Clusters of `cluster` blocks (along x) of `threads` threads and `smem` bytes of dynamic
+// shared memory that `kernel` can keep resident at once on the current device
+// (cudaOccupancyMaxActiveClusters); 0 where not even one fits or the device cannot launch
+// the cluster (the error the query leaves is cleared).
+int max_active_clusters(const void* kernel, int threads, size_t smem, int cluster);
 
 }  // namespace llmk::detail

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "common/cuda_check.h"
+#include "common/occupancy.h"
 #include "gemm/gemm.h"
 #include "gemm/gemm_small_m_kernel.cuh"
 
@@ -116,23 +117,8 @@ int64_t resident_ctas(const void* kernel, int device, int threads, int64_t smem,
     LLMK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, static_cast<size_t>(smem)));
     slots = int64_t{blocks} * device_facts(device).sm_count;
   } else {
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(cluster), 1, 1);
-    config.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
-    config.dynamicSmemBytes = static_cast<size_t>(smem);
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = static_cast<unsigned>(cluster);
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    int clusters = 0;
-    const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
-    if (err != cudaSuccess) {
-      cudaGetLastError();  // a shape the device cannot co-schedule: not a candidate
-      clusters = 0;
-    }
+    // 0 for a shape the device cannot co-schedule: not a candidate.
+    const int clusters = max_active_clusters(kernel, threads, static_cast<size_t>(smem), cluster);
     // Never more than the per-SM occupancy allows (the cluster query was seen to report more
     // for 384-thread CTAs on the H100).
     int blocks = 0;

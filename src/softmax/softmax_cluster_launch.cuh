@@ -88,21 +88,9 @@ inline bool softmax_cluster_runs(const void* kernel, int threads, int cluster, i
   std::lock_guard<std::mutex> lock(mutex);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   cudaFuncAttributes attributes{};
-  cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);  // fails without code for the device
-  int clusters = 0;
-  if (err == cudaSuccess && attributes.binaryVersion >= 90) {
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(cluster));
-    config.blockDim = dim3(static_cast<unsigned>(threads));
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
-  }
-  if (err != cudaSuccess) (void)cudaGetLastError();  // not a candidate; clear the error it left
-  const bool runs = err == cudaSuccess && clusters > 0;
+  const bool sm90 = cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.binaryVersion >= 90;
+  if (!sm90) (void)cudaGetLastError();  // no code for the device: not a candidate; clear the error
+  const bool runs = sm90 && max_active_clusters(kernel, threads, 0, cluster) > 0;
   cache.emplace(key, runs);
   return runs;
 }
