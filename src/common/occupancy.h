@@ -1,6 +1,8 @@
-// Resident blocks per SM of a kernel at a block size, from the CUDA occupancy calculator,
-// and whether the kernel spills to local memory; remembered per (kernel, block size,
-// device) so a launch pays for the queries once.
+// Occupancy queries: resident blocks per SM of a kernel at a block size, from the CUDA
+// occupancy calculator, and whether the kernel spills to local memory (kernel_fit, remembered
+// per (kernel, block size, device) so a launch pays for the queries once); the device's SM
+// count; resident clusters of a kernel (max_active_clusters, not remembered: its callers keep
+// their own answers).
 #pragma once
 
 #include <cstddef>
