@@ -262,7 +262,8 @@ def plot(rows, path):
     colors = {"llmk": "tab:blue", "eager": "tab:orange", "F.rms_norm": "tab:green", "F.layer_norm": "tab:green",
               "torch": "tab:green", "foreach": "tab:orange", "fused": "tab:green", "llmk 2 kernels": "tab:purple",
               "compile": "tab:red", "flash": "tab:orange", "cudnn": "tab:green", "efficient": "tab:gray",
-              "llmk_contiguous": "tab:cyan", "llmk_bf16": "tab:purple"}
+              "llmk_contiguous": "tab:cyan", "llmk_bf16": "tab:purple", "llmk_sm80": "tab:brown",
+              "llmk_deterministic": "tab:olive", "liger": "tab:pink"}
     fig, axes = plt.subplots(len(ops) + bool(overhead), columns,
                              figsize=(3.2 * columns, 2.8 * len(ops) + 4.5 * bool(overhead)), squeeze=False)
     for i, op in enumerate(ops):
