@@ -10,15 +10,15 @@
 
 namespace llmk::detail {
 
-KernelFit kernel_fit(const void* kernel, int threads, int device) {
+KernelFit kernel_fit(const void* kernel, int threads, int device, size_t smem) {
   static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, int>, KernelFit> cache;
-  const auto key = std::make_tuple(kernel, threads, device);
+  static std::map<std::tuple<const void*, int, int, size_t>, KernelFit> cache;
+  const auto key = std::make_tuple(kernel, threads, device, smem);
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   KernelFit fit{};
-  LLMK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit.blocks_per_sm, kernel, threads, 0));
+  LLMK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit.blocks_per_sm, kernel, threads, smem));
   cudaFuncAttributes attributes{};
   LLMK_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
   fit.spills = attributes.localSizeBytes > 0;

@@ -1,6 +1,6 @@
 // Occupancy queries: resident blocks per SM of a kernel at a block size, from the CUDA
 // occupancy calculator, and whether the kernel spills to local memory (kernel_fit, remembered
-// per (kernel, block size, device) so a launch pays for the queries once); the device's SM
+// per (kernel, block size, device, shared memory) so a launch pays for the queries once); the device's SM
 // count; resident clusters of a kernel (max_active_clusters, not remembered: its callers keep
 // their own answers).
 #pragma once
@@ -14,7 +14,9 @@ struct KernelFit {
   bool spills;  // uses local memory (register spills or a dynamically indexed array)
 };
 
-KernelFit kernel_fit(const void* kernel, int threads, int device);
+// `smem`: dynamic shared memory per block (a kernel that needs more than 48 KB must have
+// been allowed it first, cudaFuncAttributeMaxDynamicSharedMemorySize).
+KernelFit kernel_fit(const void* kernel, int threads, int device, size_t smem = 0);
 
 // Streaming multiprocessors of CUDA device `device`.
 int sm_count_of(int device);

@@ -21,8 +21,9 @@
 //    vectors share a block (VPT 1: blockDim.y rows of blockDim.x lanes, shuffles within
 //    the row's lanes). With VPT <= 4 the weight (and gate) come with the row: a lone row
 //    pays one memory round trip. kLean (LayerNorm and the gated form over many rows)
-//    prefetches nothing (the gate is read from memory in the output pass, the weight from
-//    L1/L2: a second round trip per row, which the doubled resident rows cover),
+//    prefetches nothing into registers (the gate is read from memory in the output pass, the
+//    weight from L1/L2: a second round trip per row, which the doubled resident rows cover;
+//    the gated form at VPT 4 and 8 stages both in shared memory instead, below),
 //    re-converts the row after each reduction and takes the fast silu: 32-50 registers at
 //    VPT 1-4 in bf16 instead of 38-112.
 //  - norm_warp_kernel: one warp per row (rows of 33-128 vectors), 8 rows per 256-thread
@@ -101,6 +102,53 @@ __device__ __forceinline__ float norm_sum(float v) {
   else return block_sum(v);
 }
 
+// The lean gated block kernel at VPT 4 and 8 stages the output pass's weight and gate in
+// shared memory: thread t copies its vectors of the weight once per block (the grid is the
+// resident blocks, each walking many rows) and of each row's gate beside its first-pass loads
+// of the row (cp.async), and the output pass reads them back from there. Loaded in the output
+// pass (the other lean kernels), each vector's weight and gate loads come after the previous
+// vector's store, which may alias them: VPT dependent memory round trips per row (8 at
+// Llama-3-8B's 14336 columns, where the kernel ran at 86% of the copy rate; H100: 276 -> 258 us
+// there, 211 -> 193 us at 11008). Registers (bf16): VPT 4 52 (was 50), VPT 8 95 (was 70), so
+// rows of 1025-2048 vectors take VPT 4, two 448-512-thread blocks per SM. VPT 16 (rows of
+// 32k-64k bf16 columns) is not staged: 128 KB per block at 512 threads.
+template <bool kLean, bool kGate, int VPT>
+inline constexpr bool kNormStagesOperands = kLean && kGate && (VPT == 4 || VPT == 8);
+
+// The staging's dynamic shared memory: per thread VPT vectors of the gate (T) and the weight (W).
+template <class T, class W, int N, int VPT, bool kLean, bool kGate>
+constexpr size_t norm_stage_bytes(int threads) {
+  return kNormStagesOperands<kLean, kGate, VPT> ? size_t{VPT} * threads * (sizeof(Vec<T, N>) + sizeof(Vec<W, N>))
+                                                  : 0;
+}
+
+// One vector of N elements from global `src` into shared `dst` by 16-byte cp.async copies.
+template <class E, int N>
+__device__ __forceinline__ void stage_vec(Vec<E, N>* dst, const E* src) {
+  static_assert(sizeof(Vec<E, N>) % 16 == 0, "whole 16-byte copies");
+  const uint32_t to = ptx::smem_address(dst);
+#pragma unroll
+  for (int c = 0; c < static_cast<int>(sizeof(Vec<E, N>) / 16); ++c)
+    ptx::cp_async_16(to + 16 * c, reinterpret_cast<const uint8_t*>(src) + 16 * c, true);
+}
+
+// A staged vector read back where the output pass uses it: the asm's memory clobber keeps the
+// compiler from hoisting the reads to the top of the pass (bf16, VPT 4: 52 registers with it,
+// 58 with plain reads).
+template <class E, int N>
+__device__ __forceinline__ Vec<E, N> read_staged(const Vec<E, N>* src) {
+  Vec<E, N> out;
+  uint32_t* words = reinterpret_cast<uint32_t*>(&out);
+  const uint32_t from = ptx::smem_address(src);
+#pragma unroll
+  for (int c = 0; c < static_cast<int>(sizeof(Vec<E, N>) / 16); ++c)
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(words[4 * c]), "=r"(words[4 * c + 1]), "=r"(words[4 * c + 2]), "=r"(words[4 * c + 3])
+                 : "r"(from + 16 * c)
+                 : "memory");
+  return out;
+}
+
 // One row normalized by `lanes` threads: thread t holds VPT 16-byte vectors of the row at
 // columns (i * lanes + t) * N, so each of the VPT loads is coalesced across the threads.
 // `sum(v)` returns the row's total of v over those threads; `writer` is the one thread that
@@ -135,11 +183,20 @@ __device__ __forceinline__ void norm_row(const NormParams& p, int64_t row, int t
   Vec<T, N> s[VPT];
   Vec<W, N> w[kPrefetchWeight ? VPT : 1];
   Vec<T, N> z[kGate && kPrefetchWeight ? VPT : 1];
+  // kStage: slot i * lanes + t of the gate's VPT * lanes vectors, then of the weight's.
+  constexpr bool kStage = kNormStagesOperands<kLean, kGate, VPT> && kLanes == 0;
+  extern __shared__ __align__(16) uint8_t norm_stage[];
+  auto* gate_slots = reinterpret_cast<Vec<T, N>*>(norm_stage);
+  const auto* weight_slots = reinterpret_cast<const Vec<W, N>*>(gate_slots + VPT * lanes);
+  auto slot = [&](int i) { return i * lanes + t; };
   float sum_sq = 0.0f;  // RMSNorm: accumulated as the row arrives
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     if (in_row(i)) {
       s[i] = load_vec<T, N>(x + at(i));
+      if constexpr (kStage) {
+        stage_vec(&gate_slots[slot(i)], gate + at(i));
+      }
       if constexpr (kPrefetchWeight) {
         w[i] = has_weight ? load_vec<W, N>(weight + at(i)) : filled_vec<W, N>(1.0f);
         if constexpr (kGate) z[i] = load_vec<T, N>(gate + at(i));
@@ -179,6 +236,10 @@ __device__ __forceinline__ void norm_row(const NormParams& p, int64_t row, int t
   } else {
     r = rsqrtf(sum(sum_sq) / static_cast<float>(d) + p.eps);
   }
+  if constexpr (kStage) {
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<0>();  // this thread's copies (and the weight's): it reads only its own slots
+  }
   if (writer) {
     if (p.rstd != nullptr) p.rstd[row] = r;
     if constexpr (kCentered)
@@ -194,11 +255,13 @@ __device__ __forceinline__ void norm_row(const NormParams& p, int64_t row, int t
       // per element: 16 more registers for the LayerNorm warp kernel).
       Vec<W, N> wv, bv;
       if constexpr (kPrefetchWeight) wv = w[i];
+      else if constexpr (kStage) wv = read_staged(&weight_slots[slot(i)]);
       else wv = has_weight ? load_vec<W, N>(weight + at(i)) : filled_vec<W, N>(1.0f);
       bv = has_bias ? load_vec<W, N>(bias + at(i)) : filled_vec<W, N>(0.0f);
       Vec<T, N> zv;
       if constexpr (kGate) {
         if constexpr (kPrefetchWeight) zv = z[i];
+        else if constexpr (kStage) zv = read_staged(&gate_slots[slot(i)]);
         else zv = load_vec<T, N>(gate + at(i));
       }
       Vec<T, N> y;
@@ -217,12 +280,26 @@ __device__ __forceinline__ void norm_row(const NormParams& p, int64_t row, int t
   }
 }
 
+// The staged kernels' weight: thread t's VPT vectors (at columns (i * blockDim.x + t) * N) into
+// its slots after the gate's (norm_row), once per block; the first row's wait covers them.
+template <class T, class W, int N, int VPT>
+__device__ __forceinline__ void stage_weight(const NormParams& p) {
+  extern __shared__ __align__(16) uint8_t norm_stage[];
+  const int t = static_cast<int>(threadIdx.x), lanes = static_cast<int>(blockDim.x);
+  auto* weight_slots = reinterpret_cast<Vec<W, N>*>(reinterpret_cast<Vec<T, N>*>(norm_stage) + VPT * lanes);
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    if ((i * lanes + t) * N < p.d)
+      stage_vec(&weight_slots[i * lanes + t], static_cast<const W*>(p.weight) + (i * lanes + t) * N);
+}
+
 // The register kernel: one block per row (grid-strided), or with VPT = 1 and !kLean
 // blockDim.y rows of blockDim.x <= 32 lanes per block. kLean, kAffine: see norm_row.
 template <class T, class W, int N, int VPT, bool kAdd, bool kCentered, bool kGate, bool kLean = false,
           bool kAffine = false>
 __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
   ptx::pdl_start();
+  if constexpr (kNormStagesOperands<kLean, kGate, VPT>) stage_weight<T, W, N, VPT>(p);
   // Only VPT 1 serves short rows: the row-group reductions cost the VPT-4 kernel 16
   // registers.
   constexpr bool kShortRows = !kLean && VPT == 1;

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -119,6 +121,28 @@ NormPath norm_rule(NormPath asked, int64_t rows, int64_t vectors) {
   return warp_takes && !kGate ? NormPath::warp : NormPath::lean;
 }
 
+// The grid of a staged lean kernel (norm_stage_bytes > 0): its resident blocks, at most
+// `blocks`, each staging the weight once and walking many rows. Its shared memory may pass the
+// default 48 KB (4 KB per 1024 columns of a bf16 gate and weight: 57 KB at 14336 columns),
+// allowed once per device. No carveout preference: the driver sizes shared memory for the
+// blocks the occupancy query counts (H100: the same time as with the maximum carveout asked
+// for, which would leave less L1 to the kernels run after it).
+template <class T, class W, int N, int VPT, bool kGate>
+int staged_norm_grid(const char* op, const void* kernel, int threads, size_t smem, int blocks) {
+  static std::atomic<uint64_t> allowed_on{0};  // a bit per device
+  int device = 0;
+  LLMK_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if ((allowed_on.load() & bit) == 0) {
+    const size_t most = norm_stage_bytes<T, W, N, VPT, true, kGate>(512);
+    LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)));
+    allowed_on.fetch_or(bit);
+  }
+  const int per_sm = kernel_fit(kernel, threads, device, smem).blocks_per_sm;
+  LLMK_CHECK(per_sm > 0, op, ": the staged kernel does not fit an SM (", smem, " bytes of shared memory)");
+  return static_cast<int>(std::min<int64_t>(blocks, int64_t{per_sm} * sm_count_of(device)));
+}
+
 // `act`: x's dtype; `affine`: the weight's (and bias's) dtype. `vector_ok`: every pointer
 // and row stride is aligned to 16 bytes and d to the vector.
 template <bool kAdd, bool kCentered, bool kGate = false>
@@ -163,8 +187,13 @@ void launch_norm(const char* op, const NormParams& p, DType act, DType affine, b
           constexpr bool kAffine = decltype(affine_tag)::value;
           const RowShape shape = norm_shape<kAdd, kCentered, kGate, true, kAffine, T, W>(p.rows, vectors);
           return dispatch_vpt(shape.vpt, [&](auto v) {
-            launch_pdl(norm_vec_kernel<T, W, N, decltype(v)::value, kAdd, kCentered, kGate, true, kAffine>,
-                       dim3(blocks), dim3(shape.threads), 0, stream, p);
+            constexpr int kVpt = decltype(v)::value;
+            auto* kernel = norm_vec_kernel<T, W, N, kVpt, kAdd, kCentered, kGate, true, kAffine>;
+            const size_t smem = norm_stage_bytes<T, W, N, kVpt, true, kGate>(shape.threads);
+            const int grid = smem == 0 ? blocks
+                                       : staged_norm_grid<T, W, N, kVpt, kGate>(
+                                             op, reinterpret_cast<const void*>(kernel), shape.threads, smem, blocks);
+            launch_pdl(kernel, dim3(grid), dim3(shape.threads), smem, stream, p);
           });
         };
         const bool launched =

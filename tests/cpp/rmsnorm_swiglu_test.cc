@@ -137,6 +137,7 @@ TEST(RMSNormSwigluGpu, EveryNormPathMatchesCpuReference) {
     run_gpu_case(dt, DType::f32, 1031, 96 * vec, 96 * vec + vec, 1.0);      // warp VPL 3, strided
     run_gpu_case(dt, dt, 301, 129 * vec, 129 * vec + 2 * vec, 0.0);         // lean VPT 1, 160 threads
     run_gpu_case(dt, DType::f32, 300, 1793 * vec, 1793 * vec + vec, 1.0);   // lean VPT 4-8, odd row
+    run_gpu_case(dt, dt, 700, 1792 * vec, 1792 * vec, 0.0);  // staged weight and gate, rows past the grid
   });
 }
 
