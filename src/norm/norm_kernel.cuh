@@ -122,6 +122,19 @@ constexpr size_t norm_stage_bytes(int threads) {
                                                   : 0;
 }
 
+// The staging's slots in the dynamic shared memory: VPT * lanes vectors of the gate, then as
+// many of the weight; thread t's vector i is slot i * lanes + t of each.
+template <class T, class W, int N, int VPT>
+struct NormStageSlots {
+  Vec<T, N>* gate;
+  Vec<W, N>* weight;
+  __device__ explicit NormStageSlots(int lanes) {
+    extern __shared__ __align__(16) uint8_t norm_stage[];
+    gate = reinterpret_cast<Vec<T, N>*>(norm_stage);
+    weight = reinterpret_cast<Vec<W, N>*>(gate + VPT * lanes);
+  }
+};
+
 // One vector of N elements from global `src` into shared `dst` by 16-byte cp.async copies.
 template <class E, int N>
 __device__ __forceinline__ void stage_vec(Vec<E, N>* dst, const E* src) {
@@ -183,11 +196,8 @@ __device__ __forceinline__ void norm_row(const NormParams& p, int64_t row, int t
   Vec<T, N> s[VPT];
   Vec<W, N> w[kPrefetchWeight ? VPT : 1];
   Vec<T, N> z[kGate && kPrefetchWeight ? VPT : 1];
-  // kStage: slot i * lanes + t of the gate's VPT * lanes vectors, then of the weight's.
   constexpr bool kStage = kNormStagesOperands<kLean, kGate, VPT> && kLanes == 0;
-  extern __shared__ __align__(16) uint8_t norm_stage[];
-  auto* gate_slots = reinterpret_cast<Vec<T, N>*>(norm_stage);
-  const auto* weight_slots = reinterpret_cast<const Vec<W, N>*>(gate_slots + VPT * lanes);
+  const NormStageSlots<T, W, N, VPT> staged(lanes);
   auto slot = [&](int i) { return i * lanes + t; };
   float sum_sq = 0.0f;  // RMSNorm: accumulated as the row arrives
 #pragma unroll
@@ -195,7 +205,7 @@ __device__ __forceinline__ void norm_row(const NormParams& p, int64_t row, int t
     if (in_row(i)) {
       s[i] = load_vec<T, N>(x + at(i));
       if constexpr (kStage) {
-        stage_vec(&gate_slots[slot(i)], gate + at(i));
+        stage_vec(&staged.gate[slot(i)], gate + at(i));
       }
       if constexpr (kPrefetchWeight) {
         w[i] = has_weight ? load_vec<W, N>(weight + at(i)) : filled_vec<W, N>(1.0f);
@@ -255,13 +265,13 @@ __device__ __forceinline__ void norm_row(const NormParams& p, int64_t row, int t
       // per element: 16 more registers for the LayerNorm warp kernel).
       Vec<W, N> wv, bv;
       if constexpr (kPrefetchWeight) wv = w[i];
-      else if constexpr (kStage) wv = read_staged(&weight_slots[slot(i)]);
+      else if constexpr (kStage) wv = read_staged(&staged.weight[slot(i)]);
       else wv = has_weight ? load_vec<W, N>(weight + at(i)) : filled_vec<W, N>(1.0f);
       bv = has_bias ? load_vec<W, N>(bias + at(i)) : filled_vec<W, N>(0.0f);
       Vec<T, N> zv;
       if constexpr (kGate) {
         if constexpr (kPrefetchWeight) zv = z[i];
-        else if constexpr (kStage) zv = read_staged(&gate_slots[slot(i)]);
+        else if constexpr (kStage) zv = read_staged(&staged.gate[slot(i)]);
         else zv = load_vec<T, N>(gate + at(i));
       }
       Vec<T, N> y;
@@ -281,16 +291,15 @@ __device__ __forceinline__ void norm_row(const NormParams& p, int64_t row, int t
 }
 
 // The staged kernels' weight: thread t's VPT vectors (at columns (i * blockDim.x + t) * N) into
-// its slots after the gate's (norm_row), once per block; the first row's wait covers them.
+// its slots (NormStageSlots), once per block; the first row's wait covers them.
 template <class T, class W, int N, int VPT>
 __device__ __forceinline__ void stage_weight(const NormParams& p) {
-  extern __shared__ __align__(16) uint8_t norm_stage[];
   const int t = static_cast<int>(threadIdx.x), lanes = static_cast<int>(blockDim.x);
-  auto* weight_slots = reinterpret_cast<Vec<W, N>*>(reinterpret_cast<Vec<T, N>*>(norm_stage) + VPT * lanes);
+  const NormStageSlots<T, W, N, VPT> staged(lanes);
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
     if ((i * lanes + t) * N < p.d)
-      stage_vec(&weight_slots[i * lanes + t], static_cast<const W*>(p.weight) + (i * lanes + t) * N);
+      stage_vec(&staged.weight[i * lanes + t], static_cast<const W*>(p.weight) + (i * lanes + t) * N);
 }
 
 // The register kernel: one block per row (grid-strided), or with VPT = 1 and !kLean
