@@ -111,20 +111,15 @@ int64_t resident_ctas(const void* kernel, int device, int threads, int64_t smem,
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
-  int64_t slots = 0;
-  if (cluster == 1) {
-    int blocks = 0;
-    LLMK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, static_cast<size_t>(smem)));
-    slots = int64_t{blocks} * device_facts(device).sm_count;
-  } else {
-    // 0 for a shape the device cannot co-schedule: not a candidate.
-    const int clusters = max_active_clusters(kernel, threads, static_cast<size_t>(smem), cluster);
-    // Never more than the per-SM occupancy allows (the cluster query was seen to report more
-    // for 384-thread CTAs on the H100).
-    int blocks = 0;
-    LLMK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, static_cast<size_t>(smem)));
-    slots = std::min<int64_t>(int64_t{clusters} * cluster, int64_t{blocks} * device_facts(device).sm_count);
-  }
+  const size_t bytes = static_cast<size_t>(smem);
+  const int per_sm = kernel_fit(kernel, threads, device, bytes).blocks_per_sm;
+  const int64_t per_sm_slots = int64_t{per_sm} * device_facts(device).sm_count;
+  // Clusters: never more than the per-SM occupancy allows (the cluster query was seen to report
+  // more for 384-thread CTAs on the H100); 0 for a shape the device cannot co-schedule, not a
+  // candidate.
+  const int64_t slots =
+      cluster == 1 ? per_sm_slots
+                   : std::min(int64_t{max_active_clusters(kernel, threads, bytes, cluster)} * cluster, per_sm_slots);
   std::lock_guard<std::mutex> lock(mutex);
   cache.emplace(key, slots);
   return slots;
