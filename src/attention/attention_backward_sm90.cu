@@ -4,7 +4,7 @@
 // before and after them are the sm_80 path's (attention_backward.cu); the deterministic path
 // is the same kernels with their dq reductions in key-block order.
 //
-// Instantiations (the only list): {bf16, fp16} x head dim {64, 128, 256}. Head dims 32 and 96
+// Instantiations (the only list): {bf16, fp16} x head dim {64 (both dQ orders), 128, 256}. Head dims 32 and 96
 // (rows that are not whole 128-byte swizzle chunks), head dims LLMK_HEAD_DIMS leaves out, and
 // strides TMA cannot address take the sm_80 main kernel.
 #include <type_traits>
@@ -27,10 +27,22 @@ template <int kHeadDim>
 using TileOf = std::conditional_t<kHeadDim == 256, sm90::AttentionBackwardSm90Hd256Tile,
                                   sm90::AttentionBackwardSm90Tile<kHeadDim>>;
 
-template <class T, int kHeadDim>
+template <class T, int kHeadDim, bool kDqOfPreviousTile = false>
 const void* kernel_for() {
   if constexpr (kHeadDim == 256) return reinterpret_cast<const void*>(sm90::attention_backward_sm90_hd256_kernel<T>);
-  else return reinterpret_cast<const void*>(sm90::attention_backward_sm90_kernel<T, kHeadDim>);
+  else return reinterpret_cast<const void*>(sm90::attention_backward_sm90_kernel<T, kHeadDim, kDqOfPreviousTile>);
+}
+
+// Head dim 64 issues each tile's dQ during the next tile (the consumers never meet) where the
+// longest walk has at least 32 query tiles (64 causal, whose walks average half of it): H100,
+// same runs, +2.5-5% non-causal from seqlen 4096 and causal from 8192 (16k 475 -> 497 TFLOP/s,
+// causal 461 -> 483), about even at 2048, but -3-6% at 512-1024, where the first tile's
+// dropped stand-in GEMM is 2.5-5% of a walk's. At head dim 128 it measured 0.94-1.01x.
+bool dq_of_previous_tile(const AttentionBackwardParams& bp) {
+  const AttentionParams& p = bp.fwd;
+  if (p.head_dim != 64) return false;
+  const int64_t tiles = (int64_t{p.seqlen_q} + TileOf<64>::kBlockM - 1) / TileOf<64>::kBlockM * p.group;
+  return tiles >= (p.causal ? 64 : 32);
 }
 
 // The key block of the kernel that takes head dim `head_dim` (64 keys at 256, else 128).
@@ -73,7 +85,8 @@ void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream)
     s.box[3] = 1;
     maps.dq_accum = sm90::make_tma("attention_backward", s);
   }
-  const void* kernel = kernel_for<T, kHeadDim>();
+  const void* kernel =
+      dq_of_previous_tile(bp) ? kernel_for<T, kHeadDim, kHeadDim == 64>() : kernel_for<T, kHeadDim>();
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
   // Key blocks in order: causal blocks with the first keys see the most query tiles and
   // start first (deterministic causal calls reverse it: the kernel maps blockIdx.x).

@@ -27,6 +27,9 @@
 //                           on the producer warp's barrier
 //     dK  += dS^T Q_i       wgmma RS; at D = 128 still running over the next tile's S^T
 //                           and dP^T (kDkAcrossTiles), at D = 64 waited for at the tile's end
+//   kDqOfPreviousTile (D = 64, long walks): the consumers never meet; each issues dQ_{i-1}
+//     after dV_i, behind an mbarrier on the other's half of dS^T_{i-1} (a second mbarrier frees
+//     a dS^T buffer for its next use), and the last tile's dQ after the walk;
 //   dK (times scale) and dV rounded and stored from registers at the end.
 // The key block's K and V stay in shared memory for the whole walk; Q_i/dO_i of the next
 // tile load while this one computes. The consumers run ahead by one tile (the dQ boxes'
@@ -105,14 +108,18 @@ struct AttentionBackwardSm90Tile {
   // the consumer's 128 threads and the producer warp.
   static constexpr int kDqFull = 2, kDqEmpty = 2 + kConsumers;
   static constexpr uint32_t kBarriers = kRows + 2 * kStages * kBlockM * 4;  // float lse2, D [kStages][kBlockM]
-  static constexpr int kSharedBytes = kBarriers + (1 + 3 * kStages) * 8 + 1024;
+  static constexpr int kSharedBytes = kBarriers + (1 + 3 * kStages + 4) * 8 + 1024;
   static_assert(kSharedBytes <= kMaxBlockSharedBytes, "the tile's shared memory exceeds sm_90's 227 KB");
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "D = 64 or 128: whole swizzle chunks, dK + dV in registers");
 };
 
 // grid (ceil(seqlen_k / kBlockN), heads_kv, batch). Writes dk, dv of the block's keys (0
 // for keys no query row sees) and adds its share of dq to bp.dq_accum.
-template <class T, int kHeadDim>
+// kDqOfPreviousTile: each tile's dQ GEMM is issued during the next tile, after the consumer's
+// dV, behind an mbarrier on the other consumer's half of that tile's dS^T, so the consumers
+// never meet (head dim 64, long walks: attention_backward_sm90_dq_of_previous_tile); else
+// the consumers meet at a named barrier before this tile's dQ.
+template <class T, int kHeadDim, bool kDqOfPreviousTile>
 __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads, 1)
     attention_backward_sm90_kernel(const __grid_constant__ AttentionBackwardSm90Maps maps,
                                    const __grid_constant__ AttentionBackwardParams bp) {
@@ -133,6 +140,10 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   uint64_t* q_full = kv_full + 1;  // Q_i's bytes and warp 1's arrival (lse2, D written)
   uint64_t* do_full = q_full + Tile::kStages;
   uint64_t* q_empty = do_full + Tile::kStages;
+  // kDqOfPreviousTile, dS^T buffer b: ds_full[b] both consumers' halves written, ds_free[b]
+  // both consumers' dQ GEMMs that read it completed (every consumer warp arrives on each).
+  uint64_t* ds_full = q_empty + Tile::kStages;
+  uint64_t* ds_free = ds_full + 2;
 
   if (threadIdx.x == 0) {
     mbarrier_init(kv_full, 1);
@@ -140,6 +151,10 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       mbarrier_init(&q_full[s], 2);
       mbarrier_init(&do_full[s], 1);
       mbarrier_init(&q_empty[s], Tile::kConsumers * 4);  // every consumer warp
+    }
+    for (int b = 0; b < 2; ++b) {
+      mbarrier_init(&ds_full[b], Tile::kConsumers * 4);
+      mbarrier_init(&ds_free[b], Tile::kConsumers * 4);
     }
     mbarrier_init_fence();
   }
@@ -193,11 +208,36 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   // dS^T as the A fragments of dK += dS^T Q: that GEMM is still running when the next
   // tile's S^T and dP^T are issued, so the fragments live across iterations.
   uint32_t dsa[M / 16][4];
-  // Stage s is free once both consumers' GEMMs that read it (Q, dO) completed and their warps
-  // read its lse2 and D: every warp arrives after its wait.
-  auto release = [&](int stage) {
+  // Every consumer warp arrives, after its wait: on q_empty[s] once both consumers' GEMMs that
+  // read stage s (Q, dO) completed and their warps read its lse2 and D; on ds_full, ds_free.
+  auto release_to = [&](uint64_t* bar) {
     __syncwarp();
-    if (lane == 0) mbarrier_arrive(&q_empty[stage]);
+    if (lane == 0) mbarrier_arrive(bar);
+  };
+  // dQ = dS K over the 128 keys of one tile's dS^T buffer: k16 step kk is in consumer kk / 4's
+  // half.
+  auto issue_dq = [&](float(&dq)[32], uint32_t ds_addr) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk) {
+      const uint64_t a = smem_descriptor(
+          ds_addr + (kk / 4) * Tile::kDsHalfBytes + (dq_row0_c / 64) * 8192 + 2048 * (kk % 4), 8192, 1024);
+      const uint64_t b =
+          smem_descriptor(k_addr + (dq_col0_c / 64) * Tile::kKvChunkBytes + 2048 * kk, Tile::kKvChunkBytes, 1024);
+      wgmma_m64n64k16<1, 1>(WgmmaTag<T>{}, dq, a, b, kk > 0);
+    }
+    wgmma_commit();
+  };
+  // The warp's 16 rows of dQ into the consumer's boxes once the previous tile's reduction has
+  // read them (boxes_used); producer warp 2 + consumer adds them to the accumulator (rows past
+  // the sequence end carry exact zeros, their P and dS are 0; past the tensor's rows TMA skips
+  // them) while dK runs.
+  auto write_dq = [&](const float(&dq)[32], bool boxes_used) {
+    if (boxes_used) named_barrier_sync(Tile::kDqEmpty + consumer, kDqBarrierThreads);
+    const uint32_t boxes = smem + Tile::kDq + consumer * 2 * Tile::kDqBoxBytes + warp * 2048;
+    store_warp_f32_swizzled(boxes, Tile::kDqBoxBytes, dq);
+    fence_async_shared();
+    named_barrier_arrive(Tile::kDqFull + consumer, kDqBarrierThreads);
   };
   if (n_iters > 0) mbarrier_wait(kv_full, 0);
   RingState<Tile::kStages> ring;
@@ -237,7 +277,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       wgmma_fence_operands(dsa);
     }
     static_assert(Tile::kStages == 2, "the previous tile's stage is ring.stage ^ 1");
-    if (Tile::kDkAcrossTiles && it > 0) release(ring.stage ^ 1);
+    if (Tile::kDkAcrossTiles && it > 0) release_to(&q_empty[ring.stage ^ 1]);
 
     const int key0 = n0 + 64 * consumer + 16 * warp;  // the warp's first key
     const bool need_mask = key0 + 16 > seq.seqlen_k || (p.causal && key0 + 15 > m0 + walk.shift);
@@ -269,53 +309,57 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
     accumulators_as_a<T>(pa, s);
     accumulators_as_a<T>(dsa, dp);
 
-    // Order dV, dQ, dK: dQ's write-out then runs beside dK, which also stays in flight over
-    // the next tile's S^T and dP^T. dq lives in this scope (declared beside dk and dv, ptxas
-    // spilled 264-396 bytes).
+    // Order dV, dQ, dK: dQ's write-out then runs beside dK, which at D = 128 also stays in
+    // flight over the next tile's S^T and dP^T. dQ is this tile's once both consumers meet, or
+    // with kDqOfPreviousTile the previous tile's; the first tile then issues a stand-in on the
+    // other buffer and drops it, as no wgmma may sit under a branch (ptxas would serialize them
+    // all). dq lives in this scope (declared beside dk and dv, ptxas spilled 264-396 bytes).
     {
-      // dS^T into this iteration's buffer for dQ (the other buffer may still be read by the
-      // other consumer's previous dQ GEMM), visible to the async proxy.
-      const uint32_t ds_addr = smem + Tile::kDs + (it & 1) * Tile::kDsBytes;
+      const int b = it & 1;
+      const uint32_t ds_addr = smem + Tile::kDs + b * Tile::kDsBytes;
+      // The buffer was last read by both consumers' dQ GEMMs of tile it - 2 (without
+      // kDqOfPreviousTile the consumers met after those completed).
+      if constexpr (kDqOfPreviousTile) mbarrier_wait(&ds_free[b], ((it >> 1) & 1) ^ 1u);
       store_fragments_swizzled<M>(ds_addr + consumer * Tile::kDsHalfBytes, dsa);
       fence_async_shared();
+      if constexpr (kDqOfPreviousTile) release_to(&ds_full[b]);
       add_product(dv, pa, do_addr);
-      named_barrier_sync(1, Tile::kConsumers * kWarpgroupThreads);  // both halves of dS^T written
-      // dQ = dS K over the 128 keys: k16 step kk is in consumer kk / 4's half of dS^T.
+      if constexpr (!kDqOfPreviousTile) named_barrier_sync(1, Tile::kConsumers * kWarpgroupThreads);
+      else if (it > 0) mbarrier_wait(&ds_full[b ^ 1], ((it - 1) >> 1) & 1);
       float dq[32];
-#pragma unroll
-      for (int kk = 0; kk < N / 16; ++kk) {
-        const uint64_t a = smem_descriptor(
-            ds_addr + (kk / 4) * Tile::kDsHalfBytes + (dq_row0_c / 64) * 8192 + 2048 * (kk % 4), 8192, 1024);
-        const uint64_t b =
-            smem_descriptor(k_addr + (dq_col0_c / 64) * Tile::kKvChunkBytes + 2048 * kk, Tile::kKvChunkBytes, 1024);
-        wgmma_m64n64k16<1, 1>(WgmmaTag<T>{}, dq, a, b, kk > 0);
-      }
-      wgmma_commit();
+      issue_dq(dq, kDqOfPreviousTile ? smem + Tile::kDs + (b ^ 1) * Tile::kDsBytes : ds_addr);
       add_product(dk, dsa, q_addr);
       wgmma_wait<1>();  // dV and dQ
       wgmma_fence_operands(dq);
       wgmma_fence_operands(dv);
       wgmma_fence_operands(pa);
-      // The warp's 16 rows of dQ into the consumer's boxes once the previous tile's reduction
-      // has read them; producer warp 2 + consumer adds them to the accumulator (rows past the
-      // sequence end carry exact zeros, their P and dS are 0; past the tensor's rows TMA skips
-      // them) while dK runs.
-      if (it > 0) named_barrier_sync(Tile::kDqEmpty + consumer, kDqBarrierThreads);
-      const uint32_t boxes = smem + Tile::kDq + consumer * 2 * Tile::kDqBoxBytes + warp * 2048;
-      store_warp_f32_swizzled(boxes, Tile::kDqBoxBytes, dq);
-      fence_async_shared();
-      named_barrier_arrive(Tile::kDqFull + consumer, kDqBarrierThreads);
+      if (!kDqOfPreviousTile) {
+        write_dq(dq, it > 0);
+      } else if (it > 0) {
+        release_to(&ds_free[b ^ 1]);
+        write_dq(dq, it > 1);
+      }
     }
     if constexpr (!Tile::kDkAcrossTiles) {
       wgmma_wait<0>();
       wgmma_fence_operands(dk);
       wgmma_fence_operands(dsa);
-      release(ring.stage);
+      release_to(&q_empty[ring.stage]);
     }
     ring.advance();
   }
-  // The last tile's dK.
-  wgmma_wait<0>();
+  // The last tile's dK, and with kDqOfPreviousTile its dQ (a dropped stand-in on an empty walk).
+  if constexpr (kDqOfPreviousTile) {
+    const int last = n_iters - 1;
+    if (n_iters > 0) mbarrier_wait(&ds_full[last & 1], (last >> 1) & 1);
+    float dq[32];
+    issue_dq(dq, smem + Tile::kDs + (n_iters > 0 ? last & 1 : 1) * Tile::kDsBytes);
+    wgmma_wait<0>();
+    wgmma_fence_operands(dq);
+    if (n_iters > 0) write_dq(dq, n_iters > 1);
+  } else {
+    wgmma_wait<0>();
+  }
   wgmma_fence_operands(dk);
   wgmma_fence_operands(dsa);
   // The last reduction has read the boxes (every arrival of the producer warp is matched).

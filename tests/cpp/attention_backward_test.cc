@@ -702,6 +702,17 @@ TEST(AttentionBackwardGpu, SequenceLengths) {
   check_backward(DType::bf16, {1, 1100, 2048, 1, 1, 128}, true);
 }
 
+// Walks of at least 32 query tiles (64 causal) at head dim 64 take the kernel that issues each
+// tile's dQ during the next tile (attention_backward_sm90.cu, dq_of_previous_tile): 5 tiles (the
+// last partial) x group 8, one query head of 33 tiles, causal 9 x 8 across the diagonal; default
+// and deterministic against the oracle.
+TEST(AttentionBackwardGpu, LongWalksAtHeadDim64) {
+  LLMK_REQUIRE_GPU();
+  check_backward(DType::bf16, {1, 520, 333, 8, 1, 64}, false);
+  check_backward(DType::f16, {1, 4200, 333, 1, 1, 64}, false);
+  check_backward(DType::bf16, {2, 1100, 1100, 8, 1, 64}, true);
+}
+
 // masked_row_cases: rows that see no key have dq exactly 0 and add nothing to dk and dv; no
 // keys: dq = 0; no queries: dk = dv = 0.
 TEST(AttentionBackwardGpu, FullyMaskedRowsAndEmptySides) {
