@@ -34,15 +34,15 @@ const void* kernel_for() {
 }
 
 // Head dim 64 issues each tile's dQ during the next tile (the consumers never meet) where the
-// longest walk has at least 32 query tiles (64 causal, whose walks average half of it): H100,
-// same runs, +2.5-5% non-causal from seqlen 4096 and causal from 8192 (16k 475 -> 497 TFLOP/s,
-// causal 461 -> 483), about even at 2048, but -3-6% at 512-1024, where the first tile's
+// longest walk has at least 16 query tiles (32 causal, whose walks average half of it): H100,
+// same runs, +2.5-5% non-causal from seqlen 2048 and causal from 8192 (16k 475 -> 497 TFLOP/s,
+// causal 461 -> 483), even at causal 4096, but -3-6% at 512-1024, where the first tile's
 // dropped stand-in GEMM is 2.5-5% of a walk's. At head dim 128 it measured 0.94-1.01x.
 bool dq_of_previous_tile(const AttentionBackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   if (p.head_dim != 64) return false;
   const int64_t tiles = (int64_t{p.seqlen_q} + TileOf<64>::kBlockM - 1) / TileOf<64>::kBlockM * p.group;
-  return tiles >= (p.causal ? 64 : 32);
+  return tiles >= (p.causal ? 32 : 16);
 }
 
 // The key block of the kernel that takes head dim `head_dim` (64 keys at 256, else 128).

@@ -117,7 +117,7 @@ struct AttentionBackwardSm90Tile {
 // for keys no query row sees) and adds its share of dq to bp.dq_accum.
 // kDqOfPreviousTile: each tile's dQ GEMM is issued during the next tile, after the consumer's
 // dV, behind an mbarrier on the other consumer's half of that tile's dS^T, so the consumers
-// never meet (head dim 64, long walks: attention_backward_sm90_dq_of_previous_tile); else
+// never meet (head dim 64, long walks: dq_of_previous_tile in attention_backward_sm90.cu); else
 // the consumers meet at a named barrier before this tile's dQ.
 template <class T, int kHeadDim, bool kDqOfPreviousTile>
 __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads, 1)

@@ -702,7 +702,7 @@ TEST(AttentionBackwardGpu, SequenceLengths) {
   check_backward(DType::bf16, {1, 1100, 2048, 1, 1, 128}, true);
 }
 
-// Walks of at least 32 query tiles (64 causal) at head dim 64 take the kernel that issues each
+// Walks of at least 16 query tiles (32 causal) at head dim 64 take the kernel that issues each
 // tile's dQ during the next tile (attention_backward_sm90.cu, dq_of_previous_tile): 5 tiles (the
 // last partial) x group 8, one query head of 33 tiles, causal 9 x 8 across the diagonal; default
 // and deterministic against the oracle.
