@@ -150,10 +150,6 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Hd256Tile::kThreads, 1)
   float dk[kCols / 2], dv[kCols / 2];
 #pragma unroll
   for (int i = 0; i < kCols / 2; ++i) dk[i] = dv[i] = 0.0f;
-  auto arrive = [&](uint64_t* bar) {
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(bar);
-  };
   // dQ_c leaves through the consumer's boxes in kDqRounds rounds of 64 columns, each written
   // once the reduction of the round before has read them (rows past the sequence end carry
   // exact zeros, their P and dS are 0; past the tensor's rows TMA skips them). A tile's first
@@ -205,7 +201,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Hd256Tile::kThreads, 1)
     wgmma_fence_operands(s_flat);
     wgmma_fence_operands(dk);
     static_assert(Tile::kStages == 2, "the previous tile's stage is ring.stage ^ 1");
-    if (it > 0) arrive(&q_empty[ring.stage ^ 1]);
+    if (it > 0) warp_arrive(&q_empty[ring.stage ^ 1], lane);
 
     const int key0 = walk.n0 + 16 * warp, query0 = m0 + 32 * consumer;  // the warp's first key, query
     const bool need_mask =
@@ -253,7 +249,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Hd256Tile::kThreads, 1)
     wgmma_wait<1>();  // dV and dQ
     wgmma_fence_operands(dq);
     wgmma_fence_operands(dv);
-    arrive(do_empty);  // dP^T and dV have read dO
+    warp_arrive(do_empty, lane);  // dP^T and dV have read dO
 
     write_dq(reinterpret_cast<const float(&)[32]>(dq[0]));
     // Copied by an add of +0 that ptxas keeps: dq_next must not stay in the registers the dQ

@@ -208,12 +208,9 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   // dS^T as the A fragments of dK += dS^T Q: that GEMM is still running when the next
   // tile's S^T and dP^T are issued, so the fragments live across iterations.
   uint32_t dsa[M / 16][4];
-  // Every consumer warp arrives, after its wait: on q_empty[s] once both consumers' GEMMs that
-  // read stage s (Q, dO) completed and their warps read its lse2 and D; on ds_full, ds_free.
-  auto release_to = [&](uint64_t* bar) {
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(bar);
-  };
+  // Every consumer warp arrives (warp_arrive), after its wait: on q_empty[s] once both
+  // consumers' GEMMs that read stage s (Q, dO) completed and their warps read its lse2 and D; on
+  // ds_full, ds_free.
   // dQ = dS K over the 128 keys of one tile's dS^T buffer: k16 step kk is in consumer kk / 4's
   // half.
   auto issue_dq = [&](float(&dq)[32], uint32_t ds_addr) {
@@ -277,7 +274,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       wgmma_fence_operands(dsa);
     }
     static_assert(Tile::kStages == 2, "the previous tile's stage is ring.stage ^ 1");
-    if (Tile::kDkAcrossTiles && it > 0) release_to(&q_empty[ring.stage ^ 1]);
+    if (Tile::kDkAcrossTiles && it > 0) warp_arrive(&q_empty[ring.stage ^ 1], lane);
 
     const int key0 = n0 + 64 * consumer + 16 * warp;  // the warp's first key
     const bool need_mask = key0 + 16 > seq.seqlen_k || (p.causal && key0 + 15 > m0 + walk.shift);
@@ -322,7 +319,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       if constexpr (kDqOfPreviousTile) mbarrier_wait(&ds_free[b], ((it >> 1) & 1) ^ 1u);
       store_fragments_swizzled<M>(ds_addr + consumer * Tile::kDsHalfBytes, dsa);
       fence_async_shared();
-      if constexpr (kDqOfPreviousTile) release_to(&ds_full[b]);
+      if constexpr (kDqOfPreviousTile) warp_arrive(&ds_full[b], lane);
       add_product(dv, pa, do_addr);
       if constexpr (!kDqOfPreviousTile) named_barrier_sync(1, Tile::kConsumers * kWarpgroupThreads);
       else if (it > 0) mbarrier_wait(&ds_full[b ^ 1], ((it - 1) >> 1) & 1);
@@ -336,7 +333,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       if (!kDqOfPreviousTile) {
         write_dq(dq, it > 0);
       } else if (it > 0) {
-        release_to(&ds_free[b ^ 1]);
+        warp_arrive(&ds_free[b ^ 1], lane);
         write_dq(dq, it > 1);
       }
     }
@@ -344,7 +341,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       wgmma_wait<0>();
       wgmma_fence_operands(dk);
       wgmma_fence_operands(dsa);
-      release_to(&q_empty[ring.stage]);
+      warp_arrive(&q_empty[ring.stage], lane);
     }
     ring.advance();
   }

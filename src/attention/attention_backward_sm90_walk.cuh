@@ -97,6 +97,13 @@ struct KeyBlockWalk {
   }
 };
 
+// Every warp of the caller arrives once on `bar` (from `lane` 0, threadIdx.x % 32), after all
+// its lanes got here (the barrier's count is the arriving warps).
+__device__ __forceinline__ void warp_arrive(uint64_t* bar, int lane) {
+  __syncwarp();
+  if (lane == 0) mbarrier_arrive(bar);
+}
+
 // The dq named barriers' threads: a consumer warpgroup and its producer warp (reduce_dq_shares).
 inline constexpr int kDqBarrierThreads = kWarpgroupThreads + 32;
 
@@ -130,8 +137,7 @@ __device__ __forceinline__ void write_row_stats(const Walk& walk, const Attentio
       row_lse2[ring.stage * M + r] = valid ? bwd::lse_log2(walk.p.lse[first + r]) : INFINITY;
       row_delta[ring.stage * M + r] = valid ? bp.delta[first + r] : 0.0f;
     }
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(&q_full[ring.stage]);
+    warp_arrive(&q_full[ring.stage], lane);
     ring.advance();
   }
 }
