@@ -160,10 +160,8 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Hd256Tile::kThreads, 1)
   const uint32_t boxes = smem + Tile::kDq + consumer * 2 * Tile::kDqBoxBytes + warp * 2048;
   int dq_writes = 0;
   auto write_dq = [&](const float(&round)[32]) {
-    if (dq_writes++ > 0) named_barrier_sync(Tile::kDqEmpty + consumer, kDqBarrierThreads);
-    store_warp_f32_swizzled(boxes, Tile::kDqBoxBytes, round);
-    fence_async_shared();
-    named_barrier_arrive(Tile::kDqFull + consumer, kDqBarrierThreads);
+    write_dq_round(boxes, Tile::kDqBoxBytes, round, dq_writes++ > 0, Tile::kDqFull + consumer,
+                   Tile::kDqEmpty + consumer);
   };
   float dq_next[32];
   if (n_iters > 0) mbarrier_wait(kv_full, 0);

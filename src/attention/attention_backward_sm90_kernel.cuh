@@ -230,11 +230,8 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
   // the sequence end carry exact zeros, their P and dS are 0; past the tensor's rows TMA skips
   // them) while dK runs.
   auto write_dq = [&](const float(&dq)[32], bool boxes_used) {
-    if (boxes_used) named_barrier_sync(Tile::kDqEmpty + consumer, kDqBarrierThreads);
-    const uint32_t boxes = smem + Tile::kDq + consumer * 2 * Tile::kDqBoxBytes + warp * 2048;
-    store_warp_f32_swizzled(boxes, Tile::kDqBoxBytes, dq);
-    fence_async_shared();
-    named_barrier_arrive(Tile::kDqFull + consumer, kDqBarrierThreads);
+    write_dq_round(smem + Tile::kDq + consumer * 2 * Tile::kDqBoxBytes + warp * 2048, Tile::kDqBoxBytes, dq,
+                   boxes_used, Tile::kDqFull + consumer, Tile::kDqEmpty + consumer);
   };
   if (n_iters > 0) mbarrier_wait(kv_full, 0);
   RingState<Tile::kStages> ring;
@@ -330,7 +327,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
       wgmma_fence_operands(dq);
       wgmma_fence_operands(dv);
       wgmma_fence_operands(pa);
-      if (!kDqOfPreviousTile) {
+      if constexpr (!kDqOfPreviousTile) {
         write_dq(dq, it > 0);
       } else if (it > 0) {
         warp_arrive(&ds_free[b ^ 1], lane);

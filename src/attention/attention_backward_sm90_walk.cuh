@@ -11,6 +11,7 @@
 #include "attention/attention_params.h"
 #include "common/ptx.cuh"
 #include "common/sm90/mbarrier.cuh"
+#include "common/sm90/store_tile.cuh"
 #include "common/sm90/tma.cuh"
 #include "common/sm90/turns.cuh"
 #include "common/sm90/warpgroup.cuh"
@@ -204,6 +205,18 @@ __device__ __forceinline__ void reduce_dq_shares(const Walk& walk, const Attenti
       }
     }
   }
+}
+
+// A consumer warp's side of reduce_dq_shares: its 16 rows of a dQ round (the wgmma
+// accumulator of 64 rows x 64 float columns) into the consumer's two swizzled boxes at `boxes`
+// (this warp's rows), once the producer warp's reduction has read the previous round
+// (`boxes_used`: a wait on `empty`), then an arrival on `full` for that warp to add them.
+__device__ __forceinline__ void write_dq_round(uint32_t boxes, uint32_t box_bytes, const float (&dq)[32],
+                                               bool boxes_used, int full, int empty) {
+  if (boxes_used) named_barrier_sync(empty, kDqBarrierThreads);
+  store_warp_f32_swizzled(boxes, box_bytes, dq);
+  fence_async_shared();
+  named_barrier_arrive(full, kDqBarrierThreads);
 }
 
 // A consumer warpgroup's 64 key rows x kCols columns of dk or dv (the wgmma accumulator layout:
