@@ -4,9 +4,12 @@
 // before and after them are the sm_80 path's (attention_backward.cu); the deterministic path
 // is the same kernels with their dq reductions in key-block order.
 //
-// Instantiations (the only list): {bf16, fp16} x head dim {64 (both dQ orders), 128, 256}. Head dims 32 and 96
+// Instantiations (the only list): {bf16, fp16} x head dim {64 (both dQ orders, each on a grid
+// of one block per unit and on a persistent grid), 128, 256}. Head dims 32 and 96
 // (rows that are not whole 128-byte swizzle chunks), head dims LLMK_HEAD_DIMS leaves out, and
 // strides TMA cannot address take the sm_80 main kernel.
+#include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "attention/attention_backward_sm90_hd256_kernel.cuh"
@@ -27,10 +30,14 @@ template <int kHeadDim>
 using TileOf = std::conditional_t<kHeadDim == 256, sm90::AttentionBackwardSm90Hd256Tile,
                                   sm90::AttentionBackwardSm90Tile<kHeadDim>>;
 
-template <class T, int kHeadDim, bool kDqOfPreviousTile = false>
+template <class T, int kHeadDim, bool kDqOfPreviousTile = false, bool kPersistent = false>
 const void* kernel_for() {
-  if constexpr (kHeadDim == 256) return reinterpret_cast<const void*>(sm90::attention_backward_sm90_hd256_kernel<T>);
-  else return reinterpret_cast<const void*>(sm90::attention_backward_sm90_kernel<T, kHeadDim, kDqOfPreviousTile>);
+  if constexpr (kHeadDim == 256) {
+    return reinterpret_cast<const void*>(sm90::attention_backward_sm90_hd256_kernel<T>);
+  } else {
+    return reinterpret_cast<const void*>(
+        sm90::attention_backward_sm90_kernel<T, kHeadDim, kDqOfPreviousTile, kPersistent>);
+  }
 }
 
 // Head dim 64 issues each tile's dQ during the next tile (the consumers never meet) where the
@@ -43,6 +50,31 @@ bool dq_of_previous_tile(const AttentionBackwardParams& bp) {
   if (p.head_dim != 64) return false;
   const int64_t tiles = (int64_t{p.seqlen_q} + TileOf<64>::kBlockM - 1) / TileOf<64>::kBlockM * p.group;
   return tiles >= (p.causal ? 32 : 16);
+}
+
+// Head dim 64's dense non-causal calls run on a persistent grid: one CTA per SM walking units
+// (key blocks) at a stride, so that a unit's K, V and first Q and dO load while the unit before
+// finishes and stores dk, dv. H100 (33 heads, 8 waves of blocks, one block per unit): each wave
+// cost ~15 us beyond its tiles' ~2.2 us each, 30% of a 512-key walk. Causal units differ (a
+// static stride would give the longest to the same CTAs), varlen ones too; head dim 128's
+// consumers need the registers the persistent producer takes (40), and head dim 256's kernel
+// walks one unit per block.
+bool persistent_grid(const AttentionBackwardParams& bp) {
+  const AttentionParams& p = bp.fwd;
+  return p.head_dim == 64 && !p.causal && p.cu_seqlens_q == nullptr;
+}
+
+// The persistent grid's CTAs: the SMs, or where blocks wait on each other (dq turns, the first
+// store) and a sequence's key blocks fit the SMs, a multiple of those key blocks, so that each
+// sequence's units run at once (a turn may wait on a unit of its sequence later in the order).
+int64_t persistent_ctas(const AttentionBackwardParams& bp, int block_n, int64_t units) {
+  const AttentionParams& p = bp.fwd;
+  int device = 0;
+  LLMK_CUDA_CHECK(cudaGetDevice(&device));
+  const int sms = sm_count_of(device), key_blocks = (p.seqlen_k + block_n - 1) / block_n;
+  const bool waits = bp.dq_ordered || bp.dq_first_store;
+  const int ctas = waits && key_blocks <= sms ? sms / key_blocks * key_blocks : sms;
+  return std::min<int64_t>(ctas, units);
 }
 
 // The key block of the kernel that takes head dim `head_dim` (64 keys at 256, else 128).
@@ -85,12 +117,22 @@ void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream)
     s.box[3] = 1;
     maps.dq_accum = sm90::make_tma("attention_backward", s);
   }
-  const void* kernel =
-      dq_of_previous_tile(bp) ? kernel_for<T, kHeadDim, kHeadDim == 64>() : kernel_for<T, kHeadDim>();
+  // One unit per key block, kv head and batch entry, key blocks in order: causal blocks with
+  // the first keys see the most query tiles and start first (deterministic causal calls
+  // reverse it: KeyBlockWalk maps the unit). The persistent grid is one-dimensional: fewer
+  // CTAs than units, each walking several (persistent_ctas).
+  const bool previous = dq_of_previous_tile(bp);
+  const void* kernel = previous ? kernel_for<T, kHeadDim, kHeadDim == 64>() : kernel_for<T, kHeadDim>();
+  dim3 grid((p.seqlen_k + Tile::kBlockN - 1) / Tile::kBlockN, bp.heads_kv, p.batch);
+  if constexpr (kHeadDim == 64) {
+    if (persistent_grid(bp)) {
+      kernel = previous ? kernel_for<T, 64, true, true>() : kernel_for<T, 64, false, true>();
+      const int64_t units = sm90::key_block_units<Tile::kBlockN>(bp);
+      LLMK_CHECK(units <= INT32_MAX, "attention_backward: more than 2^31 - 1 key blocks x kv heads x batch entries");
+      grid = dim3(static_cast<unsigned>(persistent_ctas(bp, Tile::kBlockN, units)));
+    }
+  }
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
-  // Key blocks in order: causal blocks with the first keys see the most query tiles and
-  // start first (deterministic causal calls reverse it: the kernel maps blockIdx.x).
-  const dim3 grid((p.seqlen_k + Tile::kBlockN - 1) / Tile::kBlockN, bp.heads_kv, p.batch);
   void* args[] = {&maps, const_cast<AttentionBackwardParams*>(&bp)};
   LLMK_CUDA_CHECK(cudaLaunchKernel(kernel, grid, dim3(Tile::kThreads), args, Tile::kSharedBytes, stream));
 }

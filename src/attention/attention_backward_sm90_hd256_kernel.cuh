@@ -109,7 +109,10 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Hd256Tile::kThreads, 1)
   if (wg == 0) {
     warpgroup_release_registers<24>();
     const int warp = static_cast<int>(threadIdx.x) / 32;
-    if (warp == 1) write_row_stats<Tile::kStages>(walk, bp, row_lse2, row_delta, q_full, q_empty);
+    if (warp == 1) {
+      RingState<Tile::kStages> ring;
+      write_row_stats<Tile::kStages>(walk, bp, row_lse2, row_delta, q_full, q_empty, ring);
+    }
     if (warp == 2 || warp == 3) {
       const int c = warp - 2;
       reduce_dq_shares<Tile::kDqRounds>(walk, bp, &maps.dq_accum, base + Tile::kDq + c * 2 * Tile::kDqBoxBytes,

@@ -82,15 +82,23 @@
 
 namespace llmk::detail::sm90 {
 
-template <int kHeadDim_>
+template <int kHeadDim_, bool kPersistent_ = false>
 struct AttentionBackwardSm90Tile {
   static constexpr int kHeadDim = kHeadDim_;
+  // kPersistent: one CTA per SM walks units (key blocks) at a stride (persistent_ctas in
+  // attention_backward_sm90.cu), head dim 64 non-causal dense calls; its producer warps then
+  // hold the unit's walk in registers (40; 24 spilled ~200 bytes) and the consumers fit 232.
+  // Else one block per unit: the producer keeps 24 and the consumers 240 (head dim 128's
+  // need them; the persistent registers cost head dim 64's causal calls 3-9%).
+  static constexpr bool kPersistent = kPersistent_;
+  static_assert(!kPersistent || kHeadDim == 64, "the persistent grid is head dim 64's");
   static constexpr int kBlockN = 128, kBlockM = kHeadDim <= 64 ? 128 : 64, kStages = 2, kConsumers = 2;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   // dK += dS^T Q stays in flight over the next tile's S^T and dP^T at D = 128; at D = 64 the
   // 128-row tile's dS^T fragments (32 registers) beside S^T and dP^T (64 each) spilled and
   // serialized the wgmmas, so there it is waited for at the end of its tile.
   static constexpr bool kDkAcrossTiles = kHeadDim == 128;
+  static constexpr int kProducerRegisters = kPersistent ? 40 : 24, kConsumerRegisters = kPersistent ? 232 : 240;
   static constexpr int kChunks = kHeadDim / 64;  // 64-column swizzle chunks of a row
   static constexpr uint32_t kKvChunkBytes = kBlockN * 128, kKvBytes = kChunks * kKvChunkBytes;
   static constexpr uint32_t kQChunkBytes = kBlockM * 128, kQBytes = kChunks * kQChunkBytes;
@@ -108,36 +116,43 @@ struct AttentionBackwardSm90Tile {
   // the consumer's 128 threads and the producer warp.
   static constexpr int kDqFull = 2, kDqEmpty = 2 + kConsumers;
   static constexpr uint32_t kBarriers = kRows + 2 * kStages * kBlockM * 4;  // float lse2, D [kStages][kBlockM]
-  static constexpr int kSharedBytes = kBarriers + (1 + 3 * kStages + 4) * 8 + 1024;
+  static constexpr int kSharedBytes = kBarriers + (2 + 3 * kStages + 4) * 8 + 1024;
   static_assert(kSharedBytes <= kMaxBlockSharedBytes, "the tile's shared memory exceeds sm_90's 227 KB");
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "D = 64 or 128: whole swizzle chunks, dK + dV in registers");
 };
 
-// grid (ceil(seqlen_k / kBlockN), heads_kv, batch). Writes dk, dv of the block's keys (0
-// for keys no query row sees) and adds its share of dq to bp.dq_accum.
+// grid (ceil(seqlen_k / kBlockN), heads_kv, batch), one block per unit, or with kPersistent
+// fewer CTAs walking the units at a stride (for_each_key_block). Writes dk, dv of each unit's
+// keys (0 for keys no query row sees) and adds its share of dq to bp.dq_accum.
 // kDqOfPreviousTile: each tile's dQ GEMM is issued during the next tile, after the consumer's
 // dV, behind an mbarrier on the other consumer's half of that tile's dS^T, so the consumers
 // never meet (head dim 64, long walks: dq_of_previous_tile in attention_backward_sm90.cu); else
 // the consumers meet at a named barrier before this tile's dQ.
-template <class T, int kHeadDim, bool kDqOfPreviousTile>
-__global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads, 1)
+template <class T, int kHeadDim, bool kDqOfPreviousTile, bool kPersistent>
+__global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim, kPersistent>::kThreads, 1)
     attention_backward_sm90_kernel(const __grid_constant__ AttentionBackwardSm90Maps maps,
                                    const __grid_constant__ AttentionBackwardParams bp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tile = AttentionBackwardSm90Tile<kHeadDim>;
+  using Tile = AttentionBackwardSm90Tile<kHeadDim, kPersistent>;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN, D = kHeadDim;
+  using Walk = KeyBlockWalk<M, N>;
   const AttentionParams& p = bp.fwd;
-  const KeyBlockWalk<M, N> walk(bp);
-  if (walk.empty()) return;
-  const int n0 = walk.n0, n_iters = walk.n_iters;
-  const SequenceBounds& seq = walk.seq;
+  // One unit per block: its walk, computed here for every role (within the producer's 24
+  // registers its computation spilled); persistent: each role walks the CTA's units.
+  const Walk block_walk(bp);
+  if (!kPersistent && block_walk.empty()) return;
+  auto for_each_unit = [&](auto&& f) {
+    if constexpr (kPersistent) for_each_key_block<M, N>(bp, f);
+    else f(block_walk);
+  };
 
   extern __shared__ uint8_t shared_raw[];
   uint8_t* base = aligned_shared_base(shared_raw);
   float* row_lse2 = reinterpret_cast<float*>(base + Tile::kRows);  // [kStages][M]
   float* row_delta = row_lse2 + Tile::kStages * M;                  // [kStages][M]
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(base + Tile::kBarriers);
-  uint64_t* q_full = kv_full + 1;  // Q_i's bytes and warp 1's arrival (lse2, D written)
+  uint64_t* kv_empty = kv_full + 1;  // kPersistent: the unit's last GEMMs that read K and V completed
+  uint64_t* q_full = kv_empty + 1;   // Q_i's bytes and warp 1's arrival (lse2, D written)
   uint64_t* do_full = q_full + Tile::kStages;
   uint64_t* q_empty = do_full + Tile::kStages;
   // kDqOfPreviousTile, dS^T buffer b: ds_full[b] both consumers' halves written, ds_free[b]
@@ -147,14 +162,17 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
 
   if (threadIdx.x == 0) {
     mbarrier_init(kv_full, 1);
+    if constexpr (kPersistent) mbarrier_init(kv_empty, Tile::kConsumers * 4);  // every consumer warp
     for (int s = 0; s < Tile::kStages; ++s) {
       mbarrier_init(&q_full[s], 2);
       mbarrier_init(&do_full[s], 1);
-      mbarrier_init(&q_empty[s], Tile::kConsumers * 4);  // every consumer warp
+      mbarrier_init(&q_empty[s], Tile::kConsumers * 4);
     }
-    for (int b = 0; b < 2; ++b) {
-      mbarrier_init(&ds_full[b], Tile::kConsumers * 4);
-      mbarrier_init(&ds_free[b], Tile::kConsumers * 4);
+    if constexpr (kDqOfPreviousTile) {
+      for (int b = 0; b < 2; ++b) {
+        mbarrier_init(&ds_full[b], Tile::kConsumers * 4);
+        mbarrier_init(&ds_free[b], Tile::kConsumers * 4);
+      }
     }
     mbarrier_init_fence();
   }
@@ -166,51 +184,60 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
 
   const int wg = warpgroup_index();
   if (wg == 0) {
-    warpgroup_release_registers<24>();
+    warpgroup_release_registers<Tile::kProducerRegisters>();
     const int warp = static_cast<int>(threadIdx.x) / 32;
-    if (warp == 1) write_row_stats<Tile::kStages>(walk, bp, row_lse2, row_delta, q_full, q_empty);
+    if (warp == 1) {
+      RingState<Tile::kStages> ring;
+      for_each_unit([&](const Walk& walk) {
+        write_row_stats<Tile::kStages>(walk, bp, row_lse2, row_delta, q_full, q_empty, ring);
+      });
+    }
     if (warp == 2 || warp == 3) {
       const int c = warp - 2;
-      reduce_dq_shares<1>(walk, bp, &maps.dq_accum, base + Tile::kDq + c * 2 * Tile::kDqBoxBytes, Tile::kDqBoxBytes, c,
-                          dq_row0(c), dq_col0(c), Tile::kDqFull + c, Tile::kDqEmpty + c);
+      for_each_unit([&](const Walk& walk) {
+        reduce_dq_shares<1>(walk, bp, &maps.dq_accum, base + Tile::kDq + c * 2 * Tile::kDqBoxBytes,
+                            Tile::kDqBoxBytes, c, dq_row0(c), dq_col0(c), Tile::kDqFull + c, Tile::kDqEmpty + c);
+      });
     }
     if (threadIdx.x == 0) {
       RingState<Tile::kStages> ring;
-      if (n_iters > 0)
+      uint32_t kv_phase = 0;
+      for_each_unit([&](const Walk& walk) {
+        if (walk.n_iters == 0) return;
+        // The unit's K and V once the consumers' last GEMMs of the unit before have read theirs.
+        if constexpr (kPersistent) {
+          mbarrier_wait(kv_empty, kv_phase ^ 1u);
+          kv_phase ^= 1u;
+        }
         load_key_block<Tile::kChunks>(walk, maps, base + Tile::kK, base + Tile::kV, Tile::kKvChunkBytes, kv_full);
-      for (int it = 0; it < n_iters; ++it) {
-        int head, m0;
-        walk.tile(it, head, m0);
-        const int32_t q_row = static_cast<int32_t>(seq.q_start + m0);
-        mbarrier_wait(&q_empty[ring.stage], ring.phase ^ 1u);
-        mbarrier_arrive_expect_tx(&q_full[ring.stage], Tile::kQBytes);
-        tma_load_4d_chunks<Tile::kChunks>(base + Tile::kQ + ring.stage * Tile::kQBytes, Tile::kQChunkBytes, &maps.q,
-                                          &q_full[ring.stage], q_row, head, walk.map_batch);
-        mbarrier_arrive_expect_tx(&do_full[ring.stage], Tile::kQBytes);
-        tma_load_4d_chunks<Tile::kChunks>(base + Tile::kDo + ring.stage * Tile::kQBytes, Tile::kQChunkBytes,
-                                          &maps.dout, &do_full[ring.stage], q_row, head, walk.map_batch);
-        ring.advance();
-      }
+        for (int it = 0; it < walk.n_iters; ++it) {
+          int head, m0;
+          walk.tile(it, head, m0);
+          const int32_t q_row = static_cast<int32_t>(walk.seq.q_start + m0);
+          mbarrier_wait(&q_empty[ring.stage], ring.phase ^ 1u);
+          mbarrier_arrive_expect_tx(&q_full[ring.stage], Tile::kQBytes);
+          tma_load_4d_chunks<Tile::kChunks>(base + Tile::kQ + ring.stage * Tile::kQBytes, Tile::kQChunkBytes,
+                                            &maps.q, &q_full[ring.stage], q_row, head, walk.map_batch);
+          mbarrier_arrive_expect_tx(&do_full[ring.stage], Tile::kQBytes);
+          tma_load_4d_chunks<Tile::kChunks>(base + Tile::kDo + ring.stage * Tile::kQBytes, Tile::kQChunkBytes,
+                                            &maps.dout, &do_full[ring.stage], q_row, head, walk.map_batch);
+          ring.advance();
+        }
+      });
     }
     return;
   }
 
-  warpgroup_claim_registers<240>();
+  warpgroup_claim_registers<Tile::kConsumerRegisters>();
   const int consumer = wg - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(base));
   const uint32_t k_addr = smem + Tile::kK, v_addr = smem + Tile::kV;
   const int dq_row0_c = dq_row0(consumer), dq_col0_c = dq_col0(consumer);
 
-  float dk[D / 2], dv[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
-  // dS^T as the A fragments of dK += dS^T Q: that GEMM is still running when the next
-  // tile's S^T and dP^T are issued, so the fragments live across iterations.
-  uint32_t dsa[M / 16][4];
   // Every consumer warp arrives (warp_arrive), after its wait: on q_empty[s] once both
   // consumers' GEMMs that read stage s (Q, dO) completed and their warps read its lse2 and D; on
-  // ds_full, ds_free.
+  // kv_empty once the unit's GEMMs that read K and V completed; on ds_full, ds_free.
   // dQ = dS K over the 128 keys of one tile's dS^T buffer: k16 step kk is in consumer kk / 4's
   // half.
   auto issue_dq = [&](float(&dq)[32], uint32_t ds_addr) {
@@ -225,143 +252,182 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim>::kThreads,
     }
     wgmma_commit();
   };
-  // The warp's 16 rows of dQ into the consumer's boxes once the previous tile's reduction has
-  // read them (boxes_used); producer warp 2 + consumer adds them to the accumulator (rows past
-  // the sequence end carry exact zeros, their P and dS are 0; past the tensor's rows TMA skips
-  // them) while dK runs.
+  // The warp's 16 rows of dQ into the consumer's boxes once the previous round's reduction has
+  // read them (boxes_used: this unit's rounds before; with kPersistent, an earlier unit's too);
+  // producer warp 2 + consumer adds them to the accumulator (rows past the sequence end carry
+  // exact zeros, their P and dS are 0; past the tensor's rows TMA skips them) while dK runs.
+  bool earlier_units_wrote_dq = false;
   auto write_dq = [&](const float(&dq)[32], bool boxes_used) {
     write_dq_round(smem + Tile::kDq + consumer * 2 * Tile::kDqBoxBytes + warp * 2048, Tile::kDqBoxBytes, dq,
-                   boxes_used, Tile::kDqFull + consumer, Tile::kDqEmpty + consumer);
+                   boxes_used || earlier_units_wrote_dq, Tile::kDqFull + consumer, Tile::kDqEmpty + consumer);
   };
-  if (n_iters > 0) mbarrier_wait(kv_full, 0);
   RingState<Tile::kStages> ring;
-  for (int it = 0; it < n_iters; ++it) {
-    int head, m0;
-    walk.tile(it, head, m0);
-    const uint32_t q_addr = smem + Tile::kQ + ring.stage * Tile::kQBytes;
-    const uint32_t do_addr = smem + Tile::kDo + ring.stage * Tile::kQBytes;
-    const float* lse2 = row_lse2 + ring.stage * M;
-    const float* delta = row_delta + ring.stage * M;
-
-    // S^T = K Q^T and dP^T = V dO^T for the consumer's 64 keys, K-major operands.
-    float s[1][M / 8][4], dp[1][M / 8][4];
-    auto& s_flat = reinterpret_cast<float(&)[M / 2]>(s);
-    auto& dp_flat = reinterpret_cast<float(&)[M / 2]>(dp);
-    auto scores = [&](float(&acc)[M / 2], uint32_t rows_addr, uint32_t cols_addr) {
+  uint32_t kv_phase = 0;
+  int tiles_before = 0;  // the CTA's tiles in its units before this one: the dS^T buffers' uses
+  for_each_unit([&](const Walk& walk) {
+    const int n0 = walk.n0, n_iters = walk.n_iters;
+    const SequenceBounds& seq = walk.seq;
+    float dk[D / 2], dv[D / 2];
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t step = (kk / 4) * Tile::kKvChunkBytes + 32 * (kk % 4);
-        const uint64_t a = smem_descriptor(rows_addr + consumer * 64 * 128 + step, 16, 1024);
-        const uint64_t b = smem_descriptor(cols_addr + (kk / 4) * Tile::kQChunkBytes + 32 * (kk % 4), 16, 1024);
-        if constexpr (M == 128) wgmma_m64n128k16<0, 0>(WgmmaTag<T>{}, acc, a, b, kk > 0);
-        else wgmma_m64n64k16<0, 0>(WgmmaTag<T>{}, acc, a, b, kk > 0);
-      }
-      wgmma_commit();
-    };
-    mbarrier_wait(&q_full[ring.stage], ring.phase);
-    wgmma_fence();
-    scores(s_flat, k_addr, q_addr);
-    mbarrier_wait(&do_full[ring.stage], ring.phase);
-    scores(dp_flat, v_addr, do_addr);
-    // The previous tile's dK and this S^T are done: that tile's stage (Q read by dK) is free.
-    wgmma_wait<1>();
-    wgmma_fence_operands(s_flat);
-    if constexpr (Tile::kDkAcrossTiles) {
-      wgmma_fence_operands(dk);
-      wgmma_fence_operands(dsa);
-    }
-    static_assert(Tile::kStages == 2, "the previous tile's stage is ring.stage ^ 1");
-    if (Tile::kDkAcrossTiles && it > 0) warp_arrive(&q_empty[ring.stage ^ 1], lane);
+    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+    // dS^T as the A fragments of dK += dS^T Q: that GEMM is still running when the next
+    // tile's S^T and dP^T are issued, so the fragments live across iterations.
+    uint32_t dsa[M / 16][4];
+    if (n_iters > 0) mbarrier_wait(kv_full, kv_phase);
+    for (int it = 0; it < n_iters; ++it) {
+      int head, m0;
+      walk.tile(it, head, m0);
+      const uint32_t q_addr = smem + Tile::kQ + ring.stage * Tile::kQBytes;
+      const uint32_t do_addr = smem + Tile::kDo + ring.stage * Tile::kQBytes;
+      const float* lse2 = row_lse2 + ring.stage * M;
+      const float* delta = row_delta + ring.stage * M;
 
-    const int key0 = n0 + 64 * consumer + 16 * warp;  // the warp's first key
-    const bool need_mask = key0 + 16 > seq.seqlen_k || (p.causal && key0 + 15 > m0 + walk.shift);
-    auto lse2_of = [&](int, int nt, int i) { return lse2[nt * 8 + 2 * (lane % 4) + (i & 1)]; };
-    auto masked = [&](int row, int col) {
-      const int j = key0 + row;
-      return j >= seq.seqlen_k || (p.causal && j > m0 + col + walk.shift);
-    };
-    bwd::probabilities(s, p.scale_log2, lane, lse2_of, need_mask, masked);
-
-    // dS^T = P^T (dP^T - D); P^T and dS^T rounded and packed as the A fragments of dV += P^T
-    // dO and dK += dS^T Q (B = dO, Q [kBlockM rows][D], MN-major). Issuing dV before the wait
-    // for dP^T keeps P^T's fragments live beside S^T, dP^T, dK and dV: it spilled and ran 22%
-    // slower.
-    auto add_product = [&](float(&acc)[D / 2], const uint32_t(&a)[M / 16][4], uint32_t b_addr) {
+      // S^T = K Q^T and dP^T = V dO^T for the consumer's 64 keys, K-major operands.
+      float s[1][M / 8][4], dp[1][M / 8][4];
+      auto& s_flat = reinterpret_cast<float(&)[M / 2]>(s);
+      auto& dp_flat = reinterpret_cast<float(&)[M / 2]>(dp);
+      auto scores = [&](float(&acc)[M / 2], uint32_t rows_addr, uint32_t cols_addr) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const uint32_t step = (kk / 4) * Tile::kKvChunkBytes + 32 * (kk % 4);
+          const uint64_t a = smem_descriptor(rows_addr + consumer * 64 * 128 + step, 16, 1024);
+          const uint64_t b = smem_descriptor(cols_addr + (kk / 4) * Tile::kQChunkBytes + 32 * (kk % 4), 16, 1024);
+          if constexpr (M == 128) wgmma_m64n128k16<0, 0>(WgmmaTag<T>{}, acc, a, b, kk > 0);
+          else wgmma_m64n64k16<0, 0>(WgmmaTag<T>{}, acc, a, b, kk > 0);
+        }
+        wgmma_commit();
+      };
+      mbarrier_wait(&q_full[ring.stage], ring.phase);
       wgmma_fence();
+      scores(s_flat, k_addr, q_addr);
+      mbarrier_wait(&do_full[ring.stage], ring.phase);
+      scores(dp_flat, v_addr, do_addr);
+      // The previous tile's dK and this S^T are done: that tile's stage (Q read by dK) is free.
+      wgmma_wait<1>();
+      wgmma_fence_operands(s_flat);
+      if constexpr (Tile::kDkAcrossTiles) {
+        wgmma_fence_operands(dk);
+        wgmma_fence_operands(dsa);
+      }
+      static_assert(Tile::kStages == 2, "the previous tile's stage is ring.stage ^ 1");
+      if (Tile::kDkAcrossTiles && it > 0) warp_arrive(&q_empty[ring.stage ^ 1], lane);
+
+      const int key0 = n0 + 64 * consumer + 16 * warp;  // the warp's first key
+      const bool need_mask = key0 + 16 > seq.seqlen_k || (p.causal && key0 + 15 > m0 + walk.shift);
+      auto lse2_of = [&](int, int nt, int i) { return lse2[nt * 8 + 2 * (lane % 4) + (i & 1)]; };
+      auto masked = [&](int row, int col) {
+        const int j = key0 + row;
+        return j >= seq.seqlen_k || (p.causal && j > m0 + col + walk.shift);
+      };
+      bwd::probabilities(s, p.scale_log2, lane, lse2_of, need_mask, masked);
+
+      // dS^T = P^T (dP^T - D); P^T and dS^T rounded and packed as the A fragments of dV += P^T
+      // dO and dK += dS^T Q (B = dO, Q [kBlockM rows][D], MN-major). Issuing dV before the wait
+      // for dP^T keeps P^T's fragments live beside S^T, dP^T, dK and dV: it spilled and ran 22%
+      // slower.
+      auto add_product = [&](float(&acc)[D / 2], const uint32_t(&a)[M / 16][4], uint32_t b_addr) {
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < M / 16; ++kk) {
-        const uint64_t b = smem_descriptor(b_addr + 2048 * kk, Tile::kQChunkBytes, 1024);
-        if constexpr (D == 128) wgmma_m64n128k16_rs<1>(WgmmaTag<T>{}, acc, a[kk], b, true);
-        else wgmma_m64n64k16_rs<1>(WgmmaTag<T>{}, acc, a[kk], b, true);
-      }
-      wgmma_commit();
-    };
-    wgmma_wait<0>();
-    wgmma_fence_operands(dp_flat);
-    bwd::score_gradients(dp, s, [&](int, int nt, int i) { return delta[nt * 8 + 2 * (lane % 4) + (i & 1)]; });
-    uint32_t pa[M / 16][4];
-    accumulators_as_a<T>(pa, s);
-    accumulators_as_a<T>(dsa, dp);
-
-    // Order dV, dQ, dK: dQ's write-out then runs beside dK, which at D = 128 also stays in
-    // flight over the next tile's S^T and dP^T. dQ is this tile's once both consumers meet, or
-    // with kDqOfPreviousTile the previous tile's; the first tile then issues a stand-in on the
-    // other buffer and drops it, as no wgmma may sit under a branch (ptxas would serialize them
-    // all). dq lives in this scope (declared beside dk and dv, ptxas spilled 264-396 bytes).
-    {
-      const int b = it & 1;
-      const uint32_t ds_addr = smem + Tile::kDs + b * Tile::kDsBytes;
-      // The buffer was last read by both consumers' dQ GEMMs of tile it - 2 (without
-      // kDqOfPreviousTile the consumers met after those completed).
-      if constexpr (kDqOfPreviousTile) mbarrier_wait(&ds_free[b], ((it >> 1) & 1) ^ 1u);
-      store_fragments_swizzled<M>(ds_addr + consumer * Tile::kDsHalfBytes, dsa);
-      fence_async_shared();
-      if constexpr (kDqOfPreviousTile) warp_arrive(&ds_full[b], lane);
-      add_product(dv, pa, do_addr);
-      if constexpr (!kDqOfPreviousTile) named_barrier_sync(1, Tile::kConsumers * kWarpgroupThreads);
-      else if (it > 0) mbarrier_wait(&ds_full[b ^ 1], ((it - 1) >> 1) & 1);
-      float dq[32];
-      issue_dq(dq, kDqOfPreviousTile ? smem + Tile::kDs + (b ^ 1) * Tile::kDsBytes : ds_addr);
-      add_product(dk, dsa, q_addr);
-      wgmma_wait<1>();  // dV and dQ
-      wgmma_fence_operands(dq);
-      wgmma_fence_operands(dv);
-      wgmma_fence_operands(pa);
-      if constexpr (!kDqOfPreviousTile) {
-        write_dq(dq, it > 0);
-      } else if (it > 0) {
-        warp_arrive(&ds_free[b ^ 1], lane);
-        write_dq(dq, it > 1);
-      }
-    }
-    if constexpr (!Tile::kDkAcrossTiles) {
+        for (int kk = 0; kk < M / 16; ++kk) {
+          const uint64_t b = smem_descriptor(b_addr + 2048 * kk, Tile::kQChunkBytes, 1024);
+          if constexpr (D == 128) wgmma_m64n128k16_rs<1>(WgmmaTag<T>{}, acc, a[kk], b, true);
+          else wgmma_m64n64k16_rs<1>(WgmmaTag<T>{}, acc, a[kk], b, true);
+        }
+        wgmma_commit();
+      };
       wgmma_wait<0>();
-      wgmma_fence_operands(dk);
-      wgmma_fence_operands(dsa);
-      warp_arrive(&q_empty[ring.stage], lane);
-    }
-    ring.advance();
-  }
-  // The last tile's dK, and with kDqOfPreviousTile its dQ (a dropped stand-in on an empty walk).
-  if constexpr (kDqOfPreviousTile) {
-    const int last = n_iters - 1;
-    if (n_iters > 0) mbarrier_wait(&ds_full[last & 1], (last >> 1) & 1);
-    float dq[32];
-    issue_dq(dq, smem + Tile::kDs + (n_iters > 0 ? last & 1 : 1) * Tile::kDsBytes);
-    wgmma_wait<0>();
-    wgmma_fence_operands(dq);
-    if (n_iters > 0) write_dq(dq, n_iters > 1);
-  } else {
-    wgmma_wait<0>();
-  }
-  wgmma_fence_operands(dk);
-  wgmma_fence_operands(dsa);
-  // The last reduction has read the boxes (every arrival of the producer warp is matched).
-  if (n_iters > 0) named_barrier_sync(Tile::kDqEmpty + consumer, kDqBarrierThreads);
+      wgmma_fence_operands(dp_flat);
+      bwd::score_gradients(dp, s, [&](int, int nt, int i) { return delta[nt * 8 + 2 * (lane % 4) + (i & 1)]; });
+      uint32_t pa[M / 16][4];
+      accumulators_as_a<T>(pa, s);
+      accumulators_as_a<T>(dsa, dp);
 
-  // dk = scale * sum dS^T Q and dv, rounded, stored from registers: the consumer's 64 keys.
-  store_key_rows<T, D>(bp.dk, dk, p.scale, walk, 64 * consumer, 0);
-  store_key_rows<T, D>(bp.dv, dv, 1.0f, walk, 64 * consumer, 0);
+      // Order dV, dQ, dK: dQ's write-out then runs beside dK, which at D = 128 also stays in
+      // flight over the next tile's S^T and dP^T. dQ is this tile's once both consumers meet, or
+      // with kDqOfPreviousTile the previous tile's; the first tile then issues a stand-in on the
+      // other buffer and drops it, as no wgmma may sit under a branch (ptxas would serialize them
+      // all). dq lives in this scope (declared beside dk and dv, ptxas spilled 264-396 bytes).
+      {
+        // Without kDqOfPreviousTile, a unit's first tile may take either buffer: the other
+        // consumer left the unit before only after its last dQ GEMM (kv_empty).
+        const int t = kDqOfPreviousTile ? tiles_before + it : it, b = t & 1;
+        const uint32_t ds_addr = smem + Tile::kDs + b * Tile::kDsBytes;
+        // The buffer was last read by both consumers' dQ GEMMs of tile t - 2 (without
+        // kDqOfPreviousTile the consumers met after those completed).
+        if constexpr (kDqOfPreviousTile) mbarrier_wait(&ds_free[b], ((t >> 1) & 1) ^ 1u);
+        store_fragments_swizzled<M>(ds_addr + consumer * Tile::kDsHalfBytes, dsa);
+        fence_async_shared();
+        if constexpr (kDqOfPreviousTile) warp_arrive(&ds_full[b], lane);
+        add_product(dv, pa, do_addr);
+        if constexpr (!kDqOfPreviousTile) named_barrier_sync(1, Tile::kConsumers * kWarpgroupThreads);
+        else if (it > 0) mbarrier_wait(&ds_full[b ^ 1], ((t - 1) >> 1) & 1);
+        float dq[32];
+        issue_dq(dq, kDqOfPreviousTile ? smem + Tile::kDs + (b ^ 1) * Tile::kDsBytes : ds_addr);
+        add_product(dk, dsa, q_addr);
+        wgmma_wait<1>();  // dV and dQ
+        wgmma_fence_operands(dq);
+        wgmma_fence_operands(dv);
+        wgmma_fence_operands(pa);
+        if constexpr (!kDqOfPreviousTile) {
+          write_dq(dq, it > 0);
+        } else if (it > 0) {
+          warp_arrive(&ds_free[b ^ 1], lane);
+          write_dq(dq, it > 1);
+        }
+      }
+      if constexpr (!Tile::kDkAcrossTiles) {
+        wgmma_wait<0>();
+        wgmma_fence_operands(dk);
+        wgmma_fence_operands(dsa);
+        warp_arrive(&q_empty[ring.stage], lane);
+      }
+      ring.advance();
+    }
+    // Once the unit's last GEMMs completed, K and V are free for the CTA's next unit (at head
+    // dim 64 each tile freed its Q stage).
+    static_assert(!kPersistent || !Tile::kDkAcrossTiles, "a unit's last stage is freed after its last dK");
+    auto release_key_block = [&] {
+      if constexpr (kPersistent) {
+        if (n_iters > 0) {
+          warp_arrive(kv_empty, lane);
+          kv_phase ^= 1u;
+        }
+      }
+    };
+    // The last tile's dK, and with kDqOfPreviousTile its dQ (a dropped stand-in on an empty walk).
+    const int last = tiles_before + n_iters - 1;
+    if constexpr (kDqOfPreviousTile) {
+      if (n_iters > 0) mbarrier_wait(&ds_full[last & 1], (last >> 1) & 1);
+      float dq[32];
+      issue_dq(dq, smem + Tile::kDs + (n_iters > 0 ? last & 1 : 1) * Tile::kDsBytes);
+      wgmma_wait<0>();
+      wgmma_fence_operands(dq);
+      release_key_block();
+      if (n_iters > 0) {
+        warp_arrive(&ds_free[last & 1], lane);
+        write_dq(dq, n_iters > 1);
+      }
+    } else {
+      wgmma_wait<0>();
+      release_key_block();
+    }
+    wgmma_fence_operands(dk);
+    wgmma_fence_operands(dsa);
+    if (n_iters > 0) {
+      // The last reduction has read the boxes (every arrival of the producer warp is matched);
+      // persistent: once after the last unit, so that the CTA goes on to the next unit (H100:
+      // deterministic +3-4% at seqlen 512-4096). One block per unit waits here: at head dim 128
+      // the wait after the dk and dv stores ran 10-14% slower.
+      if constexpr (kPersistent) earlier_units_wrote_dq = true;
+      else named_barrier_sync(Tile::kDqEmpty + consumer, kDqBarrierThreads);
+    }
+    if constexpr (kPersistent && kDqOfPreviousTile) tiles_before += n_iters;
+
+    // dk = scale * sum dS^T Q and dv, rounded, stored from registers: the consumer's 64 keys.
+    store_key_rows<T, D>(bp.dk, dk, p.scale, walk, 64 * consumer, 0);
+    store_key_rows<T, D>(bp.dv, dv, 1.0f, walk, 64 * consumer, 0);
+  });
+  if (kPersistent && earlier_units_wrote_dq) named_barrier_sync(Tile::kDqEmpty + consumer, kDqBarrierThreads);
 #endif
 }
 

@@ -33,26 +33,42 @@ __device__ __forceinline__ uint8_t* aligned_shared_base(uint8_t* raw) {
   return raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(raw)) & 1023u)) & 1023u);
 }
 
-// The walk of this block's kBlockN keys (blockIdx: key block, kv head, batch entry) over the
-// query tiles of kBlockM rows that see them, for every query head of the kv head's group: step
-// it visits tile u = (it + walk_start) mod n_iters (rotate_walk: non-causal, every block sees
-// every tile), query head kv_head * group + u / per_head, query tile m_begin + u % per_head.
+// The grid's units of work, one per (key block of kBlockN keys, kv head, batch entry), the key
+// block fastest: the order in which a grid of one unit per block dispatches them.
+template <int kBlockN>
+__host__ __device__ inline int64_t key_block_units(const AttentionBackwardParams& bp) {
+  return int64_t{(bp.fwd.seqlen_k + kBlockN - 1) / kBlockN} * bp.heads_kv * bp.fwd.batch;
+}
+
+// The walk of unit `unit`'s kBlockN keys (key block, kv head, batch entry) over the query tiles
+// of kBlockM rows that see them, for every query head of the kv head's group: step it visits
+// tile u = (it + walk_start) mod n_iters (rotate_walk: non-causal, every block sees every
+// tile), query head kv_head * group + u / per_head, query tile m_begin + u % per_head.
 template <int kBlockM_, int kBlockN_>
 struct KeyBlockWalk {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_;
   const AttentionParams& p;
   const bool rotate;
   SequenceBounds seq;
-  int n_block, kv_head, batch, n0, shift, m_begin, per_head, n_iters, key_blocks, walk_start;
+  int kv_head, batch, n_block, n0, shift, m_begin, per_head, n_iters, key_blocks, walk_start;
   int32_t map_batch;  // the maps' batch coordinate (varlen maps have one entry)
 
-  __device__ explicit KeyBlockWalk(const AttentionBackwardParams& bp) : p(bp.fwd), rotate(bp.rotate_walk) {
+  // A grid of one block per unit, (key block, kv head, batch entry) = blockIdx.
+  __device__ explicit KeyBlockWalk(const AttentionBackwardParams& bp)
+      : KeyBlockWalk(bp, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)) {}
+  // Unit `unit` of key_block_units (a persistent grid).
+  __device__ KeyBlockWalk(const AttentionBackwardParams& bp, int unit)
+      : KeyBlockWalk(bp, unit % grid_blocks(bp), unit / grid_blocks(bp) % bp.heads_kv,
+                     unit / grid_blocks(bp) / bp.heads_kv) {}
+  __device__ static int grid_blocks(const AttentionBackwardParams& bp) {
+    return (bp.fwd.seqlen_k + kBlockN - 1) / kBlockN;
+  }
+  __device__ KeyBlockWalk(const AttentionBackwardParams& bp, int x, int kv_head_, int batch_)
+      : p(bp.fwd), rotate(bp.rotate_walk), kv_head(kv_head_), batch(batch_) {
+    const int grid_blocks = KeyBlockWalk::grid_blocks(bp);
     // Deterministic causal calls dispatch the last key blocks first: their dq turns run from
     // the last key block down (turn below).
-    const bool last_first = p.causal && bp.dq_ordered;
-    n_block = static_cast<int>(last_first ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
-    kv_head = static_cast<int>(blockIdx.y);
-    batch = static_cast<int>(blockIdx.z);
+    n_block = p.causal && bp.dq_ordered ? grid_blocks - 1 - x : x;
     seq = sequence_bounds(p, batch);
     n0 = n_block * kBlockN;
     shift = seq.seqlen_k - seq.seqlen_q;  // causal: row i sees key j <= i + shift
@@ -62,7 +78,7 @@ struct KeyBlockWalk {
     n_iters = per_head * p.group;
     map_batch = p.cu_seqlens_q != nullptr ? 0 : batch;
     // The sequence's key blocks, as far as the grid reaches (see turn).
-    key_blocks = min((seq.seqlen_k + kBlockN - 1) / kBlockN, static_cast<int>(gridDim.x));
+    key_blocks = min((seq.seqlen_k + kBlockN - 1) / kBlockN, grid_blocks);
     walk_start = rotate && key_blocks > 0 ? static_cast<int>(static_cast<int64_t>(n_block) * n_iters / key_blocks) : 0;
   }
   // No key of the sequence in this block: it writes nothing.
@@ -98,6 +114,18 @@ struct KeyBlockWalk {
   }
 };
 
+// Calls f(walk) for each unit of this CTA that holds keys: blockIdx.x and every gridDim.x-th
+// unit after it (a persistent grid of fewer CTAs than units walks several; every role of the
+// block calls this and sees the same units).
+template <int kBlockM, int kBlockN, class F>
+__device__ __forceinline__ void for_each_key_block(const AttentionBackwardParams& bp, F&& f) {
+  const int units = static_cast<int>(key_block_units<kBlockN>(bp));
+  for (int unit = static_cast<int>(blockIdx.x); unit < units; unit += static_cast<int>(gridDim.x)) {
+    const KeyBlockWalk<kBlockM, kBlockN> walk(bp, unit);
+    if (!walk.empty()) f(walk);
+  }
+}
+
 // Every warp of the caller arrives once on `bar` (from `lane` 0, threadIdx.x % 32), after all
 // its lanes got here (the barrier's count is the arriving warps).
 __device__ __forceinline__ void warp_arrive(uint64_t* bar, int lane) {
@@ -121,13 +149,14 @@ __device__ __forceinline__ void load_key_block(const Walk& walk, const Attention
 
 // Producer warp 1: lse_i log2(e) and D_i of each tile's kBlockM rows into the Q stage's
 // row_lse2[stage][row] and row_delta[stage][row] (+inf and 0 past the sequence end, so those
-// columns of P and dS are 0 without a mask), then an arrival on the stage's q_full.
+// columns of P and dS are 0 without a mask), then an arrival on the stage's q_full. `ring`
+// goes on across the CTA's units.
 template <int kStages, class Walk>
 __device__ __forceinline__ void write_row_stats(const Walk& walk, const AttentionBackwardParams& bp, float* row_lse2,
-                                                float* row_delta, uint64_t* q_full, uint64_t* q_empty) {
+                                                float* row_delta, uint64_t* q_full, uint64_t* q_empty,
+                                                RingState<kStages>& ring) {
   constexpr int M = Walk::kBlockM;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  RingState<kStages> ring;
   for (int it = 0; it < walk.n_iters; ++it) {
     int head, m0;
     walk.tile(it, head, m0);
