@@ -67,11 +67,10 @@ bool persistent_grid(const AttentionBackwardParams& bp) {
 // The persistent grid's CTAs: the SMs, or where blocks wait on each other (dq turns, the first
 // store) and a sequence's key blocks fit the SMs, a multiple of those key blocks, so that each
 // sequence's units run at once (a turn may wait on a unit of its sequence later in the order).
-int64_t persistent_ctas(const AttentionBackwardParams& bp, int block_n, int64_t units) {
-  const AttentionParams& p = bp.fwd;
+int64_t persistent_ctas(const AttentionBackwardParams& bp, int key_blocks, int64_t units) {
   int device = 0;
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
-  const int sms = sm_count_of(device), key_blocks = (p.seqlen_k + block_n - 1) / block_n;
+  const int sms = sm_count_of(device);
   const bool waits = bp.dq_ordered || bp.dq_first_store;
   const int ctas = waits && key_blocks <= sms ? sms / key_blocks * key_blocks : sms;
   return std::min<int64_t>(ctas, units);
@@ -123,13 +122,14 @@ void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream)
   // CTAs than units, each walking several (persistent_ctas).
   const bool previous = dq_of_previous_tile(bp);
   const void* kernel = previous ? kernel_for<T, kHeadDim, kHeadDim == 64>() : kernel_for<T, kHeadDim>();
-  dim3 grid((p.seqlen_k + Tile::kBlockN - 1) / Tile::kBlockN, bp.heads_kv, p.batch);
+  const int key_blocks = sm90::grid_key_blocks<Tile::kBlockN>(bp);
+  dim3 grid(key_blocks, bp.heads_kv, p.batch);
   if constexpr (kHeadDim == 64) {
     if (persistent_grid(bp)) {
       kernel = previous ? kernel_for<T, 64, true, true>() : kernel_for<T, 64, false, true>();
       const int64_t units = sm90::key_block_units<Tile::kBlockN>(bp);
       LLMK_CHECK(units <= INT32_MAX, "attention_backward: more than 2^31 - 1 key blocks x kv heads x batch entries");
-      grid = dim3(static_cast<unsigned>(persistent_ctas(bp, Tile::kBlockN, units)));
+      grid = dim3(static_cast<unsigned>(persistent_ctas(bp, key_blocks, units)));
     }
   }
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));

@@ -33,11 +33,17 @@ __device__ __forceinline__ uint8_t* aligned_shared_base(uint8_t* raw) {
   return raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(raw)) & 1023u)) & 1023u);
 }
 
+// The grid's key blocks of kBlockN keys per (kv head, batch entry): the longest sequence's.
+template <int kBlockN>
+__host__ __device__ inline int grid_key_blocks(const AttentionBackwardParams& bp) {
+  return (bp.fwd.seqlen_k + kBlockN - 1) / kBlockN;
+}
+
 // The grid's units of work, one per (key block of kBlockN keys, kv head, batch entry), the key
 // block fastest: the order in which a grid of one unit per block dispatches them.
 template <int kBlockN>
 __host__ __device__ inline int64_t key_block_units(const AttentionBackwardParams& bp) {
-  return int64_t{(bp.fwd.seqlen_k + kBlockN - 1) / kBlockN} * bp.heads_kv * bp.fwd.batch;
+  return int64_t{grid_key_blocks<kBlockN>(bp)} * bp.heads_kv * bp.fwd.batch;
 }
 
 // The walk of unit `unit`'s kBlockN keys (key block, kv head, batch entry) over the query tiles
@@ -58,14 +64,11 @@ struct KeyBlockWalk {
       : KeyBlockWalk(bp, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)) {}
   // Unit `unit` of key_block_units (a persistent grid).
   __device__ KeyBlockWalk(const AttentionBackwardParams& bp, int unit)
-      : KeyBlockWalk(bp, unit % grid_blocks(bp), unit / grid_blocks(bp) % bp.heads_kv,
-                     unit / grid_blocks(bp) / bp.heads_kv) {}
-  __device__ static int grid_blocks(const AttentionBackwardParams& bp) {
-    return (bp.fwd.seqlen_k + kBlockN - 1) / kBlockN;
-  }
+      : KeyBlockWalk(bp, unit % grid_key_blocks<kBlockN>(bp), unit / grid_key_blocks<kBlockN>(bp) % bp.heads_kv,
+                     unit / grid_key_blocks<kBlockN>(bp) / bp.heads_kv) {}
   __device__ KeyBlockWalk(const AttentionBackwardParams& bp, int x, int kv_head_, int batch_)
       : p(bp.fwd), rotate(bp.rotate_walk), kv_head(kv_head_), batch(batch_) {
-    const int grid_blocks = KeyBlockWalk::grid_blocks(bp);
+    const int grid_blocks = grid_key_blocks<kBlockN>(bp);
     // Deterministic causal calls dispatch the last key blocks first: their dq turns run from
     // the last key block down (turn below).
     n_block = p.causal && bp.dq_ordered ? grid_blocks - 1 - x : x;
