@@ -61,7 +61,7 @@ bool dq_of_previous_tile(const AttentionBackwardParams& bp) {
 // walks one unit per block.
 bool persistent_grid(const AttentionBackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
-  return p.head_dim == 64 && !p.causal && p.cu_seqlens_q == nullptr;
+  return (p.head_dim == 64 || p.head_dim == 128) && !p.causal && p.cu_seqlens_q == nullptr;
 }
 
 // The persistent grid's CTAs: the SMs, or where blocks wait on each other (dq turns, the first
@@ -124,9 +124,9 @@ void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream)
   const void* kernel = previous ? kernel_for<T, kHeadDim, kHeadDim == 64>() : kernel_for<T, kHeadDim>();
   const int key_blocks = sm90::grid_key_blocks<Tile::kBlockN>(bp);
   dim3 grid(key_blocks, bp.heads_kv, p.batch);
-  if constexpr (kHeadDim == 64) {
+  if constexpr (kHeadDim != 256) {
     if (persistent_grid(bp)) {
-      kernel = previous ? kernel_for<T, 64, true, true>() : kernel_for<T, 64, false, true>();
+      kernel = previous ? kernel_for<T, kHeadDim, kHeadDim == 64, true>() : kernel_for<T, kHeadDim, false, true>();
       const int64_t units = sm90::key_block_units<Tile::kBlockN>(bp);
       LLMK_CHECK(units <= INT32_MAX, "attention_backward: more than 2^31 - 1 key blocks x kv heads x batch entries");
       grid = dim3(static_cast<unsigned>(persistent_ctas(bp, key_blocks, units)));

@@ -99,14 +99,14 @@ struct AttentionBackwardSm90Tile {
   // Else one block per unit: the producer keeps 24 and the consumers 240 (head dim 128's
   // need them; the persistent registers cost head dim 64's causal calls 3-9%).
   static constexpr bool kPersistent = kPersistent_;
-  static_assert(!kPersistent || kHeadDim == 64, "the persistent grid is head dim 64's");
   static constexpr int kBlockN = 128, kBlockM = kHeadDim <= 64 ? 128 : 64, kStages = 2, kConsumers = 2;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   // dK += dS^T Q stays in flight over the next tile's S^T and dP^T at D = 128; at D = 64 the
   // 128-row tile's dS^T fragments (32 registers) beside S^T and dP^T (64 each) spilled and
   // serialized the wgmmas, so there it is waited for at the end of its tile.
   static constexpr bool kDkAcrossTiles = kHeadDim == 128;
-  static constexpr int kProducerRegisters = kPersistent ? 40 : 24, kConsumerRegisters = kPersistent ? 232 : 240;
+  static constexpr bool kWideProducer = kPersistent && kHeadDim == 64;
+  static constexpr int kProducerRegisters = kWideProducer ? 40 : 24, kConsumerRegisters = kWideProducer ? 232 : 240;
   static constexpr int kChunks = kHeadDim / 64;  // 64-column swizzle chunks of a row
   static constexpr uint32_t kKvChunkBytes = kBlockN * 128, kKvBytes = kChunks * kKvChunkBytes;
   static constexpr uint32_t kQChunkBytes = kBlockM * 128, kQBytes = kChunks * kQChunkBytes;
@@ -321,11 +321,12 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim, kPersisten
       if (Tile::kDkAcrossTiles && it > 0) warp_arrive(&q_empty[ring.stage ^ 1], lane);
 
       const int key0 = n0 + 64 * consumer + 16 * warp;  // the warp's first key
-      const bool need_mask = key0 + 16 > seq.seqlen_k || (p.causal && key0 + 15 > m0 + walk.shift);
+      const bool causal = !kPersistent && p.causal;  // persistent calls are non-causal
+      const bool need_mask = key0 + 16 > seq.seqlen_k || (causal && key0 + 15 > m0 + walk.shift);
       auto lse2_of = [&](int, int nt, int i) { return lse2[nt * 8 + 2 * (lane % 4) + (i & 1)]; };
       auto masked = [&](int row, int col) {
         const int j = key0 + row;
-        return j >= seq.seqlen_k || (p.causal && j > m0 + col + walk.shift);
+        return j >= seq.seqlen_k || (causal && j > m0 + col + walk.shift);
       };
       bwd::probabilities(s, p.scale_log2, lane, lse2_of, need_mask, masked);
 
@@ -393,11 +394,11 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim, kPersisten
     }
     // Once the unit's last GEMMs completed, K and V are free for the CTA's next unit (at head
     // dim 64 each tile freed its Q stage).
-    static_assert(!kPersistent || !Tile::kDkAcrossTiles, "a unit's last stage is freed after its last dK");
     auto release_key_block = [&] {
       if constexpr (kPersistent) {
         if (n_iters > 0) {
           warp_arrive(kv_empty, lane);
+          if constexpr (Tile::kDkAcrossTiles) warp_arrive(&q_empty[ring.stage ^ 1], lane);
           kv_phase ^= 1u;
         }
       }

@@ -724,6 +724,7 @@ TEST(AttentionBackwardGpu, PersistentGridWalksSeveralUnits) {
   check_backward(DType::f16, {1, 129, 129, 560, 70, 64}, false);
   check_backward(DType::bf16, {1, 200, 1100, 16, 16, 64}, false);
   check_backward(DType::bf16, {2, 300, 300, 35, 35, 64}, false);
+  check_backward(DType::bf16, {2, 300, 300, 35, 35, 128}, false);
 }
 
 // masked_row_cases: rows that see no key have dq exactly 0 and add nothing to dk and dv; no
