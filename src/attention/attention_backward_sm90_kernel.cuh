@@ -4,15 +4,15 @@
 // kBlockN = 128 keys of one (kv head, batch entry) and walks the query tiles of every query
 // head of the kv head's group that see them:
 //
-//   warpgroup 0, the producer (24 registers; 40 persistent): thread 0 loads K_j and V_j, then Q_i and
-//     dO_i of each query tile into a 2-stage ring (Q and dO on their own barriers); warp 1
+//   warpgroup 0, the producer (24 registers; 40 persistent at D = 64): thread 0 loads K_j and
+//     V_j, then Q_i and dO_i of each query tile into a 2-stage ring (Q and dO on their own barriers); warp 1
 //     writes lse_i log2(e) and D_i of the tile's rows beside them (+inf and 0 past the
 //     sequence end, so those columns of P and dS are 0 without a mask) and arrives on Q's
 //     barrier; warps 2 and 3 add consumer 0's and 1's share of each tile's dQ to the fp32
 //     accumulator (two TMA reduce-adds, cp.reduce.async.bulk.tensor) once the consumer has
 //     written it to shared memory, and tell the consumer when the reduction has read it
 //     (named barriers: the consumers neither issue nor wait for the bulk operations);
-//   warpgroups 1 and 2, the consumers (240 registers; 232 persistent), 64 keys each:
+//   warpgroups 1 and 2, the consumers (240 registers; 232 persistent at D = 64), 64 keys each:
 //     S^T  = K Q_i^T        wgmma SS, m64 n(kBlockM), both K-major
 //     dP^T = V dO_i^T       wgmma SS, issued before S^T's softmax so the two overlap
 //     P^T  = exp2(S^T scale log2 e - lse_i log2 e), masked at the sequence end and diagonal
@@ -35,7 +35,7 @@
 // tile load while this one computes. The consumers run ahead by one tile (the dQ boxes'
 // empty barrier).
 //
-// Persistent grid (kPersistent: head dim 64's dense non-causal calls, attention_backward_sm90.cu):
+// Persistent grid (kPersistent: dense non-causal calls at D = 64 and 128, attention_backward_sm90.cu):
 // one CTA per SM walks units (a key block of a kv head and batch entry) at a stride. Each
 // role walks the same units; the Q/dO ring and the dS^T buffers' phases go on across units,
 // a kv_empty mbarrier passes K and V to the next unit once the last GEMMs of the unit before
@@ -94,10 +94,11 @@ template <int kHeadDim_, bool kPersistent_ = false>
 struct AttentionBackwardSm90Tile {
   static constexpr int kHeadDim = kHeadDim_;
   // kPersistent: one CTA per SM walks units (key blocks) at a stride (persistent_ctas in
-  // attention_backward_sm90.cu), head dim 64 non-causal dense calls; its producer warps then
-  // hold the unit's walk in registers (40; 24 spilled ~200 bytes) and the consumers fit 232.
-  // Else one block per unit: the producer keeps 24 and the consumers 240 (head dim 128's
-  // need them; the persistent registers cost head dim 64's causal calls 3-9%).
+  // attention_backward_sm90.cu), dense non-causal calls at head dims 64 and 128. At 64 its
+  // producer warps hold the unit's walk in registers (40; 24 spilled ~200 bytes) and the
+  // consumers fit 232 (kWideProducer). Else the producer keeps 24 and the consumers 240: head
+  // dim 128's consumers need them (its persistent producer spills ~220 bytes, outside the GEMM
+  // loop), and the wide producer cost head dim 64's one-block-per-unit causal calls 3-9%.
   static constexpr bool kPersistent = kPersistent_;
   static constexpr int kBlockN = 128, kBlockM = kHeadDim <= 64 ? 128 : 64, kStages = 2, kConsumers = 2;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
@@ -392,8 +393,9 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim, kPersisten
       }
       ring.advance();
     }
-    // Once the unit's last GEMMs completed, K and V are free for the CTA's next unit (at head
-    // dim 64 each tile freed its Q stage).
+    // Once the unit's last GEMMs completed, K and V are free for the CTA's next unit, and at
+    // D = 128 (kDkAcrossTiles) the last tile's Q stage, which its dK read (at D = 64 each tile
+    // freed its own).
     auto release_key_block = [&] {
       if constexpr (kPersistent) {
         if (n_iters > 0) {
