@@ -123,17 +123,19 @@ void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream)
   const void* kernel = previous ? kernel_for<T, kHeadDim, kHeadDim == 64>() : kernel_for<T, kHeadDim>();
   const int key_blocks = sm90::grid_key_blocks<Tile::kBlockN>(bp);
   dim3 grid(key_blocks, bp.heads_kv, p.batch);
+  int shared_bytes = Tile::kSharedBytes;
   if constexpr (kHeadDim != 256) {
     if (persistent_grid(bp)) {
       kernel = previous ? kernel_for<T, kHeadDim, kHeadDim == 64, true>() : kernel_for<T, kHeadDim, false, true>();
+      shared_bytes = sm90::AttentionBackwardSm90Tile<kHeadDim, true>::kSharedBytes;  // the persistent tile's
       const int64_t units = sm90::key_block_units<Tile::kBlockN>(bp);
       LLMK_CHECK(units <= INT32_MAX, "attention_backward: more than 2^31 - 1 key blocks x kv heads x batch entries");
       grid = dim3(static_cast<unsigned>(persistent_ctas(bp, key_blocks, units)));
     }
   }
-  LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
+  LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   void* args[] = {&maps, const_cast<AttentionBackwardParams*>(&bp)};
-  LLMK_CUDA_CHECK(cudaLaunchKernel(kernel, grid, dim3(Tile::kThreads), args, Tile::kSharedBytes, stream));
+  LLMK_CUDA_CHECK(cudaLaunchKernel(kernel, grid, dim3(Tile::kThreads), args, shared_bytes, stream));
 }
 
 }  // namespace

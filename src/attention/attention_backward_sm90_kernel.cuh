@@ -41,7 +41,8 @@
 // a kv_empty mbarrier passes K and V to the next unit once the last GEMMs of the unit before
 // completed, and the dQ boxes' last wait runs once after the CTA's last unit. It hides the
 // stores, the next unit's first Q/dO loads and the launch of a block (~14 us per block at
-// D = 64 beyond 2.2 us per tile); the next unit's K/V load is still exposed.
+// D = 64 beyond 2.2 us per tile). The next unit's K/V load waits for those GEMMs; a second K
+// buffer that hid it measured within noise (docs/kernels/attention.md).
 //
 // Deterministic (bp.dq_ordered): the producer warps add each tile's dQ in a fixed order of
 // its key blocks, with a turn counter per (tile, consumer half) in the workspace:
