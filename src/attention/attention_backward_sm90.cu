@@ -52,12 +52,12 @@ bool dq_of_previous_tile(const AttentionBackwardParams& bp) {
   return tiles >= (p.causal ? 32 : 16);
 }
 
-// Dense non-causal calls at head dims 64 and 128 run on a persistent grid: one CTA per SM walking units
-// (key blocks) at a stride, so that a unit's K, V and first Q and dO load while the unit before
-// finishes and stores dk, dv. H100 (33 heads, 8 waves of blocks, one block per unit): each wave
-// cost ~15 us beyond its tiles' ~2.2 us each, 30% of a 512-key walk. Causal units differ (a
-// static stride would give the longest to the same CTAs), varlen ones too; head dim 256's
-// kernel walks one unit per block. Head dim 128 (H100): 512 keys +5%, 2048 even, 16k -0.6%.
+// Dense non-causal calls at head dims 64 and 128 run on a persistent grid: one CTA per SM walking
+// units (key blocks) at a stride, so that a unit's K, V and first Q and dO load while the unit
+// before finishes and stores dk, dv. H100 (33 heads, 8 waves of blocks, one block per unit): each
+// wave cost ~15 us beyond its tiles' ~2.2 us each, 30% of a 512-key walk. Causal units differ (a
+// static stride would give the longest to the same CTAs), varlen ones too; head dim 256's kernel
+// walks one unit per block. Head dim 128 (H100): 512 keys +5%, 2048 even, 16k -0.6%.
 bool persistent_grid(const AttentionBackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   return (p.head_dim == 64 || p.head_dim == 128) && !p.causal && p.cu_seqlens_q == nullptr;

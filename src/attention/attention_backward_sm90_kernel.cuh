@@ -4,14 +4,14 @@
 // kBlockN = 128 keys of one (kv head, batch entry) and walks the query tiles of every query
 // head of the kv head's group that see them:
 //
-//   warpgroup 0, the producer (24 registers; 40 persistent at D = 64): thread 0 loads K_j and
-//     V_j, then Q_i and dO_i of each query tile into a 2-stage ring (Q and dO on their own barriers); warp 1
-//     writes lse_i log2(e) and D_i of the tile's rows beside them (+inf and 0 past the
-//     sequence end, so those columns of P and dS are 0 without a mask) and arrives on Q's
-//     barrier; warps 2 and 3 add consumer 0's and 1's share of each tile's dQ to the fp32
-//     accumulator (two TMA reduce-adds, cp.reduce.async.bulk.tensor) once the consumer has
-//     written it to shared memory, and tell the consumer when the reduction has read it
-//     (named barriers: the consumers neither issue nor wait for the bulk operations);
+//   warpgroup 0, the producer (24 registers; 40 persistent at D = 64): thread 0 loads K_j and V_j,
+//     then Q_i and dO_i of each query tile into a 2-stage ring (Q and dO on their own barriers);
+//     warp 1 writes lse_i log2(e) and D_i of the tile's rows beside them (+inf and 0 past the
+//     sequence end, so those columns of P and dS are 0 without a mask) and arrives on Q's barrier;
+//     warps 2 and 3 add consumer 0's and 1's share of each tile's dQ to the fp32 accumulator (two
+//     TMA reduce-adds, cp.reduce.async.bulk.tensor) once the consumer has written it to shared
+//     memory, and tell the consumer when the reduction has read it (named barriers: the consumers
+//     neither issue nor wait for the bulk operations);
 //   warpgroups 1 and 2, the consumers (240 registers; 232 persistent at D = 64), 64 keys each:
 //     S^T  = K Q_i^T        wgmma SS, m64 n(kBlockM), both K-major
 //     dP^T = V dO_i^T       wgmma SS, issued before S^T's softmax so the two overlap
@@ -35,12 +35,12 @@
 // tile load while this one computes. The consumers run ahead by one tile (the dQ boxes'
 // empty barrier).
 //
-// Persistent grid (kPersistent: dense non-causal calls at D = 64 and 128, attention_backward_sm90.cu):
-// one CTA per SM walks units (a key block of a kv head and batch entry) at a stride. Each
-// role walks the same units; the Q/dO ring and the dS^T buffers' phases go on across units,
-// a kv_empty mbarrier passes K and V to the next unit once the last GEMMs of the unit before
-// completed, and the dQ boxes' last wait runs once after the CTA's last unit. It hides the
-// stores, the next unit's first Q/dO loads and the launch of a block (~14 us per block at
+// Persistent grid (kPersistent: dense non-causal calls at D = 64 and 128,
+// attention_backward_sm90.cu): one CTA per SM walks units (a key block of a kv head and batch
+// entry) at a stride. Each role walks the same units; the Q/dO ring and the dS^T buffers' phases go
+// on across units, a kv_empty mbarrier passes K and V to the next unit once the last GEMMs of the
+// unit before completed, and the dQ boxes' last wait runs once after the CTA's last unit. It hides
+// the stores, the next unit's first Q/dO loads and the launch of a block (~14 us per block at
 // D = 64 beyond 2.2 us per tile). The next unit's K/V load waits for those GEMMs; a second K
 // buffer that hid it measured within noise (docs/kernels/attention.md).
 //

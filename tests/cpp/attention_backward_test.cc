@@ -713,12 +713,13 @@ TEST(AttentionBackwardGpu, LongWalksAtHeadDim64) {
   check_backward(DType::bf16, {2, 1100, 1100, 8, 1, 64}, true);
 }
 
-// Head dim 64 with more key blocks x kv heads x batch entries than the persistent grid's CTAs
-// (dense non-causal calls; 132 on the H100), so that CTAs walk two units: the ring, the K/V
-// barriers and the dS^T buffers' phases go on across units, and units map to key block, kv
-// head and batch entry. Walks of 16 query tiles (the dQ of the previous tile), of 2 and of 3
-// (odd: a unit's first tile takes the other dS^T buffer), with the first store (up to 1024
-// keys) and without it (1100 keys; deterministic: 126 CTAs, a multiple of the 9 key blocks).
+// Head dims 64 and 128 with more key blocks x kv heads x batch entries than the persistent
+// grid's CTAs (dense non-causal calls; 132 on the H100), so that CTAs walk two units: the ring,
+// the K/V barriers and the dS^T buffers' phases go on across units, and units map to key block,
+// kv head and batch entry. Head dim 64: walks of 16 query tiles (the dQ of the previous tile),
+// of 2 and of 3 (odd: a unit's first tile takes the other dS^T buffer), with the first store
+// (up to 1024 keys) and without it (1100 keys; deterministic: 126 CTAs, a multiple of the 9 key
+// blocks). Head dim 128: 5 query tiles of 64 rows, the last tile's Q stage freed with K and V.
 TEST(AttentionBackwardGpu, PersistentGridWalksSeveralUnits) {
   LLMK_REQUIRE_GPU();
   check_backward(DType::f16, {1, 129, 129, 560, 70, 64}, false);
