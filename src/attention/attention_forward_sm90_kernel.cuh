@@ -21,7 +21,7 @@
 //     store per warp at D = 128 (a varlen sequence's last partial 16 rows from registers),
 //     from registers at D = 64 and 256.
 // Intra-warpgroup overlap: the exp2/MUFU work of block j runs beside the tensor work of S_j
-// and P_{j-1} V_{j-1}; at D = 64 with 2 consumers across tiles too (kCrossTile): a tile's
+// and P_{j-1} V_{j-1}; with 2 consumers (D <= 128) across tiles too (kCrossTile): a tile's
 // last P V is issued with the next tile's S_0, and its output stored once both are done
 // (the tile stays `pending` until then); elsewhere each tile ends with its last P V alone.
 // Pingpong (D <= 128): the consumers take turns issuing their GEMMs, round their ring,
@@ -79,12 +79,13 @@ struct AttentionSm90Tile {
                 "setmaxnreg counts over the register file");
   // Pingpong over the ring of consumers; measured with 3 too (without it 1-11% slower).
   static constexpr bool kPingpong = kHeadDim <= 128;
-  // A tile's last P V issued with the next tile's S_0: at D = 64 with 2 consumers (H100,
-  // same run: +5-7% non-causal, +1-5% causal over the tile-by-tile loop). With 3 consumers
-  // the pending tile's state spilled 100 bytes within 160 registers and measured 0-5%
-  // slower; at D = 128 it measured 2-4% slower from seqlen 1024, and at D = 256 the
-  // pending tile's state beside O's 128 registers spilled 88 bytes.
-  static constexpr bool kCrossTile = kHeadDim == 64 && kConsumers == 2;
+  // A tile's last P V issued with the next tile's S_0 (H100, same runs, over the
+  // tile-by-tile loop): D = 64 with 2 consumers +5-7% non-causal, +1-5% causal; D = 128
+  // (with the staged store below) +4-6% non-causal at seqlen 512-16384 but 2048 (+2%),
+  // causal +3-9% from 1024 and -1.5% at 512. With 3 consumers the pending tile's state
+  // spilled 100 bytes within 160 registers and measured 0-5% slower; at D = 256 it spilled
+  // 88 bytes beside O's 128 registers.
+  static constexpr bool kCrossTile = kHeadDim <= 128 && kConsumers == 2;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   static constexpr int kChunks = kHeadDim / 64;                  // 64-column swizzle chunks
   static constexpr uint32_t kQChunkBytes = kBlockM * 128;        // rows x 128 bytes
@@ -100,11 +101,12 @@ struct AttentionSm90Tile {
   // O leaves through shared memory (stmatrix) and TMA stores at D = 128 (+12-18% at seqlen
   // 512-4096 over register stores, H100 same run): per consumer two boxes of 64 rows x 64
   // columns, each warp storing its 16 rows. At D = 256 the 64 KB would not fit beside Q and
-  // the ring. At D = 64 both stay on register stores: staging the pending tile of the
-  // cross-tile step on the overlap path only made ptxas serialize every wgmma (C7520: a
-  // compiler-inserted warpgroup.arrive in a divergent path); staged on both paths, with
-  // TMA stores, it measured 1-7% slower than register stores, and without the cross-tile
-  // step 2-8% slower (H100, same runs).
+  // the ring. D = 64 stays on register stores: staged, with TMA stores, it measured 1-7%
+  // slower with the cross-tile step and 2-8% without (H100, same runs). With the cross-tile
+  // step the staging must not sit in a branch of its own (a TMA path and a register path):
+  // ptxas then serialized every wgmma of the kernel (C7520, a compiler-inserted
+  // warpgroup.arrive in a divergent path); every warp stages its rows and only the stores
+  // branch (store_output).
   static constexpr bool kTmaOut = kHeadDim == 128;
   static constexpr uint32_t kOutOffset = kRingOffset + kStages * kStageBytes;
   static constexpr uint32_t kOutConsumerBytes = kTmaOut ? kChunks * 8192 : 0;
@@ -286,43 +288,50 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
     wgmma_fence_operands(pa);
     release(v_empty, v_ring);
   };
-  // O / row sum and lse to the rows of `rows`. A warp whose 16 rows TMA can store (all in
-  // the sequence, or past the tensor's end where TMA skips them) writes them into its part
-  // of the consumer's boxes and stores those, after its previous store read them.
+  // O / row sum rounded to 16 bits once for either store path, as the A fragments of
+  // m64k16 steps (whose register order is stmatrix's).
+  uint32_t o_packed[kHeadDim / 16][4];
+  auto pack_output = [&]() {
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[0][dt][e] *= inv_sum[0][e / 2];
+    accumulators_as_a<T>(o_packed, o);
+  };
+  // The packed O and lse to the rows of `rows`. At D = 128 every warp writes its 16 rows
+  // into its part of the consumer's boxes (after its previous store read them) on every
+  // path, kTmaOut's note says why; a warp whose rows TMA can store (all in the sequence, or
+  // past the tensor's end where TMA skips them) stores those, the others (a varlen
+  // sequence's last partial rows, an out TMA cannot address) store from registers.
   const uint32_t out_boxes =
       static_cast<uint32_t>(__cvta_generic_to_shared(base + Tile::kOutOffset)) + consumer * Tile::kOutConsumerBytes;
   auto store_output = [&](const Rows& rows) {
     const int warp_first = rows.first - lane / 4;
-    if (Tile::kTmaOut && maps.tma_out && (!varlen || warp_first + 16 <= rows.end)) {
-      if (warp_first >= rows.end) return;
+    const bool tma = Tile::kTmaOut && maps.tma_out && (!varlen || warp_first + 16 <= rows.end);
+    if constexpr (Tile::kTmaOut) {
       if (lane == 0) tma_store_wait_read();
       __syncwarp();
-      store_accumulators_swizzled<T, kHeadDim>(out_boxes, o_flat, inv_sum[0][0], inv_sum[0][1]);
+      store_fragments_swizzled<kHeadDim>(out_boxes, o_packed);
       fence_async_shared();
       __syncwarp();
-      if (lane == 0) {
+      if (tma && lane == 0 && warp_first < rows.end) {
 #pragma unroll
         for (int c = 0; c < Tile::kChunks; ++c)
           tma_store_4d(&maps.out, base + Tile::kOutOffset + consumer * Tile::kOutConsumerBytes + c * 8192 + 2048 * warp,
                        64 * c, rows.map_row, rows.head, rows.map_batch);
         tma_store_commit();
       }
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = rows.first + 8 * half;
-        if (rows.lse && lane % 4 == 0 && row < rows.end) rows.lse[row] = row_lse[0][half];
-      }
-      return;
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = rows.first + 8 * half;
       if (row >= rows.end) continue;
-      T* out_row = rows.out + row * p.out.row_stride + 2 * (lane % 4);
+      if (!tma) {
+        T* out_row = rows.out + row * p.out.row_stride + 2 * (lane % 4);
 #pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt)
-        *reinterpret_cast<uint32_t*>(out_row + 8 * dt) =
-            ptx::pack2<T>(o[0][dt][2 * half] * inv_sum[0][half], o[0][dt][2 * half + 1] * inv_sum[0][half]);
+        for (int dt = 0; dt < kDTiles; ++dt)
+          *reinterpret_cast<uint32_t*>(out_row + 8 * dt) = o_packed[dt / 2][2 * (dt % 2) + half];
+      }
       if (rows.lse && lane % 4 == 0) rows.lse[row] = row_lse[0][half];
     }
   };
@@ -332,6 +341,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
     wgmma_fence();
     issue_pv();
     pv_done();
+    pack_output();
     store_output(pending_rows);
     pending = false;
   };
@@ -353,6 +363,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
 #pragma unroll
       for (int i = 0; i < kHeadDim / 2; ++i) o_flat[i] = 0.0f;
       softmax.finish(inv_sum, row_lse, p.scale_log2);
+      pack_output();
       store_output(rows);
       return;
     }
@@ -399,6 +410,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
       wgmma_fence_operands(o_flat);
       wgmma_fence_operands(pa);
       if (stand_in) release(k_empty, k_ring);
+      if (Tile::kCrossTile) pack_output();  // the pending tile's O, or the stand-in's garbage
       if (overlap) {
         release(v_empty, v_ring);
         store_output(pending_rows);
