@@ -21,9 +21,9 @@
 //     store per warp at D = 128 (a varlen sequence's last partial 16 rows from registers),
 //     from registers at D = 64 and 256.
 // Intra-warpgroup overlap: the exp2/MUFU work of block j runs beside the tensor work of S_j
-// and P_{j-1} V_{j-1}; with 2 consumers (D <= 128) across tiles too (kCrossTile): a tile's
-// last P V is issued with the next tile's S_0, and its output stored once both are done
-// (the tile stays `pending` until then); elsewhere each tile ends with its last P V alone.
+// and P_{j-1} V_{j-1}; with 2 consumers across tiles too (kCrossTile): a tile's last P V is
+// issued with the next tile's S_0, and its output stored once both are done (the tile stays
+// `pending` until then); with 3 each tile ends with its last P V alone.
 // Pingpong (D <= 128): the consumers take turns issuing their GEMMs, round their ring,
 // ordered by a named barrier each, so their softmaxes run while another's GEMMs do (FA3
 // leaves it off at D = 256, where the O accumulators take half the registers).
@@ -82,10 +82,11 @@ struct AttentionSm90Tile {
   // A tile's last P V issued with the next tile's S_0 (H100, same runs, over the
   // tile-by-tile loop): D = 64 with 2 consumers +5-7% non-causal, +1-5% causal; D = 128
   // (with the staged store below) +4-6% non-causal at seqlen 512-16384 but 2048 (+2%),
-  // causal +3-9% from 1024 and -1.5% at 512. With 3 consumers the pending tile's state
-  // spilled 100 bytes within 160 registers and measured 0-5% slower; at D = 256 it spilled
-  // 88 bytes beside O's 128 registers.
-  static constexpr bool kCrossTile = kHeadDim <= 128 && kConsumers == 2;
+  // causal +3-9% from 1024 and -1.5% at 512; D = 256 +1.5% (geometric mean of 12 points,
+  // causal 512 +6.6%, no point more than 1% slower), with 68 bytes of spills of per-tile
+  // values outside the key-block loop. With 3 consumers the pending tile's state spilled
+  // 100 bytes within 160 registers and measured 0-5% slower.
+  static constexpr bool kCrossTile = kConsumers == 2;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   static constexpr int kChunks = kHeadDim / 64;                  // 64-column swizzle chunks
   static constexpr uint32_t kQChunkBytes = kBlockM * 128;        // rows x 128 bytes
