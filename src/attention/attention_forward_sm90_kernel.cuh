@@ -293,10 +293,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
   // m64k16 steps (whose register order is stmatrix's).
   uint32_t o_packed[kHeadDim / 16][4];
   auto pack_output = [&]() {
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[0][dt][e] *= inv_sum[0][e / 2];
+    OnlineSoftmax<1>::rescale(o, inv_sum);
     accumulators_as_a<T>(o_packed, o);
   };
   // The packed O and lse to the rows of `rows`. At D = 128 every warp writes its 16 rows
