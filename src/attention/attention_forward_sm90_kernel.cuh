@@ -30,7 +30,8 @@
 // Causal blocks skip the key blocks above the diagonal. The grid is persistent (one block
 // per SM walking the tiles; causal tiles in pairs of equal total work, AttentionSchedule),
 // and the next tile's Q and first keys load while this one finishes (Q double-buffered at
-// D <= 128; at D = 256 once this tile's last S GEMM is done).
+// D <= 128; at D = 256 once this tile's last S GEMM is done, from the L2 where a long tile
+// prefetched it).
 //
 // Shared memory (128-byte swizzle, 64-column chunks of rows x 128 bytes): Q D/64 chunks of
 // kBlockM rows, each stage K and V D/64 chunks of kBlockN rows, O's TMA-store boxes: D = 64:
@@ -125,12 +126,27 @@ struct AttentionSm90Maps {
   bool tma_out;
 };
 
-// Calls body(tile) for each tile of the block's units (attention_schedule.h), in order.
-template <class F>
+// Calls body(tile) for each tile of the block's units (attention_schedule.h), in order;
+// with kWithNext body(tile, next), next() the tile after it in the block's walk (m_block -1
+// where there is none), computed only when called.
+template <bool kWithNext = false, class F>
 __device__ __forceinline__ void for_each_attention_tile(const AttentionParams& p, const AttentionSchedule& s, F&& body) {
   for (int64_t u = blockIdx.x; u < s.units; u += gridDim.x) {
     const AttentionUnit unit = attention_unit(p, s, u);
-    for (int t = 0; t < unit.count; ++t) body(unit.tile(t));
+    for (int t = 0; t < unit.count; ++t) {
+      if constexpr (kWithNext) {
+        body(unit.tile(t), [&]() {
+          if (t + 1 < unit.count) return unit.tile(t + 1);
+          if (u + gridDim.x < s.units) {
+            const AttentionUnit after = attention_unit(p, s, u + gridDim.x);
+            if (after.count > 0) return after.tile(0);
+          }
+          return AttentionTileCoord{-1, 0, 0};
+        });
+      } else {
+        body(unit.tile(t));
+      }
+    }
   }
 }
 
@@ -184,7 +200,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
     if (threadIdx.x != 0) return;
     RingState<Tile::kStages> k_ring, v_ring;
     RingState<Tile::kQBuffers> q_ring;
-    for_each_attention_tile(p, schedule, [&](const AttentionTileCoord& c) {
+    for_each_attention_tile<true>(p, schedule, [&](const AttentionTileCoord& c, auto next_tile) {
       SequenceBounds seq;
       int m0, n_blocks;
       tile_work(c, seq, m0, n_blocks);
@@ -196,6 +212,20 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
       tma_load_4d_chunks<Tile::kChunks>(q_smem(q_ring.stage), Tile::kQChunkBytes, &maps.q, &q_full[q_ring.stage],
                                         static_cast<int32_t>(seq.q_start + m0), c.head, map_batch);
       q_ring.advance();
+      // One Q buffer (D = 256): the next tile's Q loads only once this tile's last S GEMM is
+      // done, so in dense non-causal calls it goes to the L2 halfway through this tile (H100,
+      // same run, over no prefetch: +1-2% at seqlen 4096-16384, GQA 32/8 +1-2.5%, within the
+      // run's noise at 512-2048). Causal and varlen walks do not prefetch: computing their
+      // next tile spilled the producer's 24 registers, which alone cost seqlen 512-1024 3-5%
+      // (CSV bench/results/h100/2026-11-24_ae4594a_attention_hd256_q_prefetch_ab.csv).
+      auto prefetch_next_q = [&]() {
+        if constexpr (Tile::kQBuffers == 1) {
+          const AttentionTileCoord next = next_tile();
+          if (next.m_block < 0) return;
+          for (int ch = 0; ch < Tile::kChunks; ++ch)
+            tma_prefetch_4d(&maps.q, 64 * ch, next.m_block * Tile::kBlockM, next.head, next.batch);
+        }
+      };
       // Key block j of K (or V) into the next stage of its ring, once every consumer left it.
       auto load_block = [&](int j, RingState<Tile::kStages>& ring, int part, const CUtensorMap* map, uint64_t* full,
                             uint64_t* empty) {
@@ -209,6 +239,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
       for (int j = 1; j < n_blocks; ++j) {
         load_block(j, k_ring, 0, &maps.k, k_full, k_empty);
         load_block(j - 1, v_ring, 1, &maps.v, v_full, v_empty);
+        if (j == n_blocks / 2 && !schedule.paired && !varlen) prefetch_next_q();
       }
       load_block(n_blocks - 1, v_ring, 1, &maps.v, v_full, v_empty);
     });

@@ -242,6 +242,8 @@ TEST(AttentionGpu, ManyTilesPerBlock) {
     check_dense(DType::f16, {6, 300, 40, 24, 8, 128}, causal);   // causal: rows 0-259 see no key
     check_dense(DType::bf16, {6, 300, 40, 24, 8, 64}, causal);   // the same where tiles overlap
     check_dense(DType::bf16, {4, 129, 257, 40, 8, 256}, causal);
+    // 140 one-row tiles of 65 key blocks: at head dim 256 each prefetches the next one's Q.
+    check_dense(DType::f16, {7, 3, 4100, 20, 5, 256}, causal);
   }
 }
 
@@ -463,6 +465,7 @@ TEST(AttentionVarlen, ManyTilesPerBlock) {
   for (bool causal : {false, true}) {
     check_varlen(DType::bf16, {300, 1, 0, 257, 90, 400}, {300, 5, 3, 100, 90, 400}, 32, 8, 128, causal);
     check_varlen(DType::f16, {300, 1, 0, 257, 90, 400}, {300, 5, 3, 100, 90, 400}, 32, 8, 64, causal);
+    check_varlen(DType::bf16, {300, 1, 0, 257, 90, 400}, {300, 5, 3, 100, 90, 400}, 16, 4, 256, causal);
   }
 }
 

@@ -69,6 +69,14 @@ __device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, const 
                                          coords, src);
 }
 
+// Global -> L2 only: the 4-d box at coordinates c (innermost first), so that a later load
+// of it finds it in the L2. Nothing completes, nothing to wait for.
+__device__ __forceinline__ void tma_prefetch_4d(const CUtensorMap* map, int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(map), "r"(c0), "r"(c1),
+               "r"(c2), "r"(c3)
+               : "memory");
+}
+
 __device__ __forceinline__ void tma_store_commit() { cuda::ptx::cp_async_bulk_commit_group(); }
 
 // Waits until the committed stores of this thread have read their shared memory.
