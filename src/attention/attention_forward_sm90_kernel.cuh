@@ -18,8 +18,8 @@
 //     the mma.sync fragment of its 16 rows); after O's wgmma: P_j = S_j rounded to 16
 //     bits, O rescaled where a row max grew.
 //   O /= row sum; lse = max + log(sum). O goes by stmatrix into shared memory and a TMA
-//     store per warp at D = 128 (a varlen sequence's last partial 16 rows from registers),
-//     from registers at D = 64 and 256.
+//     store per warp at D = 128 and, up to 2048 keys, 256 (kTmaOut; a varlen sequence's
+//     last partial 16 rows from registers), from registers at D = 64 and longer D = 256.
 // Intra-warpgroup overlap: the exp2/MUFU work of block j runs beside the tensor work of S_j
 // and P_{j-1} V_{j-1}; with 2 consumers across tiles too (kCrossTile): a tile's last P V is
 // issued with the next tile's S_0, and its output stored once both are done (the tile stays
@@ -36,7 +36,8 @@
 // Shared memory (128-byte swizzle, 64-column chunks of rows x 128 bytes): Q D/64 chunks of
 // kBlockM rows, each stage K and V D/64 chunks of kBlockN rows, O's TMA-store boxes: D = 64:
 // 2 x 16 + 2 x 32 = 96 KB (2 x 24 + 2 x 32 = 112 KB with 3 consumers); D = 128: 2 x 32 +
-// 2 x 64 + 32 = 224 KB; D = 256 (64-key blocks): 64 + 2 x 64 = 192 KB.
+// 2 x 64 + 32 = 224 KB; D = 256 (64-key blocks): 64 + 2 x 64 (+ 32 with kTmaOut) = 192
+// (224) KB.
 // Registers per consumer thread: O D/2, S_j kBlockN/2, P_{j-1} kBlockN/4 (D = 128: 160).
 // Roofline as the sm_80 kernel's (attention_forward_kernel.cuh): 4 seq_q seq_k D FLOPs per
 // (batch, head), tensor-bound; wgmma's dense bf16 peak is ~990 TFLOP/s.
@@ -60,7 +61,7 @@ namespace llmk::detail::sm90 {
 // registers per thread and whose Q tile takes 64 KB. FA3's 176-key blocks at D = 128 (one Q
 // buffer to fit 208 KB) measured +1-3% non-causal at 16k and -6-13% causal at 512-2048
 // (H100, same run), so one kernel of 128 serves both.
-template <int kHeadDim_, int kConsumers_ = 2>
+template <int kHeadDim_, int kConsumers_ = 2, bool kTmaOut_ = kHeadDim_ == 128>
 struct AttentionSm90Tile {
   static constexpr int kHeadDim = kHeadDim_;
   // Consumers of 64 query rows each. 3 at D = 64 (tiles of 192 rows, as FlashAttention 3
@@ -102,16 +103,23 @@ struct AttentionSm90Tile {
   static constexpr uint32_t kRingOffset = kQBuffers * kQBytes;
   // O leaves through shared memory (stmatrix) and TMA stores at D = 128 (+12-18% at seqlen
   // 512-4096 over register stores, H100 same run): per consumer two boxes of 64 rows x 64
-  // columns, each warp storing its 16 rows. At D = 256 the 64 KB would not fit beside Q and
-  // the ring. D = 64 stays on register stores: staged, with TMA stores, it measured 1-7%
-  // slower with the cross-tile step and 2-8% without (H100, same runs). With the cross-tile
-  // step the staging must not sit in a branch of its own (a TMA path and a register path):
-  // ptxas then serialized every wgmma of the kernel (C7520, a compiler-inserted
-  // warpgroup.arrive in a divergent path); every warp stages its rows and only the stores
-  // branch (store_output).
-  static constexpr bool kTmaOut = kHeadDim == 128;
+  // columns, each warp storing its 16 rows. At D = 256 the same 32 KB of boxes take O in two
+  // rounds of 128 columns (224 KB in all), in a kernel of its own for calls of up to 2048
+  // keys (the launcher's head_dim_256_tma_out): +6-19% at seqlen 512-1024 over register
+  // stores, even at 2048, 1-3% slower at 4096 and 4-9% from 8192 (GQA 32/8 too), on its
+  // register path as well, so the loss is the kernel's (its shared memory, or its main
+  // loop's code), not the TMA stores' (H100, same runs). D = 64 stays on register stores:
+  // staged, with TMA stores, it measured 1-7% slower with the cross-tile step and 2-8%
+  // without (H100, same runs). With the cross-tile step the staging must not sit in a
+  // branch of its own (a TMA path and a register path): ptxas then serialized every wgmma
+  // of the kernel (C7520, a compiler-inserted warpgroup.arrive in a divergent path); every
+  // warp stages its rows and only the stores branch (store_output).
+  static constexpr bool kTmaOut = kTmaOut_;
+  static_assert(!kTmaOut || kHeadDim >= 128, "D = 64 stores O from registers");
   static constexpr uint32_t kOutOffset = kRingOffset + kStages * kStageBytes;
-  static constexpr uint32_t kOutConsumerBytes = kTmaOut ? kChunks * 8192 : 0;
+  // Per consumer 128 columns of boxes: at D = 256 O leaves in two rounds through them.
+  static constexpr uint32_t kOutConsumerBytes = kTmaOut ? 2 * 8192 : 0;
+  static constexpr int kOutRounds = kHeadDim / 128;
   static constexpr uint32_t kBarrierOffset = kOutOffset + kConsumers * kOutConsumerBytes;
   static constexpr int kSharedBytes = kBarrierOffset + (2 * kQBuffers + 4 * kStages) * 8 + 1024;
   static_assert(kSharedBytes <= kMaxBlockSharedBytes, "the tile's shared memory exceeds sm_90's 227 KB");
@@ -151,13 +159,13 @@ __device__ __forceinline__ void for_each_attention_tile(const AttentionParams& p
 }
 
 // grid: min(units, SMs) blocks.
-template <class T, int kHeadDim, int kConsumers>
-__global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThreads, 1)
+template <class T, int kHeadDim, int kConsumers, bool kTmaOut>
+__global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers, kTmaOut>::kThreads, 1)
     attention_forward_sm90_kernel(const __grid_constant__ AttentionSm90Maps maps,
                                   const __grid_constant__ AttentionParams p,
                                   const AttentionSchedule schedule) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tile = AttentionSm90Tile<kHeadDim, kConsumers>;
+  using Tile = AttentionSm90Tile<kHeadDim, kConsumers, kTmaOut>;
   const bool varlen = p.cu_seqlens_q != nullptr;
   // A tile's sequence, first row and key blocks (0: nothing to load).
   auto tile_work = [&](const AttentionTileCoord& c, SequenceBounds& seq, int& m0, int& n_blocks) {
@@ -338,17 +346,21 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
     const int warp_first = rows.first - lane / 4;
     const bool tma = Tile::kTmaOut && maps.tma_out && (!varlen || warp_first + 16 <= rows.end);
     if constexpr (Tile::kTmaOut) {
-      if (lane == 0) tma_store_wait_read();
-      __syncwarp();
-      store_fragments_swizzled<kHeadDim>(out_boxes, o_packed);
-      fence_async_shared();
-      __syncwarp();
-      if (tma && lane == 0 && warp_first < rows.end) {
 #pragma unroll
-        for (int c = 0; c < Tile::kChunks; ++c)
-          tma_store_4d(&maps.out, base + Tile::kOutOffset + consumer * Tile::kOutConsumerBytes + c * 8192 + 2048 * warp,
-                       64 * c, rows.map_row, rows.head, rows.map_batch);
-        tma_store_commit();
+      for (int round = 0; round < Tile::kOutRounds; ++round) {
+        if (lane == 0) tma_store_wait_read();
+        __syncwarp();
+        store_fragments_swizzled<128>(out_boxes, reinterpret_cast<const uint32_t(&)[8][4]>(o_packed[8 * round]));
+        fence_async_shared();
+        __syncwarp();
+        if (tma && lane == 0 && warp_first < rows.end) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            tma_store_4d(&maps.out,
+                         base + Tile::kOutOffset + consumer * Tile::kOutConsumerBytes + c * 8192 + 2048 * warp,
+                         64 * (2 * round + c), rows.map_row, rows.head, rows.map_batch);
+          tma_store_commit();
+        }
       }
     }
 #pragma unroll

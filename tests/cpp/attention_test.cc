@@ -242,7 +242,8 @@ TEST(AttentionGpu, ManyTilesPerBlock) {
     check_dense(DType::f16, {6, 300, 40, 24, 8, 128}, causal);   // causal: rows 0-259 see no key
     check_dense(DType::bf16, {6, 300, 40, 24, 8, 64}, causal);   // the same where tiles overlap
     check_dense(DType::bf16, {4, 129, 257, 40, 8, 256}, causal);
-    // 140 one-row tiles of 65 key blocks: at head dim 256 each prefetches the next one's Q.
+    // 140 one-row tiles of 65 key blocks: at head dim 256 each prefetches the next one's Q,
+    // and O leaves from registers (4100 keys: the kernel without the TMA stores).
     check_dense(DType::f16, {7, 3, 4100, 20, 5, 256}, causal);
   }
 }
@@ -269,10 +270,11 @@ TEST(AttentionGpu, CausalLongQueriesTakeThreeConsumers) {
 
 // An out TMA cannot address (a batch of 1 with a batch stride of 1 element, which the API
 // takes for a size-1 dim) beside q, k, v it can: the Hopper kernel stores O (and lse) from
-// registers (at D = 128 it otherwise stores O through shared memory and TMA). Bitwise the
-// out and lse of the same call into ordinary tensors, which match the reference; the NaN
-// gaps of both outs' wider rows untouched. The premise, that the launcher's TMA check
-// refuses such an out, is checked first: without it both calls would take TMA.
+// registers (at D = 128, and 256 up to 2048 keys, it otherwise stores O through shared
+// memory and TMA). Bitwise the out and lse of the same call into ordinary tensors, which
+// match the reference; the NaN gaps of both outs' wider rows untouched. The premise, that
+// the launcher's TMA check refuses such an out, is checked first: without it both calls
+// would take TMA.
 TEST(AttentionGpu, OutputTmaCannotAddress) {
   const int64_t s = 300, h = 4, h_kv = 2;
   {
