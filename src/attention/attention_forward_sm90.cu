@@ -1,8 +1,9 @@
 // Launcher of the Hopper attention forward (kernel in attention_forward_sm90_kernel.cuh):
 // which calls it takes, which tile, the TMA maps over q, k, v, the grid.
 //
-// Instantiations (the only list): {bf16, fp16} x {head dim 64 with 2 and 3 consumers, 128,
-// 256}. Head dims 32 and 96 (whose rows are not whole 128-byte swizzle chunks), head dims
+// Instantiations (the only list): {bf16, fp16} x {head dim 64 with 2 and 3 consumers, 128
+// (TMA stores), 256 with TMA stores (up to 2048 keys) and with register stores}. Head dims 32
+// and 96 (whose rows are not whole 128-byte swizzle chunks), head dims
 // LLMK_HEAD_DIMS leaves out, and strides TMA cannot address take the sm_80 kernel
 // (attention_forward.cu).
 #include "attention/attention_forward_sm90_kernel.cuh"
@@ -17,12 +18,12 @@ namespace llmk::detail {
 
 namespace {
 
-template <class T, int kHeadDim, int kConsumers = 2, bool kTmaOut = kHeadDim == 128>
+template <class T, int kHeadDim, int kConsumers, bool kTmaOut>
 const void* kernel_for() {
   return reinterpret_cast<const void*>(sm90::attention_forward_sm90_kernel<T, kHeadDim, kConsumers, kTmaOut>);
 }
 
-template <class T, int kHeadDim, int kConsumers, bool kTmaOut = kHeadDim == 128>
+template <class T, int kHeadDim, int kConsumers, bool kTmaOut>
 void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   using Tile = sm90::AttentionSm90Tile<kHeadDim, kConsumers, kTmaOut>;
   const bool varlen = p.cu_seqlens_q != nullptr;
@@ -60,13 +61,6 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
       <<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(maps, p, schedule);
 }
 
-// Head dim 256 stores O through shared memory and TMA (a kernel of its own, 224 KB of shared
-// memory) up to 2048 keys: +6-19% at seqlen 512-1024 over register stores, even at 2048, 1-3%
-// slower at 4096 and 4-9% from 8192 (H100, same runs; attention_forward_sm90_kernel.cuh).
-bool head_dim_256_tma_out(const AttentionParams& p) {
-  return p.seqlen_k <= 2048 && attention_tma_ok(p.out, p.cu_seqlens_q != nullptr);
-}
-
 }  // namespace
 
 bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, const char** why) {
@@ -80,8 +74,16 @@ bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, con
     return *why = "q, k and v need 16-byte aligned data pointers and strides for TMA", false;
   if (reinterpret_cast<uintptr_t>(p.out.data) % 4 != 0 || p.out.row_stride % 2 != 0)
     return *why = "out needs 4-byte aligned rows", false;
-  if (!sm90::sm90a_kernel_runs(kernel_for<__nv_bfloat16, 128>(), device)) return *why = "the device is not sm_90 or this build has no sm_90a code", false;
+  if (!sm90::sm90a_kernel_runs(kernel_for<__nv_bfloat16, 128, 2, true>(), device)) return *why = "the device is not sm_90 or this build has no sm_90a code", false;
   return true;
+}
+
+// O through shared memory and TMA stores at head dim 128, and at 256 (a kernel of its own,
+// 224 KB of shared memory) up to 2048 keys: +6-19% at seqlen 512-1024 over register stores,
+// even at 2048-4096, 1-9% slower from 8192 (H100, same runs; attention_forward_sm90_kernel.cuh).
+bool attention_sm90_tma_out(const AttentionParams& p) {
+  if (p.head_dim == 128) return true;
+  return p.head_dim == 256 && p.seqlen_k <= 2048 && attention_tma_ok(p.out, p.cu_seqlens_q != nullptr);
 }
 
 // Causal calls at head dim 64 take 192-row tiles from 8192 query rows: below, they lost
@@ -97,11 +99,11 @@ void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t 
     using T = device_type_t<decltype(tag)>;
     switch (p.head_dim) {
       case 64:
-        if (attention_sm90_consumers(p) == 3) return launch<T, 64, 3>(p, dtype, stream);
-        return launch<T, 64, 2>(p, dtype, stream);
-      case 128: return launch<T, 128, 2>(p, dtype, stream);
+        if (attention_sm90_consumers(p) == 3) return launch<T, 64, 3, false>(p, dtype, stream);
+        return launch<T, 64, 2, false>(p, dtype, stream);
+      case 128: return launch<T, 128, 2, true>(p, dtype, stream);
       default:
-        if (head_dim_256_tma_out(p)) return launch<T, 256, 2, true>(p, dtype, stream);
+        if (attention_sm90_tma_out(p)) return launch<T, 256, 2, true>(p, dtype, stream);
         return launch<T, 256, 2, false>(p, dtype, stream);
     }
   };

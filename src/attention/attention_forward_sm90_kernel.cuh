@@ -30,8 +30,8 @@
 // Causal blocks skip the key blocks above the diagonal. The grid is persistent (one block
 // per SM walking the tiles; causal tiles in pairs of equal total work, AttentionSchedule),
 // and the next tile's Q and first keys load while this one finishes (Q double-buffered at
-// D <= 128; at D = 256 once this tile's last S GEMM is done, from the L2 where a long tile
-// prefetched it).
+// D <= 128; at D = 256 once this tile's last S GEMM is done, from the L2 where a dense
+// non-causal tile of two or more key blocks prefetched it).
 //
 // Shared memory (128-byte swizzle, 64-column chunks of rows x 128 bytes): Q D/64 chunks of
 // kBlockM rows, each stage K and V D/64 chunks of kBlockN rows, O's TMA-store boxes: D = 64:
@@ -61,7 +61,7 @@ namespace llmk::detail::sm90 {
 // registers per thread and whose Q tile takes 64 KB. FA3's 176-key blocks at D = 128 (one Q
 // buffer to fit 208 KB) measured +1-3% non-causal at 16k and -6-13% causal at 512-2048
 // (H100, same run), so one kernel of 128 serves both.
-template <int kHeadDim_, int kConsumers_ = 2, bool kTmaOut_ = kHeadDim_ == 128>
+template <int kHeadDim_, int kConsumers_, bool kTmaOut_>
 struct AttentionSm90Tile {
   static constexpr int kHeadDim = kHeadDim_;
   // Consumers of 64 query rows each. 3 at D = 64 (tiles of 192 rows, as FlashAttention 3
@@ -86,7 +86,7 @@ struct AttentionSm90Tile {
   // (with the staged store below) +4-6% non-causal at seqlen 512-16384 but 2048 (+2%),
   // causal +3-9% from 1024 and -1.5% at 512; D = 256 +1.5% (geometric mean of 12 points,
   // causal 512 +6.6%, no point more than 1% slower), with 68 bytes of spills of per-tile
-  // values outside the key-block loop. With 3 consumers the pending tile's state spilled
+  // values outside the key-block loop (80 since the Q prefetch; the TMA-store kernel none). With 3 consumers the pending tile's state spilled
   // 100 bytes within 160 registers and measured 0-5% slower.
   static constexpr bool kCrossTile = kConsumers == 2;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
@@ -105,10 +105,11 @@ struct AttentionSm90Tile {
   // 512-4096 over register stores, H100 same run): per consumer two boxes of 64 rows x 64
   // columns, each warp storing its 16 rows. At D = 256 the same 32 KB of boxes take O in two
   // rounds of 128 columns (224 KB in all), in a kernel of its own for calls of up to 2048
-  // keys (the launcher's head_dim_256_tma_out): +6-19% at seqlen 512-1024 over register
-  // stores, even at 2048, 1-3% slower at 4096 and 4-9% from 8192 (GQA 32/8 too), on its
-  // register path as well, so the loss is the kernel's (its shared memory, or its main
-  // loop's code), not the TMA stores' (H100, same runs). D = 64 stays on register stores:
+  // keys (attention_sm90_tma_out): +6-19% at seqlen 512-1024 over register stores, even at
+  // 2048-4096, 1-4% slower at 8192 and 6-9% at 16384 (GQA 32/8 4-6%); the same kernel
+  // storing from registers above 4096 keys lost as much, so the loss is the kernel's: its
+  // key-block loop rebuilds S's Q descriptors (671 SASS instructions against 589; H100,
+  // same runs, docs/kernels/attention.md v9). D = 64 stays on register stores:
   // staged, with TMA stores, it measured 1-7% slower with the cross-tile step and 2-8%
   // without (H100, same runs). With the cross-tile step the staging must not sit in a
   // branch of its own (a TMA path and a register path): ptxas then serialized every wgmma
@@ -117,9 +118,10 @@ struct AttentionSm90Tile {
   static constexpr bool kTmaOut = kTmaOut_;
   static_assert(!kTmaOut || kHeadDim >= 128, "D = 64 stores O from registers");
   static constexpr uint32_t kOutOffset = kRingOffset + kStages * kStageBytes;
-  // Per consumer 128 columns of boxes: at D = 256 O leaves in two rounds through them.
-  static constexpr uint32_t kOutConsumerBytes = kTmaOut ? 2 * 8192 : 0;
-  static constexpr int kOutRounds = kHeadDim / 128;
+  // Per consumer kOutBoxes boxes of 64 rows x 64 columns (8 KB): at D = 256 O leaves through
+  // them in kOutRounds rounds of 128 columns.
+  static constexpr int kOutBoxes = 2, kOutRounds = kChunks / kOutBoxes;
+  static constexpr uint32_t kOutConsumerBytes = kTmaOut ? kOutBoxes * 8192 : 0;
   static constexpr uint32_t kBarrierOffset = kOutOffset + kConsumers * kOutConsumerBytes;
   static constexpr int kSharedBytes = kBarrierOffset + (2 * kQBuffers + 4 * kStages) * 8 + 1024;
   static_assert(kSharedBytes <= kMaxBlockSharedBytes, "the tile's shared memory exceeds sm_90's 227 KB");
@@ -134,28 +136,31 @@ struct AttentionSm90Maps {
   bool tma_out;
 };
 
-// Calls body(tile) for each tile of the block's units (attention_schedule.h), in order;
-// with kWithNext body(tile, next), next() the tile after it in the block's walk (m_block -1
-// where there is none), computed only when called.
-template <bool kWithNext = false, class F>
-__device__ __forceinline__ void for_each_attention_tile(const AttentionParams& p, const AttentionSchedule& s, F&& body) {
+// Calls body(tile, next_tile) for each tile of the block's units (attention_schedule.h), in
+// order; next_tile() is the tile after it in the block's walk, computed only when called
+// (m_block -1 where there is none, or where the next unit has no tiles: a varlen pair past
+// its sequence's end).
+template <class F>
+__device__ __forceinline__ void walk_attention_tiles(const AttentionParams& p, const AttentionSchedule& s, F&& body) {
   for (int64_t u = blockIdx.x; u < s.units; u += gridDim.x) {
     const AttentionUnit unit = attention_unit(p, s, u);
     for (int t = 0; t < unit.count; ++t) {
-      if constexpr (kWithNext) {
-        body(unit.tile(t), [&]() {
-          if (t + 1 < unit.count) return unit.tile(t + 1);
-          if (u + gridDim.x < s.units) {
-            const AttentionUnit after = attention_unit(p, s, u + gridDim.x);
-            if (after.count > 0) return after.tile(0);
-          }
-          return AttentionTileCoord{-1, 0, 0};
-        });
-      } else {
-        body(unit.tile(t));
-      }
+      body(unit.tile(t), [&]() {
+        if (t + 1 < unit.count) return unit.tile(t + 1);
+        if (u + gridDim.x < s.units) {
+          const AttentionUnit after = attention_unit(p, s, u + gridDim.x);
+          if (after.count > 0) return after.tile(0);
+        }
+        return AttentionTileCoord{-1, 0, 0};
+      });
     }
   }
+}
+
+// Calls body(tile) for each tile of the block's units, in order.
+template <class F>
+__device__ __forceinline__ void for_each_attention_tile(const AttentionParams& p, const AttentionSchedule& s, F&& body) {
+  walk_attention_tiles(p, s, [&](const AttentionTileCoord& c, auto) { body(c); });
 }
 
 // grid: min(units, SMs) blocks.
@@ -208,7 +213,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers, kTmaOu
     if (threadIdx.x != 0) return;
     RingState<Tile::kStages> k_ring, v_ring;
     RingState<Tile::kQBuffers> q_ring;
-    for_each_attention_tile<true>(p, schedule, [&](const AttentionTileCoord& c, auto next_tile) {
+    walk_attention_tiles(p, schedule, [&](const AttentionTileCoord& c, auto next_tile) {
       SequenceBounds seq;
       int m0, n_blocks;
       tile_work(c, seq, m0, n_blocks);
@@ -221,18 +226,17 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers, kTmaOu
                                         static_cast<int32_t>(seq.q_start + m0), c.head, map_batch);
       q_ring.advance();
       // One Q buffer (D = 256): the next tile's Q loads only once this tile's last S GEMM is
-      // done, so in dense non-causal calls it goes to the L2 halfway through this tile (H100,
-      // same run, over no prefetch: +1-2% at seqlen 4096-16384, GQA 32/8 +1-2.5%, within the
-      // run's noise at 512-2048). Causal and varlen walks do not prefetch: computing their
-      // next tile spilled the producer's 24 registers, which alone cost seqlen 512-1024 3-5%
-      // (CSV bench/results/h100/2026-11-24_ae4594a_attention_hd256_q_prefetch_ab.csv).
+      // done, so in dense non-causal calls it goes to the L2 halfway through this tile (tiles
+      // of two or more key blocks; H100, same run, over no prefetch: +1-2% at seqlen
+      // 4096-16384, GQA 32/8 +1-2.5%, within the run's noise at 512-2048). Causal and varlen
+      // walks do not prefetch: computing their next tile spilled the producer's 24 registers,
+      // which alone cost seqlen 512-1024 3-5% (CSV
+      // bench/results/h100/2026-11-24_ae4594a_attention_hd256_q_prefetch_ab.csv). Dense
+      // coordinates: a tile's rows start at m_block * kBlockM, its map batch is its batch.
       auto prefetch_next_q = [&]() {
-        if constexpr (Tile::kQBuffers == 1) {
-          const AttentionTileCoord next = next_tile();
-          if (next.m_block < 0) return;
-          for (int ch = 0; ch < Tile::kChunks; ++ch)
-            tma_prefetch_4d(&maps.q, 64 * ch, next.m_block * Tile::kBlockM, next.head, next.batch);
-        }
+        const AttentionTileCoord next = next_tile();
+        if (next.m_block >= 0)
+          tma_prefetch_4d_chunks<Tile::kChunks>(&maps.q, next.m_block * Tile::kBlockM, next.head, next.batch);
       };
       // Key block j of K (or V) into the next stage of its ring, once every consumer left it.
       auto load_block = [&](int j, RingState<Tile::kStages>& ring, int part, const CUtensorMap* map, uint64_t* full,
@@ -247,7 +251,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers, kTmaOu
       for (int j = 1; j < n_blocks; ++j) {
         load_block(j, k_ring, 0, &maps.k, k_full, k_empty);
         load_block(j - 1, v_ring, 1, &maps.v, v_full, v_empty);
-        if (j == n_blocks / 2 && !schedule.paired && !varlen) prefetch_next_q();
+        if (Tile::kQBuffers == 1 && j == n_blocks / 2 && !schedule.paired && !varlen) prefetch_next_q();
       }
       load_block(n_blocks - 1, v_ring, 1, &maps.v, v_full, v_empty);
     });
@@ -335,9 +339,10 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers, kTmaOu
     OnlineSoftmax<1>::rescale(o, inv_sum);
     accumulators_as_a<T>(o_packed, o);
   };
-  // The packed O and lse to the rows of `rows`. At D = 128 every warp writes its 16 rows
-  // into its part of the consumer's boxes (after its previous store read them) on every
-  // path, kTmaOut's note says why; a warp whose rows TMA can store (all in the sequence, or
+  // The packed O and lse to the rows of `rows`. With kTmaOut (D = 128; D = 256 in
+  // kOutRounds rounds of 128 columns) every warp writes its 16 rows into its part of the
+  // consumer's boxes (after its previous store read them) on every path, kTmaOut's note
+  // says why; a warp whose rows TMA can store (all in the sequence, or
   // past the tensor's end where TMA skips them) stores those, the others (a varlen
   // sequence's last partial rows, an out TMA cannot address) store from registers.
   const uint32_t out_boxes =
@@ -350,15 +355,17 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers, kTmaOu
       for (int round = 0; round < Tile::kOutRounds; ++round) {
         if (lane == 0) tma_store_wait_read();
         __syncwarp();
-        store_fragments_swizzled<128>(out_boxes, reinterpret_cast<const uint32_t(&)[8][4]>(o_packed[8 * round]));
+        constexpr int kGroups = Tile::kOutBoxes * 4;  // 16-column groups per round
+        store_fragments_swizzled<16 * kGroups>(
+            out_boxes, reinterpret_cast<const uint32_t(&)[kGroups][4]>(o_packed[kGroups * round]));
         fence_async_shared();
         __syncwarp();
         if (tma && lane == 0 && warp_first < rows.end) {
 #pragma unroll
-          for (int c = 0; c < 2; ++c)
+          for (int c = 0; c < Tile::kOutBoxes; ++c)
             tma_store_4d(&maps.out,
                          base + Tile::kOutOffset + consumer * Tile::kOutConsumerBytes + c * 8192 + 2048 * warp,
-                         64 * (2 * round + c), rows.map_row, rows.head, rows.map_batch);
+                         64 * (Tile::kOutBoxes * round + c), rows.map_row, rows.head, rows.map_batch);
           tma_store_commit();
         }
       }

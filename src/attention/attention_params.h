@@ -163,6 +163,10 @@ bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, con
 // Its consumer warpgroups of 64 query rows for a call: 3 at head dim 64 (192-row tiles)
 // except causal below 8192 query rows, else 2.
 int attention_sm90_consumers(const AttentionParams& p);
+// Whether its kernel for the call stores O through shared memory and TMA: head dim 128, and
+// 256 up to 2048 keys with an out TMA can address (an out it cannot is stored from registers
+// either way).
+bool attention_sm90_tma_out(const AttentionParams& p);
 void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t stream);
 void attention_forward_cpu(const AttentionParams& p, DType dtype);
 

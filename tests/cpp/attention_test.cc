@@ -242,8 +242,10 @@ TEST(AttentionGpu, ManyTilesPerBlock) {
     check_dense(DType::f16, {6, 300, 40, 24, 8, 128}, causal);   // causal: rows 0-259 see no key
     check_dense(DType::bf16, {6, 300, 40, 24, 8, 64}, causal);   // the same where tiles overlap
     check_dense(DType::bf16, {4, 129, 257, 40, 8, 256}, causal);
-    // 140 one-row tiles of 65 key blocks: at head dim 256 each prefetches the next one's Q,
-    // and O leaves from registers (4100 keys: the kernel without the TMA stores).
+    // 140 tiles of 3 rows (one per batch and head) of 65 key blocks, O stored from registers
+    // (4100 keys: AttentionGpu.HeadDim256KernelsByKeys); non-causal, the blocks that walk
+    // two tiles prefetch the second's Q. The case above (320 tiles of 5 key blocks, the
+    // TMA-store kernel) prefetches on every block too.
     check_dense(DType::f16, {7, 3, 4100, 20, 5, 256}, causal);
   }
 }
@@ -266,6 +268,30 @@ TEST(AttentionGpu, CausalLongQueriesTakeThreeConsumers) {
   check_dense(DType::bf16, {1, 8192 + 97, 8192 + 97, 2, 1, 64}, true);
   check_dense(DType::bf16, {1, 8200, 2100, 2, 1, 64}, true);
   check_dense(DType::f16, {2, 8192, 300, 2, 2, 64}, true);
+}
+
+// Head dim 256 has two Hopper kernels: O through shared memory and TMA stores up to 2048
+// keys, from registers beyond (and wherever out is not TMA-addressable). The premise, the
+// launcher's choice, is checked first; then calls on both sides of the bound.
+TEST(AttentionGpu, HeadDim256KernelsByKeys) {
+  Heads probe(DType::bf16, 1, 300, 2, 256);
+  const TensorView t = probe.host();
+  detail::AttentionParams p;
+  p.head_dim = 256;
+  p.out = {t.data(), 300 * 2 * 256, t.stride(1), t.stride(2)};
+  p.seqlen_k = 2048;
+  ASSERT_TRUE(detail::attention_sm90_tma_out(p));
+  p.seqlen_k = 2049;
+  ASSERT_FALSE(detail::attention_sm90_tma_out(p));
+  p.seqlen_k = 2048;
+  const TensorView odd = with_batch_stride(t, 1);
+  p.out = {odd.data(), odd.stride(0), odd.stride(1), odd.stride(2)};
+  ASSERT_FALSE(detail::attention_sm90_tma_out(p));
+  LLMK_REQUIRE_GPU();
+  for (bool causal : {false, true}) {
+    check_dense(DType::bf16, {1, 300, 2048, 2, 1, 256}, causal);
+    check_dense(DType::bf16, {1, 300, 2049, 2, 1, 256}, causal);
+  }
 }
 
 // An out TMA cannot address (a batch of 1 with a batch stride of 1 element, which the API
@@ -449,7 +475,7 @@ TEST(AttentionVarlen, MatchesDensePerSequence) {
   check_varlen(DType::bf16, {40, 3}, {0, 9}, 2, 2, 32, true);  // a sequence without keys
 }
 
-// Head dims 64 and 128 (the Hopper kernel's): empty sequences first, between and last,
+// Head dims 64, 128 and 256 (the Hopper kernel's): empty sequences first, between and last,
 // lengths around the 128- and 192-row tiles (TMA boxes cross into the next sequence's
 // rows), a q longer than its keys (causal: rows that see none), sequences without keys
 // (one batch with none at all), GQA 3 and 4.
@@ -458,6 +484,9 @@ TEST(AttentionVarlen, EmptySequencesAndTileEdges) {
     check_varlen(DType::f16, {0, 7, 129, 0, 300, 1}, {5, 7, 200, 0, 127, 0}, 6, 2, 128, causal);
     check_varlen(DType::bf16, {127, 1, 129, 0}, {129, 7, 127, 0}, 8, 2, 64, causal);
     check_varlen(DType::bf16, {7, 129}, {0, 0}, 4, 2, 128, causal);  // no keys at all (total_k = 0)
+    check_varlen(DType::f16, {0, 7, 129, 0, 300, 1}, {5, 7, 200, 0, 127, 0}, 4, 2, 256, causal);
+    // Past 2048 keys head dim 256 stores O from registers (AttentionGpu.HeadDim256KernelsByKeys).
+    check_varlen(DType::bf16, {3, 300, 1}, {2100, 300, 5}, 2, 1, 256, causal);
   }
 }
 

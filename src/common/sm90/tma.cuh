@@ -77,6 +77,13 @@ __device__ __forceinline__ void tma_prefetch_4d(const CUtensorMap* map, int32_t 
                : "memory");
 }
 
+// tma_prefetch_4d over the kChunks 64-column boxes of a tile (as tma_load_4d_chunks).
+template <int kChunks>
+__device__ __forceinline__ void tma_prefetch_4d_chunks(const CUtensorMap* map, int32_t c1, int32_t c2, int32_t c3) {
+#pragma unroll
+  for (int ch = 0; ch < kChunks; ++ch) tma_prefetch_4d(map, 64 * ch, c1, c2, c3);
+}
+
 __device__ __forceinline__ void tma_store_commit() { cuda::ptx::cp_async_bulk_commit_group(); }
 
 // Waits until the committed stores of this thread have read their shared memory.
