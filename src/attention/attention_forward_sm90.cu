@@ -37,7 +37,7 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   // TMA has no map of 0 rows.
   maps.k = rows_k > 0 ? attention_tma_map(p.k, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
   maps.v = rows_k > 0 ? attention_tma_map(p.v, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
-  maps.tma_out = Tile::kTmaOut && attention_tma_ok(p.out, varlen);
+  maps.tma_out = Tile::kTmaOut && attention_sm90_tma_out(p);
   if (maps.tma_out) maps.out = attention_tma_map(p.out, dtype, kHeadDim, p.heads_q, rows_q, batch, 16);
   const void* kernel = kernel_for<T, kHeadDim, kConsumers, kTmaOut>();
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
@@ -82,8 +82,8 @@ bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, con
 // 224 KB of shared memory) up to 2048 keys: +6-19% at seqlen 512-1024 over register stores,
 // even at 2048-4096, 1-9% slower from 8192 (H100, same runs; attention_forward_sm90_kernel.cuh).
 bool attention_sm90_tma_out(const AttentionParams& p) {
-  if (p.head_dim == 128) return true;
-  return p.head_dim == 256 && p.seqlen_k <= 2048 && attention_tma_ok(p.out, p.cu_seqlens_q != nullptr);
+  const bool staged = p.head_dim == 128 || (p.head_dim == 256 && p.seqlen_k <= 2048);
+  return staged && attention_tma_ok(p.out, p.cu_seqlens_q != nullptr);
 }
 
 // Causal calls at head dim 64 take 192-row tiles from 8192 query rows: below, they lost
