@@ -1,8 +1,8 @@
 // Launcher of the Hopper attention forward (kernel in attention_forward_sm90_kernel.cuh):
 // which calls it takes, which tile, the TMA maps over q, k, v, the grid.
 //
-// Instantiations (the only list): {bf16, fp16} x {head dim 64 with 2 and 3 consumers, 128
-// (TMA stores), 256 with TMA stores (up to 2048 keys) and with register stores}. Head dims 32
+// Instantiations (the only list): {bf16, fp16} x {head dim 64 with 2 and 3 consumers, 128,
+// 256}. Head dims 32
 // and 96 (whose rows are not whole 128-byte swizzle chunks), head dims
 // LLMK_HEAD_DIMS leaves out, and strides TMA cannot address take the sm_80 kernel
 // (attention_forward.cu).
@@ -18,14 +18,14 @@ namespace llmk::detail {
 
 namespace {
 
-template <class T, int kHeadDim, int kConsumers, bool kTmaOut>
+template <class T, int kHeadDim, int kConsumers>
 const void* kernel_for() {
-  return reinterpret_cast<const void*>(sm90::attention_forward_sm90_kernel<T, kHeadDim, kConsumers, kTmaOut>);
+  return reinterpret_cast<const void*>(sm90::attention_forward_sm90_kernel<T, kHeadDim, kConsumers>);
 }
 
-template <class T, int kHeadDim, int kConsumers, bool kTmaOut>
+template <class T, int kHeadDim, int kConsumers>
 void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
-  using Tile = sm90::AttentionSm90Tile<kHeadDim, kConsumers, kTmaOut>;
+  using Tile = sm90::AttentionSm90Tile<kHeadDim, kConsumers>;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int heads_kv = p.heads_q / p.group;
   sm90::AttentionSm90Maps maps{};
@@ -39,7 +39,7 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   maps.v = rows_k > 0 ? attention_tma_map(p.v, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
   maps.tma_out = Tile::kTmaOut && attention_sm90_tma_out(p);
   if (maps.tma_out) maps.out = attention_tma_map(p.out, dtype, kHeadDim, p.heads_q, rows_q, batch, 16);
-  const void* kernel = kernel_for<T, kHeadDim, kConsumers, kTmaOut>();
+  const void* kernel = kernel_for<T, kHeadDim, kConsumers>();
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
   // Persistent: one block per SM walks the work units (AttentionSchedule). Causal tiles
   // go in pairs of equal total work (within one key block for 192-row tiles): a static
@@ -57,7 +57,7 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
   const int64_t sms = sm_count_of(device);
   const int grid = static_cast<int>(schedule.units < sms ? schedule.units : sms);
-  sm90::attention_forward_sm90_kernel<T, kHeadDim, kConsumers, kTmaOut>
+  sm90::attention_forward_sm90_kernel<T, kHeadDim, kConsumers>
       <<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(maps, p, schedule);
 }
 
@@ -74,16 +74,13 @@ bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, con
     return *why = "q, k and v need 16-byte aligned data pointers and strides for TMA", false;
   if (reinterpret_cast<uintptr_t>(p.out.data) % 4 != 0 || p.out.row_stride % 2 != 0)
     return *why = "out needs 4-byte aligned rows", false;
-  if (!sm90::sm90a_kernel_runs(kernel_for<__nv_bfloat16, 128, 2, true>(), device)) return *why = "the device is not sm_90 or this build has no sm_90a code", false;
+  if (!sm90::sm90a_kernel_runs(kernel_for<__nv_bfloat16, 128, 2>(), device)) return *why = "the device is not sm_90 or this build has no sm_90a code", false;
   return true;
 }
 
-// O through shared memory and TMA stores at head dim 128, and at 256 (a kernel of its own,
-// 224 KB of shared memory) up to 2048 keys: +6-19% at seqlen 512-1024 over register stores,
-// even at 2048-4096, 1-9% slower from 8192 (H100, same runs; attention_forward_sm90_kernel.cuh).
+// O through shared memory and TMA stores at head dims 128 and 256 (the kernel's kTmaOut).
 bool attention_sm90_tma_out(const AttentionParams& p) {
-  const bool staged = p.head_dim == 128 || (p.head_dim == 256 && p.seqlen_k <= 2048);
-  return staged && attention_tma_ok(p.out, p.cu_seqlens_q != nullptr);
+  return p.head_dim >= 128 && attention_tma_ok(p.out, p.cu_seqlens_q != nullptr);
 }
 
 // Causal calls at head dim 64 take 192-row tiles from 8192 query rows: below, they lost
@@ -99,12 +96,10 @@ void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t 
     using T = device_type_t<decltype(tag)>;
     switch (p.head_dim) {
       case 64:
-        if (attention_sm90_consumers(p) == 3) return launch<T, 64, 3, false>(p, dtype, stream);
-        return launch<T, 64, 2, false>(p, dtype, stream);
-      case 128: return launch<T, 128, 2, true>(p, dtype, stream);
-      default:
-        if (attention_sm90_tma_out(p)) return launch<T, 256, 2, true>(p, dtype, stream);
-        return launch<T, 256, 2, false>(p, dtype, stream);
+        if (attention_sm90_consumers(p) == 3) return launch<T, 64, 3>(p, dtype, stream);
+        return launch<T, 64, 2>(p, dtype, stream);
+      case 128: return launch<T, 128, 2>(p, dtype, stream);
+      default: return launch<T, 256, 2>(p, dtype, stream);
     }
   };
   if (dtype == DType::bf16) with_type(DTypeTag<DType::bf16>{});

@@ -18,8 +18,8 @@
 //     the mma.sync fragment of its 16 rows); after O's wgmma: P_j = S_j rounded to 16
 //     bits, O rescaled where a row max grew.
 //   O /= row sum; lse = max + log(sum). O goes by stmatrix into shared memory and a TMA
-//     store per warp at D = 128 and, up to 2048 keys, 256 (kTmaOut; a varlen sequence's
-//     last partial 16 rows from registers), from registers at D = 64 and longer D = 256.
+//     store per warp at D = 128 and 256 (kTmaOut; a varlen sequence's last partial 16 rows
+//     from registers), from registers at D = 64.
 // Intra-warpgroup overlap: the exp2/MUFU work of block j runs beside the tensor work of S_j
 // and P_{j-1} V_{j-1}; with 2 consumers across tiles too (kCrossTile): a tile's last P V is
 // issued with the next tile's S_0, and its output stored once both are done (the tile stays
@@ -36,8 +36,7 @@
 // Shared memory (128-byte swizzle, 64-column chunks of rows x 128 bytes): Q D/64 chunks of
 // kBlockM rows, each stage K and V D/64 chunks of kBlockN rows, O's TMA-store boxes: D = 64:
 // 2 x 16 + 2 x 32 = 96 KB (2 x 24 + 2 x 32 = 112 KB with 3 consumers); D = 128: 2 x 32 +
-// 2 x 64 + 32 = 224 KB; D = 256 (64-key blocks): 64 + 2 x 64 (+ 32 with kTmaOut) = 192
-// (224) KB.
+// 2 x 64 + 32 = 224 KB; D = 256 (64-key blocks): 64 + 2 x 64 + 32 = 224 KB.
 // Registers per consumer thread: O D/2, S_j kBlockN/2, P_{j-1} kBlockN/4 (D = 128: 160).
 // Roofline as the sm_80 kernel's (attention_forward_kernel.cuh): 4 seq_q seq_k D FLOPs per
 // (batch, head), tensor-bound; wgmma's dense bf16 peak is ~990 TFLOP/s.
@@ -61,7 +60,7 @@ namespace llmk::detail::sm90 {
 // registers per thread and whose Q tile takes 64 KB. FA3's 176-key blocks at D = 128 (one Q
 // buffer to fit 208 KB) measured +1-3% non-causal at 16k and -6-13% causal at 512-2048
 // (H100, same run), so one kernel of 128 serves both.
-template <int kHeadDim_, int kConsumers_, bool kTmaOut_>
+template <int kHeadDim_, int kConsumers_>
 struct AttentionSm90Tile {
   static constexpr int kHeadDim = kHeadDim_;
   // Consumers of 64 query rows each. 3 at D = 64 (tiles of 192 rows, as FlashAttention 3
@@ -85,9 +84,9 @@ struct AttentionSm90Tile {
   // tile-by-tile loop): D = 64 with 2 consumers +5-7% non-causal, +1-5% causal; D = 128
   // (with the staged store below) +4-6% non-causal at seqlen 512-16384 but 2048 (+2%),
   // causal +3-9% from 1024 and -1.5% at 512; D = 256 +1.5% (geometric mean of 12 points,
-  // causal 512 +6.6%, no point more than 1% slower), with 68 bytes of spills of per-tile
-  // values outside the key-block loop (80 since the Q prefetch; the TMA-store kernel none). With 3 consumers the pending tile's state spilled
-  // 100 bytes within 160 registers and measured 0-5% slower.
+  // causal 512 +6.6%, no point more than 1% slower; then with register stores, 68 bytes of
+  // spills of per-tile values outside the key-block loop, now 4). With 3 consumers the
+  // pending tile's state spilled 100 bytes within 160 registers and measured 0-5% slower.
   static constexpr bool kCrossTile = kConsumers == 2;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   static constexpr int kChunks = kHeadDim / 64;                  // 64-column swizzle chunks
@@ -104,19 +103,24 @@ struct AttentionSm90Tile {
   // O leaves through shared memory (stmatrix) and TMA stores at D = 128 (+12-18% at seqlen
   // 512-4096 over register stores, H100 same run): per consumer two boxes of 64 rows x 64
   // columns, each warp storing its 16 rows. At D = 256 the same 32 KB of boxes take O in two
-  // rounds of 128 columns (224 KB in all), in a kernel of its own for calls of up to 2048
-  // keys (attention_sm90_tma_out): +6-19% at seqlen 512-1024 over register stores, even at
-  // 2048-4096, 1-4% slower at 8192 and 6-9% at 16384 (GQA 32/8 4-6%); the same kernel
-  // storing from registers above 4096 keys lost as much, so the loss is the kernel's: its
-  // key-block loop rebuilds S's Q descriptors (671 SASS instructions against 589; H100,
-  // same runs, docs/kernels/attention.md v9). D = 64 stays on register stores:
-  // staged, with TMA stores, it measured 1-7% slower with the cross-tile step and 2-8%
-  // without (H100, same runs). With the cross-tile step the staging must not sit in a
-  // branch of its own (a TMA path and a register path): ptxas then serialized every wgmma
-  // of the kernel (C7520, a compiler-inserted warpgroup.arrive in a divergent path); every
-  // warp stages its rows and only the stores branch (store_output).
-  static constexpr bool kTmaOut = kTmaOut_;
-  static_assert(!kTmaOut || kHeadDim >= 128, "D = 64 stores O from registers");
+  // rounds of 128 columns (224 KB in all): +6-19% at seqlen 512-1024 over register stores,
+  // even at 2048-4096; it lost 1-9% from 8192 keys until its S descriptors were advanced
+  // instead of rebuilt (kAdvanceDescriptors), and is since even with the register-store
+  // kernel at 16k and ahead at every other length (docs/kernels/attention.md v10). D = 64
+  // stays on register stores: staged, with TMA stores, it measured 1-7% slower with the
+  // cross-tile step and 2-8% without (H100, same runs). With the cross-tile step the staging
+  // must not sit in a branch of its own (a TMA path and a register path): ptxas then
+  // serialized every wgmma of the kernel (C7520, a compiler-inserted warpgroup.arrive in a
+  // divergent path); every warp stages its rows and only the stores branch (store_output).
+  static constexpr bool kTmaOut = kHeadDim >= 128;
+  // The wgmma descriptors of S and P V formed once per GEMM and moved on by a 32-bit add per
+  // k-step (descriptor_advanced), not rebuilt from the address each step. At D = 256 ptxas
+  // otherwise rebuilds the 16 Q descriptors inside the key-block loop (671 SASS instructions
+  // against 582): non-causal +3-9% at seqlen 512-8192, causal +1-5%, GQA 32/8 +7% / +2% at
+  // 4096 / 8192, even at 16k and beyond (H100, same runs). At D = 64 the advanced form
+  // measured 2-8% slower (GQA 7-15%), at D = 128 -4.5% to +3% with 20 bytes of spills; both
+  // rebuild.
+  static constexpr bool kAdvanceDescriptors = kHeadDim == 256;
   static constexpr uint32_t kOutOffset = kRingOffset + kStages * kStageBytes;
   // Per consumer kOutBoxes boxes of 64 rows x 64 columns (8 KB): at D = 256 O leaves through
   // them in kOutRounds rounds of 128 columns.
@@ -164,13 +168,13 @@ __device__ __forceinline__ void for_each_attention_tile(const AttentionParams& p
 }
 
 // grid: min(units, SMs) blocks.
-template <class T, int kHeadDim, int kConsumers, bool kTmaOut>
-__global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers, kTmaOut>::kThreads, 1)
+template <class T, int kHeadDim, int kConsumers>
+__global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThreads, 1)
     attention_forward_sm90_kernel(const __grid_constant__ AttentionSm90Maps maps,
                                   const __grid_constant__ AttentionParams p,
                                   const AttentionSchedule schedule) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tile = AttentionSm90Tile<kHeadDim, kConsumers, kTmaOut>;
+  using Tile = AttentionSm90Tile<kHeadDim, kConsumers>;
   const bool varlen = p.cu_seqlens_q != nullptr;
   // A tile's sequence, first row and key blocks (0: nothing to load).
   auto tile_work = [&](const AttentionTileCoord& c, SequenceBounds& seq, int& m0, int& n_blocks) {
@@ -295,10 +299,13 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers, kTmaOu
     auto& s_flat = reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s);
     const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(kv_smem(k_ring.stage, 0)));
     mbarrier_wait(&k_full[k_ring.stage], k_ring.phase);
+    const uint64_t a0 = smem_descriptor(q_addr, 16, 1024), b0 = smem_descriptor(k_addr, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint64_t a = smem_descriptor(q_addr + (kk / 4) * Tile::kQChunkBytes + 32 * (kk % 4), 16, 1024);
-      const uint64_t b = smem_descriptor(k_addr + (kk / 4) * Tile::kKvChunkBytes + 32 * (kk % 4), 16, 1024);
+      const uint32_t a_step = (kk / 4) * Tile::kQChunkBytes + 32 * (kk % 4);
+      const uint32_t b_step = (kk / 4) * Tile::kKvChunkBytes + 32 * (kk % 4);
+      const uint64_t a = Tile::kAdvanceDescriptors ? descriptor_advanced(a0, a_step) : smem_descriptor(q_addr + a_step, 16, 1024);
+      const uint64_t b = Tile::kAdvanceDescriptors ? descriptor_advanced(b0, b_step) : smem_descriptor(k_addr + b_step, 16, 1024);
       if constexpr (Tile::kBlockN == 128) wgmma_m64n128k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
       else wgmma_m64n64k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
     }
@@ -312,9 +319,11 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers, kTmaOu
     const uint32_t v_addr = static_cast<uint32_t>(
         __cvta_generic_to_shared(stand_in ? kv_smem(k_ring.stage, 0) : kv_smem(v_ring.stage, 1)));
     if (!stand_in) mbarrier_wait(&v_full[v_ring.stage], v_ring.phase);
+    const uint64_t b0 = smem_descriptor(v_addr, Tile::kKvChunkBytes, 1024);
 #pragma unroll
     for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
-      const uint64_t b = smem_descriptor(v_addr + 2048 * kk, Tile::kKvChunkBytes, 1024);
+      const uint64_t b = Tile::kAdvanceDescriptors ? descriptor_advanced(b0, 2048 * kk)
+                                                   : smem_descriptor(v_addr + 2048 * kk, Tile::kKvChunkBytes, 1024);
       if constexpr (kHeadDim == 256) wgmma_m64n256k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
       else if constexpr (kHeadDim == 128) wgmma_m64n128k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
       else wgmma_m64n64k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);

@@ -163,9 +163,9 @@ bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, con
 // Its consumer warpgroups of 64 query rows for a call: 3 at head dim 64 (192-row tiles)
 // except causal below 8192 query rows, else 2.
 int attention_sm90_consumers(const AttentionParams& p);
-// Whether the call's O leaves through shared memory and TMA stores: head dim 128, and 256 up
-// to 2048 keys, where out is TMA-addressable (an out TMA cannot address is stored from
-// registers, by head dim 128's kernel too). Picks head dim 256's kernel and sets the maps.
+// Whether the call's O leaves through shared memory and TMA stores: head dims 128 and 256,
+// where out is TMA-addressable (an out TMA cannot address is stored from registers by the
+// same kernel). Sets the maps' tma_out.
 bool attention_sm90_tma_out(const AttentionParams& p);
 void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t stream);
 void attention_forward_cpu(const AttentionParams& p, DType dtype);

@@ -242,10 +242,9 @@ TEST(AttentionGpu, ManyTilesPerBlock) {
     check_dense(DType::f16, {6, 300, 40, 24, 8, 128}, causal);   // causal: rows 0-259 see no key
     check_dense(DType::bf16, {6, 300, 40, 24, 8, 64}, causal);   // the same where tiles overlap
     check_dense(DType::bf16, {4, 129, 257, 40, 8, 256}, causal);
-    // 140 tiles of 3 rows (one per batch and head) of 65 key blocks, O stored from registers
-    // (4100 keys: AttentionGpu.HeadDim256KernelsByKeys); non-causal, the blocks that walk
-    // two tiles prefetch the second's Q. The case above (320 tiles of 5 key blocks, the
-    // TMA-store kernel) prefetches on every block too.
+    // 140 tiles of 3 rows (one per batch and head) of 65 key blocks; non-causal, the blocks
+    // that walk two tiles prefetch the second's Q. The case above (320 tiles of 5 key
+    // blocks) prefetches on every block too.
     check_dense(DType::f16, {7, 3, 4100, 20, 5, 256}, causal);
   }
 }
@@ -270,20 +269,25 @@ TEST(AttentionGpu, CausalLongQueriesTakeThreeConsumers) {
   check_dense(DType::f16, {2, 8192, 300, 2, 2, 64}, true);
 }
 
-// Head dim 256 has two Hopper kernels: O through shared memory and TMA stores up to 2048
-// keys, from registers beyond (and wherever out is not TMA-addressable). The premise, the
-// launcher's choice, is checked first; then calls on both sides of the bound.
-TEST(AttentionGpu, HeadDim256KernelsByKeys) {
+// O leaves through shared memory and TMA stores at head dims 128 and 256 wherever out is
+// TMA-addressable, at any length, and from registers at head dim 64 and where out is not.
+// The premise, the launcher's choice, is checked first; then head dim 256 calls of 2048 and
+// 2049 keys (a last key block of one key).
+TEST(AttentionGpu, StagedOutputByHeadDim) {
   Heads probe(DType::bf16, 1, 300, 2, 256);
   const TensorView t = probe.host();
   detail::AttentionParams p;
-  p.head_dim = 256;
   p.out = {t.data(), 300 * 2 * 256, t.stride(1), t.stride(2)};
-  p.seqlen_k = 2048;
-  ASSERT_TRUE(detail::attention_sm90_tma_out(p));
-  p.seqlen_k = 2049;
-  ASSERT_FALSE(detail::attention_sm90_tma_out(p));
-  p.seqlen_k = 2048;
+  for (int keys : {1, 2049, 65536}) {
+    p.seqlen_k = keys;
+    p.head_dim = 256;
+    ASSERT_TRUE(detail::attention_sm90_tma_out(p));
+    p.head_dim = 128;
+    ASSERT_TRUE(detail::attention_sm90_tma_out(p));
+    p.head_dim = 64;
+    ASSERT_FALSE(detail::attention_sm90_tma_out(p));
+  }
+  p.head_dim = 256;
   const TensorView odd = with_batch_stride(t, 1);
   p.out = {odd.data(), odd.stride(0), odd.stride(1), odd.stride(2)};
   ASSERT_FALSE(detail::attention_sm90_tma_out(p));
@@ -294,13 +298,12 @@ TEST(AttentionGpu, HeadDim256KernelsByKeys) {
   }
 }
 
-// An out TMA cannot address (a batch of 1 with a batch stride of 1 element, which the API
-// takes for a size-1 dim) beside q, k, v it can: the Hopper kernel stores O (and lse) from
-// registers (at D = 128, and 256 up to 2048 keys, it otherwise stores O through shared
-// memory and TMA). Bitwise the out and lse of the same call into ordinary tensors, which
-// match the reference; the NaN gaps of both outs' wider rows untouched. The premise, that
-// the launcher's TMA check refuses such an out, is checked first: without it both calls
-// would take TMA.
+// An out TMA cannot address (a batch of 1 with a batch stride of 1 element, which the API takes
+// for a size-1 dim) beside q, k, v it can: the Hopper kernel stores O (and lse) from registers
+// (at D = 128 and 256 it otherwise stores O through shared memory and TMA). Bitwise the out and
+// lse of the same call into ordinary tensors, which match the reference; the NaN gaps of both
+// outs' wider rows untouched. The premise, that the launcher's TMA check refuses such an out,
+// is checked first: without it both calls would take TMA.
 TEST(AttentionGpu, OutputTmaCannotAddress) {
   const int64_t s = 300, h = 4, h_kv = 2;
   {
@@ -485,7 +488,8 @@ TEST(AttentionVarlen, EmptySequencesAndTileEdges) {
     check_varlen(DType::bf16, {127, 1, 129, 0}, {129, 7, 127, 0}, 8, 2, 64, causal);
     check_varlen(DType::bf16, {7, 129}, {0, 0}, 4, 2, 128, causal);  // no keys at all (total_k = 0)
     check_varlen(DType::f16, {0, 7, 129, 0, 300, 1}, {5, 7, 200, 0, 127, 0}, 4, 2, 256, causal);
-    // Past 2048 keys head dim 256 stores O from registers (AttentionGpu.HeadDim256KernelsByKeys).
+    // Over 2048 keys: several tiles' walks of 33 key blocks, with a short sequence's last rows
+    // stored from registers.
     check_varlen(DType::bf16, {3, 300, 1}, {2100, 300, 5}, 2, 1, 256, causal);
   }
 }

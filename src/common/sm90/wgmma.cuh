@@ -34,6 +34,14 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t smem_addr, uint32_t
          (static_cast<uint64_t>((stride_bytes & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
 
+// `desc` moved on by `bytes` (a multiple of 16): the address field (bits 0-13) holds
+// addr >> 4 and shared addresses stay below 256 KB, so the sum never carries out of it;
+// one 32-bit add instead of the descriptor's masks and shifts again.
+__device__ __forceinline__ uint64_t descriptor_advanced(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 // Descriptor of k16 step `s` of a swizzled tile at `smem_addr` (see above).
 template <bool kKMajor>
 __device__ __forceinline__ uint64_t tile_descriptor(uint32_t smem_addr, int s, uint32_t chunk_bytes) {
