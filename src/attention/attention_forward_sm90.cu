@@ -2,8 +2,7 @@
 // which calls it takes, which tile, the TMA maps over q, k, v, the grid.
 //
 // Instantiations (the only list): {bf16, fp16} x {head dim 64 with 2 and 3 consumers, 128,
-// 256}. Head dims 32
-// and 96 (whose rows are not whole 128-byte swizzle chunks), head dims
+// 256}. Head dims 32 and 96 (whose rows are not whole 128-byte swizzle chunks), head dims
 // LLMK_HEAD_DIMS leaves out, and strides TMA cannot address take the sm_80 kernel
 // (attention_forward.cu).
 #include "attention/attention_forward_sm90_kernel.cuh"

@@ -294,6 +294,11 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
   bool pending = false;
   float inv_sum[1][2] = {}, row_lse[1][2] = {};  // set by softmax.finish before any store
 
+  // The descriptor of the k-step `step` bytes past addr, whose step-0 descriptor is desc0:
+  // advanced from desc0 or rebuilt from the address (kAdvanceDescriptors).
+  auto step_descriptor = [](uint64_t desc0, uint32_t addr, uint32_t step, uint32_t stride_bytes) {
+    return Tile::kAdvanceDescriptors ? descriptor_advanced(desc0, step) : smem_descriptor(addr + step, stride_bytes, 1024);
+  };
   // S_j = Q K_j^T issued (not waited for) into s.
   auto issue_scores = [&](float (&s)[1][kNTiles][4], uint32_t q_addr) {
     auto& s_flat = reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s);
@@ -304,8 +309,8 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t a_step = (kk / 4) * Tile::kQChunkBytes + 32 * (kk % 4);
       const uint32_t b_step = (kk / 4) * Tile::kKvChunkBytes + 32 * (kk % 4);
-      const uint64_t a = Tile::kAdvanceDescriptors ? descriptor_advanced(a0, a_step) : smem_descriptor(q_addr + a_step, 16, 1024);
-      const uint64_t b = Tile::kAdvanceDescriptors ? descriptor_advanced(b0, b_step) : smem_descriptor(k_addr + b_step, 16, 1024);
+      const uint64_t a = step_descriptor(a0, q_addr, a_step, 16);
+      const uint64_t b = step_descriptor(b0, k_addr, b_step, 16);
       if constexpr (Tile::kBlockN == 128) wgmma_m64n128k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
       else wgmma_m64n64k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
     }
@@ -322,8 +327,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
     const uint64_t b0 = smem_descriptor(v_addr, Tile::kKvChunkBytes, 1024);
 #pragma unroll
     for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
-      const uint64_t b = Tile::kAdvanceDescriptors ? descriptor_advanced(b0, 2048 * kk)
-                                                   : smem_descriptor(v_addr + 2048 * kk, Tile::kKvChunkBytes, 1024);
+      const uint64_t b = step_descriptor(b0, v_addr, 2048 * kk, Tile::kKvChunkBytes);
       if constexpr (kHeadDim == 256) wgmma_m64n256k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
       else if constexpr (kHeadDim == 128) wgmma_m64n128k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
       else wgmma_m64n64k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
@@ -351,9 +355,9 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
   // The packed O and lse to the rows of `rows`. With kTmaOut (D = 128; D = 256 in
   // kOutRounds rounds of 128 columns) every warp writes its 16 rows into its part of the
   // consumer's boxes (after its previous store read them) on every path, kTmaOut's note
-  // says why; a warp whose rows TMA can store (all in the sequence, or
-  // past the tensor's end where TMA skips them) stores those, the others (a varlen
-  // sequence's last partial rows, an out TMA cannot address) store from registers.
+  // says why; a warp whose rows TMA can store (all in the sequence, or past the tensor's end
+  // where TMA skips them) stores those, the others (a varlen sequence's last partial rows,
+  // an out TMA cannot address) store from registers.
   const uint32_t out_boxes =
       static_cast<uint32_t>(__cvta_generic_to_shared(base + Tile::kOutOffset)) + consumer * Tile::kOutConsumerBytes;
   auto store_output = [&](const Rows& rows) {
