@@ -114,12 +114,15 @@ struct AttentionSm90Tile {
   // divergent path); every warp stages its rows and only the stores branch (store_output).
   static constexpr bool kTmaOut = kHeadDim >= 128;
   // The wgmma descriptors of S and P V formed once per GEMM and moved on by a 32-bit add per
-  // k-step (descriptor_advanced), not rebuilt from the address each step. At D = 256 ptxas
-  // otherwise rebuilds the 16 Q descriptors inside the key-block loop (671 SASS instructions
-  // against 582): non-causal +3-9% at seqlen 512-8192, causal +1-5%, GQA 32/8 +7% / +2% at
-  // 4096 / 8192, even at 16k and beyond (H100, same runs). At D = 64 the advanced form
-  // measured 2-8% slower (GQA 7-15%), at D = 128 -4.5% to +3% with 20 bytes of spills; both
-  // rebuild.
+  // k-step (descriptor_advanced), not rebuilt from the address each step, at D = 256 only;
+  // there the shared addresses are broadcast from lane 0 first (warp_uniform), so that ptxas
+  // keeps the adds in uniform registers (no R2UR per wgmma operand; key-block loop 671 -> 582
+  // SASS instructions with the adds, 538 with them uniform). H100, same runs: advancing gave
+  // +3-9% non-causal at seqlen 512-8192, causal +1-5%, GQA 32/8 +7% / +2% at 4096 / 8192;
+  // the uniform form a further +1-3.5% (causal 1024 +7%, GQA +1-2%). At D = 64 advancing
+  // lost 2-8% in vector registers and 0.4-1.1% non-causal in uniform ones (causal -4% to
+  // +4%); at D = 128 it spilled (20-28 B). Both rebuild, where ptxas already does the
+  // descriptor math on the uniform datapath (docs/kernels/attention.md v10, v11).
   static constexpr bool kAdvanceDescriptors = kHeadDim == 256;
   static constexpr uint32_t kOutOffset = kRingOffset + kStages * kStageBytes;
   // Per consumer kOutBoxes boxes of 64 rows x 64 columns (8 KB): at D = 256 O leaves through
@@ -299,17 +302,20 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
   auto step_descriptor = [](uint64_t desc0, uint32_t addr, uint32_t step, uint32_t stride_bytes) {
     return Tile::kAdvanceDescriptors ? descriptor_advanced(desc0, step) : smem_descriptor(addr + step, stride_bytes, 1024);
   };
+  // A shared address, marked warp-uniform where kAdvanceDescriptors (its note says why).
+  auto descriptor_address = [&](uint32_t addr) { return Tile::kAdvanceDescriptors ? warp_uniform(addr) : addr; };
   // S_j = Q K_j^T issued (not waited for) into s.
   auto issue_scores = [&](float (&s)[1][kNTiles][4], uint32_t q_addr) {
     auto& s_flat = reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s);
-    const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(kv_smem(k_ring.stage, 0)));
+    const uint32_t q_at = descriptor_address(q_addr);
+    const uint32_t k_addr = descriptor_address(static_cast<uint32_t>(__cvta_generic_to_shared(kv_smem(k_ring.stage, 0))));
     mbarrier_wait(&k_full[k_ring.stage], k_ring.phase);
-    const uint64_t a0 = smem_descriptor(q_addr, 16, 1024), b0 = smem_descriptor(k_addr, 16, 1024);
+    const uint64_t a0 = smem_descriptor(q_at, 16, 1024), b0 = smem_descriptor(k_addr, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t a_step = (kk / 4) * Tile::kQChunkBytes + 32 * (kk % 4);
       const uint32_t b_step = (kk / 4) * Tile::kKvChunkBytes + 32 * (kk % 4);
-      const uint64_t a = step_descriptor(a0, q_addr, a_step, 16);
+      const uint64_t a = step_descriptor(a0, q_at, a_step, 16);
       const uint64_t b = step_descriptor(b0, k_addr, b_step, 16);
       if constexpr (Tile::kBlockN == 128) wgmma_m64n128k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
       else wgmma_m64n64k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
@@ -321,8 +327,8 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
   // and it keeps the S_0 step one straight line of wgmma groups (see below). K_0's stage is
   // then released only once the stand-in is done.
   auto issue_pv = [&](bool stand_in = false) {
-    const uint32_t v_addr = static_cast<uint32_t>(
-        __cvta_generic_to_shared(stand_in ? kv_smem(k_ring.stage, 0) : kv_smem(v_ring.stage, 1)));
+    const uint32_t v_addr = descriptor_address(static_cast<uint32_t>(
+        __cvta_generic_to_shared(stand_in ? kv_smem(k_ring.stage, 0) : kv_smem(v_ring.stage, 1))));
     if (!stand_in) mbarrier_wait(&v_full[v_ring.stage], v_ring.phase);
     const uint64_t b0 = smem_descriptor(v_addr, Tile::kKvChunkBytes, 1024);
 #pragma unroll

@@ -42,6 +42,11 @@ __device__ __forceinline__ uint64_t descriptor_advanced(uint64_t desc, uint32_t 
   return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
 
+// `v` as lane 0 holds it, for a value every lane of the warp holds (a shared address):
+// ptxas then knows it is warp-uniform and keeps descriptor arithmetic on it in uniform
+// registers, instead of vector registers and an R2UR per wgmma operand. Every lane calls it.
+__device__ __forceinline__ uint32_t warp_uniform(uint32_t v) { return __shfl_sync(0xffffffffu, v, 0); }
+
 // Descriptor of k16 step `s` of a swizzled tile at `smem_addr` (see above).
 template <bool kKMajor>
 __device__ __forceinline__ uint64_t tile_descriptor(uint32_t smem_addr, int s, uint32_t chunk_bytes) {
