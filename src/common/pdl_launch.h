@@ -5,6 +5,8 @@
 // ptx::pdl_start() (wait for the previous grid's memory, then let the next grid launch), so
 // no input is read and no output written before the previous kernel has completed. Without
 // a previous kernel, or on older GPUs, the wait returns at once. LLMK_PDL=0 turns it off.
+// What a chain of dependent one-row kernels costs with and without it, and llmk's own at 1
+// token: bench/micro/pdl_chain_floor.cu (results in docs/benchmarks.md).
 #pragma once
 
 #include <cuda_runtime.h>
