@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Hd256Tile::kThreads, 1)
       const uint64_t b0 = smem_descriptor(cols_addr + 32 * consumer * 128, 16, 1024);
 #pragma unroll
       for (int kk = 0; kk < Tile::kHeadDim / 16; ++kk) {
-        const uint32_t step = (kk / 4) * Tile::kChunkBytes + 32 * (kk % 4);
+        const uint32_t step = kmajor_step_bytes(kk, Tile::kChunkBytes);
         const uint64_t a = descriptor_advanced(a0, step);
         const uint64_t b = descriptor_advanced(b0, step);
         wgmma_m64n32k16<0, 0>(WgmmaTag<T>{}, acc, a, b, kk > 0);

@@ -305,8 +305,8 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim, kPersisten
         const uint64_t b0 = smem_descriptor(cols_addr, 16, 1024);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          const uint64_t a = descriptor_advanced(a0, (kk / 4) * Tile::kKvChunkBytes + 32 * (kk % 4));
-          const uint64_t b = descriptor_advanced(b0, (kk / 4) * Tile::kQChunkBytes + 32 * (kk % 4));
+          const uint64_t a = descriptor_advanced(a0, kmajor_step_bytes(kk, Tile::kKvChunkBytes));
+          const uint64_t b = descriptor_advanced(b0, kmajor_step_bytes(kk, Tile::kQChunkBytes));
           if constexpr (M == 128) wgmma_m64n128k16<0, 0>(WgmmaTag<T>{}, acc, a, b, kk > 0);
           else wgmma_m64n64k16<0, 0>(WgmmaTag<T>{}, acc, a, b, kk > 0);
         }

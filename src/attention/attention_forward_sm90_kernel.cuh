@@ -313,10 +313,8 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
     const uint64_t a0 = smem_descriptor(q_at, 16, 1024), b0 = smem_descriptor(k_addr, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t a_step = (kk / 4) * Tile::kQChunkBytes + 32 * (kk % 4);
-      const uint32_t b_step = (kk / 4) * Tile::kKvChunkBytes + 32 * (kk % 4);
-      const uint64_t a = step_descriptor(a0, q_at, a_step, 16);
-      const uint64_t b = step_descriptor(b0, k_addr, b_step, 16);
+      const uint64_t a = step_descriptor(a0, q_at, kmajor_step_bytes(kk, Tile::kQChunkBytes), 16);
+      const uint64_t b = step_descriptor(b0, k_addr, kmajor_step_bytes(kk, Tile::kKvChunkBytes), 16);
       if constexpr (Tile::kBlockN == 128) wgmma_m64n128k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
       else wgmma_m64n64k16<0, 0>(WgmmaTag<T>{}, s_flat, a, b, kk > 0);
     }

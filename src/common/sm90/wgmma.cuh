@@ -42,6 +42,12 @@ __device__ __forceinline__ uint64_t descriptor_advanced(uint64_t desc, uint32_t 
   return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
 
+// Bytes from the start of a K-major tile (128-byte swizzle, 64-column chunks of
+// `chunk_bytes`) to its k16 step `s`: 32 per step within a chunk, four steps per chunk.
+__device__ __forceinline__ uint32_t kmajor_step_bytes(int s, uint32_t chunk_bytes) {
+  return (s / 4) * chunk_bytes + 32u * (s % 4);
+}
+
 // `v` as lane 0 holds it, for a value every lane of the warp holds (a shared address):
 // ptxas then knows it is warp-uniform and keeps descriptor arithmetic on it in uniform
 // registers, instead of vector registers and an R2UR per wgmma operand. Every lane calls it.
