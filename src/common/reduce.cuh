@@ -1,6 +1,9 @@
-// Warp and block sums in fp32. block_sum / block_sums return the totals to every thread;
-// they use a small shared scratch and two barriers, so calls may follow one another.
+// Warp and block reductions in fp32. block_sum / block_sums / block_max return the result to
+// every thread; they use a small shared scratch and two barriers, so calls may follow one
+// another.
 #pragma once
+
+#include <cmath>
 
 namespace llmk::detail {
 
@@ -8,6 +11,17 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
+}
+
+// The warp's largest v, in every lane: one redux.sync over the floats' order-preserving
+// integer images (non-negative floats keep their bits, negative ones have the magnitude bits
+// flipped) instead of five shuffle-and-compare steps, which a decode-sized row kernel (one
+// block on one SM) waits on. Unlike fmaxf, a NaN with the sign bit clear is the largest value
+// (one with it set the smallest): a row's NaN reaches its max, where it reached its sum before.
+__device__ __forceinline__ float warp_max(float v) {
+  const int bits = __float_as_int(v);
+  const int image = __reduce_max_sync(0xffffffffu, bits >= 0 ? bits : bits ^ 0x7fffffff);
+  return __int_as_float(image >= 0 ? image : image ^ 0x7fffffff);
 }
 
 // K sums in one pass over the block: each v[k] becomes the block's total of v[k].
@@ -45,12 +59,6 @@ __device__ __forceinline__ float row_sum(float v) {
   const unsigned first_lane = (threadIdx.y * width) % 32;
   const unsigned mask = (width == 32 ? 0xffffffffu : ((1u << width) - 1u)) << first_lane;
   for (unsigned offset = width / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(mask, v, offset, width);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 

@@ -14,7 +14,9 @@
 // costs one block reduction instead of a max reduction followed by a sum reduction.
 //   - softmax_vec_kernel keeps the row in registers (VPT 16-byte vectors per thread,
 //     chosen like the normalization kernels' by common/row_shape.h): the row is read from
-//     memory once.
+//     memory once. Over few rows (decode, sampling) the 16-bit softmax at VPT <= 2 keeps
+//     each exponential from the sums' pass instead of the input (kKeepExps, below): one
+//     ex2 per element, where a lone row's block waits on its SM's ex2 throughput.
 //   - softmax_loop_kernel serves rows that do not fit (longer than 16 vectors x 512
 //     threads: 65536 bf16 columns) or that are not 16-byte aligned (N = 1): a first pass
 //     folds each chunk into the running (max, sum), the second re-reads the row and
@@ -230,16 +232,93 @@ __device__ __forceinline__ void store_row(T* out, int n, Vec<T, N> (&s)[VPT], co
   }
 }
 
-template <class T, int N, int VPT, bool kLog>
-__global__ void __launch_bounds__(512) softmax_vec_kernel(SoftmaxParams p) {
+// A thread's exponentials kept from the sums' pass (kKeepExps below): e[i][j] = exp(x - xe_t)
+// for element j of vector i, xe_t the extreme input of the thread's own elements, 0 for
+// vectors past the row's end and for a thread whose elements are all masked.
+template <int N, int VPT>
+struct ThreadExps {
+  float e[VPT][N];
+};
+
+// Loads this thread's VPT vectors of a row of n columns and returns its pair, keeping each
+// element's exp(x - xe_t) in `exps`.
+template <class T, int N, int VPT>
+__device__ __forceinline__ MaxSum load_row_exps(const T* x, int n, ThreadExps<N, VPT>& exps, const RowScale<T>& sc) {
+  Vec<T, N> s[VPT];
+  MaxKey<T> key;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    if (row_vec_col<N>(i) < n) {
+      s[i] = load_vec<T, N>(x + row_vec_col<N>(i));
+      key.add(s[i], sc);
+    }
+  const float m = key.value(sc), xe = sc.extreme(m);
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      exps.e[i][j] = row_vec_col<N>(i) < n && m != -INFINITY ? sc.exp_term(to_float(s[i].v[j]), xe) : 0.0f;
+      sum += exps.e[i][j];
+    }
+  return {m, sum};
+}
+
+// Writes softmax outputs from kept exponentials: exp(z) = exp(x - xe_t) * exp(xe_t - xe), one
+// factor per thread (with 1 / sum folded in) instead of one exponential per element. A
+// thread without elements in the row, and a fully masked row, write zeros.
+template <class T, int N, int VPT>
+__device__ __forceinline__ void store_row_exps(T* out, int n, const ThreadExps<N, VPT>& exps, MaxSum own, MaxSum row,
+                                               const RowScale<T>& sc) {
+  const float factor = own.sum == 0.0f ? 0.0f : sc.exp_term(sc.extreme(own.max), sc.extreme(row.max)) / row.sum;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int col = row_vec_col<N>(i);
+    if (col < n) {
+      Vec<T, N> y;
+#pragma unroll
+      for (int j = 0; j < N; ++j) y.v[j] = from_float<T>(exps.e[i][j] * factor);
+      store_vec(out + col, y);
+    }
+  }
+}
+
+// kKeepExps (16-bit softmax, not log, at VPT <= 2: softmax_launch.cuh takes it for few rows)
+// keeps each element's exponential from the sums' pass and scales it by one per-thread factor
+// for the output: one ex2 per element instead of two. At one row of 4096 bf16 columns on one
+// SM the second ex2 pass was ~250 of the kernel's cycles (16 ex2 a clock per SM); the kept
+// values cost 8 registers per vector, which the many-row launches keep for occupancy.
+// Error: the product of two ex2.approx and the reciprocal's rounding, ~5 ulp of fp32, far
+// below bf16's and f16's output rounding (whose outputs already took the ex2.approx form).
+template <class T, int VPT, bool kLog>
+inline constexpr bool kSoftmaxCanKeepExps = !kLog && !std::is_same_v<T, float> && VPT <= 2;
+
+// Blocks of 512 threads per SM the vector kernel is compiled for (0: no bound): VPT 4 (rows
+// of 1025-2048 vectors, one block each) is held to the 40 registers of three blocks, which it
+// had before the warp max became a redux (44 left free: two blocks).
+template <int VPT>
+constexpr int softmax_vec_min_blocks() {
+  return VPT == 4 ? 3 : 0;
+}
+
+template <class T, int N, int VPT, bool kLog, bool kKeepExps = false>
+__global__ void __launch_bounds__(512, softmax_vec_min_blocks<VPT>()) softmax_vec_kernel(SoftmaxParams p) {
+  static_assert(!kKeepExps || kSoftmaxCanKeepExps<T, VPT, kLog>);
   ptx::pdl_start();
   const int n = static_cast<int>(p.n);
   const RowScale<T> sc(p);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
-    Vec<T, N> s[VPT];
-    const MaxSum own = load_row(x, n, s, sc);
-    store_row(static_cast<T*>(p.out) + row * p.out_stride, n, s, SoftmaxOut<T, kLog>(block_max_sum(own, sc), sc));
+    T* out = static_cast<T*>(p.out) + row * p.out_stride;
+    if constexpr (kKeepExps) {
+      ThreadExps<N, VPT> exps;
+      const MaxSum own = load_row_exps(x, n, exps, sc);
+      store_row_exps(out, n, exps, own, block_max_sum(own, sc), sc);
+    } else {
+      Vec<T, N> s[VPT];
+      const MaxSum own = load_row(x, n, s, sc);
+      store_row(out, n, s, SoftmaxOut<T, kLog>(block_max_sum(own, sc), sc));
+    }
   }
 }
 

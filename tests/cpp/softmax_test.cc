@@ -184,6 +184,10 @@ TEST(SoftmaxGpu, ScalesMagnitudesMaskingStridesInPlace) {
       run_gpu_case(log, {dt, 19, 1024, 1024 + 3, -2.0});                 // unaligned rows, negative scale
       run_gpu_case(log, {dt, 7, 2048, 2048, 1.0, 1e4f});                 // magnitude 1e4
       run_gpu_case(log, {dt, 9, 512, 512, 1.0, 3.0f, false, 4});         // fully masked rows
+      // Few rows at VPT 1 and 2 (16-bit softmax: the kept exponentials), a negative scale
+      // (masked entries are +inf inputs), magnitude 1e4, a fully masked row.
+      run_gpu_case(log, {dt, 5, 8192, 8192 + 8, -0.7, 3.0f, false, 1});
+      run_gpu_case(log, {dt, 3, 4096, 4096, 1.0, 1e4f, false, 1});
       run_gpu_case(log, {dt, 3, 70000, 70000, 1.0, 3.0f, false, 1});     // masked row, two-pass (sm_90: cluster)
       run_gpu_case(log, {dt, 2, 524296, 524296, 1.0, 3.0f, false, 1});   // masked row, two-pass path
       run_gpu_case(log, {dt, 23, 2048, 2048, 0.5, 3.0f, true});          // in place
