@@ -39,9 +39,11 @@ __device__ __forceinline__ GatedCursor gated_cursor() {
 
 template <class T, int N, Activation A>
 __global__ void __launch_bounds__(256) gated_forward_kernel(GatedParams p) {
-  ptx::pdl_start();
+  // A thread without a column exits before the wait (common/pdl_launch.h: the parameter
+  // block's first reads).
   const GatedCursor c = gated_cursor<N>();
   if (c.col >= p.d) return;
+  ptx::pdl_start();
   for (int64_t row = c.first; row < p.rows; row += c.step) {
     const Vec<T, N> g = load_vec<T, N>(static_cast<const T*>(p.gate) + row * p.gate_stride + c.col);
     const Vec<T, N> u = load_vec<T, N>(static_cast<const T*>(p.up) + row * p.up_stride + c.col);

@@ -7,6 +7,15 @@
 // a previous kernel, or on older GPUs, the wait returns at once. LLMK_PDL=0 turns it off.
 // What a chain of dependent one-row kernels costs with and without it, and llmk's own at 1
 // token: bench/micro/pdl_chain_floor.cu (results in docs/benchmarks.md).
+//
+// The parameter block's first reads. A launch's first read of each 64-byte line of its
+// parameter block misses the constant cache; made after the wait, each such miss adds to a
+// decode-sized kernel's time, and the misses serialize behind one another (the row check,
+// then the row's addresses, then eps after the reduction). So the row kernels exit a block
+// (or thread) that has no work before the wait, on a test that reads a field of each line
+// their first row needs: the branch keeps the reads before the wait, where they overlap the
+// previous kernel's tail. (Values merely held in registers through an empty asm did not:
+// ptxas sank the reads past the wait.)
 #pragma once
 
 #include <cuda_runtime.h>

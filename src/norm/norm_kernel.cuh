@@ -307,12 +307,16 @@ __device__ __forceinline__ void stage_weight(const NormParams& p) {
 template <class T, class W, int N, int VPT, bool kAdd, bool kCentered, bool kGate, bool kLean = false,
           bool kAffine = false>
 __global__ void __launch_bounds__(512) norm_vec_kernel(NormParams p) {
-  ptx::pdl_start();
-  if constexpr (kNormStagesOperands<kLean, kGate, VPT>) stage_weight<T, W, N, VPT>(p);
   // Only VPT 1 serves short rows: the row-group reductions cost the VPT-4 kernel 16
   // registers.
   constexpr bool kShortRows = !kLean && VPT == 1;
   const int rows_per_block = kShortRows ? blockDim.y : 1;
+  // A block without a row exits before the wait, on a test that reads a field of each
+  // 64-byte line of the parameter block (x, rows, eps; the host passes no null x and no eps
+  // <= 0): see common/pdl_launch.h on the parameter block's first reads.
+  if (int64_t{blockIdx.x} * rows_per_block >= p.rows || p.x == nullptr || !(p.eps > 0.0f)) return;
+  ptx::pdl_start();
+  if constexpr (kNormStagesOperands<kLean, kGate, VPT>) stage_weight<T, W, N, VPT>(p);
   for (int64_t row = int64_t{blockIdx.x} * rows_per_block + (kShortRows ? threadIdx.y : 0); row < p.rows;
        row += int64_t{gridDim.x} * rows_per_block)
     norm_row<T, W, N, VPT, kAdd, kCentered, kGate, kLean, kAffine, 0>(p, row, threadIdx.x, threadIdx.x == 0,

@@ -304,6 +304,10 @@ constexpr int softmax_vec_min_blocks() {
 template <class T, int N, int VPT, bool kLog, bool kKeepExps = false>
 __global__ void __launch_bounds__(512, softmax_vec_min_blocks<VPT>()) softmax_vec_kernel(SoftmaxParams p) {
   static_assert(!kKeepExps || kSoftmaxCanKeepExps<T, VPT, kLog>);
+  // A block without a row exits before the wait, on a test that reads a field of each
+  // 64-byte line of the parameter block (rows; sign, which is never 0): see
+  // common/pdl_launch.h on the parameter block's first reads.
+  if (blockIdx.x >= p.rows || p.sign == 0.0f) return;
   ptx::pdl_start();
   const int n = static_cast<int>(p.n);
   const RowScale<T> sc(p);
