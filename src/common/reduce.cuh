@@ -62,6 +62,27 @@ __device__ __forceinline__ float row_sum(float v) {
   return v;
 }
 
+// A reduction over a block of at most 512 threads for a kernel whose registers bound no
+// occupancy (one block per row over few rows): warp w's value (lane 0's v, reduced over the
+// warp by the caller) goes to slots[w], the slots past the last warp hold `identity`, and
+// after one barrier every thread folds all 16 slots from four 16-byte broadcast loads in a
+// tree: no second round of shuffles. No barrier follows: a caller alternates two slot arrays
+// between consecutive reductions (each thread's reads of one array come before the barrier
+// of the next reduction, which every thread passes before the array is written again).
+template <class Op>
+__device__ __forceinline__ float block_fold_16(float (&slots)[16], float v, float identity, Op op) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  if (lane == 0) slots[warp] = v;
+  if (warp == 0 && lane >= warps && lane < 16) slots[lane] = identity;
+  __syncthreads();
+  float4 q[4];
+#pragma unroll
+  for (int g = 0; g < 4; ++g) q[g] = reinterpret_cast<const float4*>(slots)[g];
+  auto fold4 = [&](float4 a, float4 b) { return make_float4(op(a.x, b.x), op(a.y, b.y), op(a.z, b.z), op(a.w, b.w)); };
+  const float4 r = fold4(fold4(q[0], q[1]), fold4(q[2], q[3]));
+  return op(op(r.x, r.y), op(r.z, r.w));
+}
+
 // The block's max of v, returned to every thread (same contract as block_sum).
 __device__ __forceinline__ float block_max(float v) {
   __shared__ float partial[32];

@@ -110,6 +110,19 @@ __device__ __forceinline__ MaxSum warp_max_sum(MaxSum v, const RowScale<T>& sc) 
   return merged_max_sum(v, sc, [](float x) { return warp_max(x); }, [](float x) { return warp_sum(x); });
 }
 
+// block_max_sum for the few-rows kernel (kKeepExps below: one block of at most 512 threads
+// per row, registers free): both second levels fold the warps' values from shared memory
+// (block_fold_16) instead of a second round of shuffles, and the two reductions alternate
+// two slot arrays instead of ending on barriers. A fully masked row still runs the sum (of
+// zeros), so that every thread passes both barriers.
+template <class T>
+__device__ __forceinline__ MaxSum block_max_sum_few_rows(MaxSum v, const RowScale<T>& sc) {
+  __shared__ __align__(16) float max_slots[16], sum_slots[16];
+  const float m = block_fold_16(max_slots, warp_max(v.max), -INFINITY, [](float a, float b) { return fmaxf(a, b); });
+  const float own = m == -INFINITY ? 0.0f : rescaled(v.sum, v.max, m, sc);
+  return {m, block_fold_16(sum_slots, warp_sum(own), 0.0f, [](float a, float b) { return a + b; })};
+}
+
 // As block_max_sum, and `extra` (each thread's partial of another row sum) becomes the
 // block's total in the same reduction.
 template <class T>
@@ -270,7 +283,8 @@ __device__ __forceinline__ MaxSum load_row_exps(const T* x, int n, ThreadExps<N,
 template <class T, int N, int VPT>
 __device__ __forceinline__ void store_row_exps(T* out, int n, const ThreadExps<N, VPT>& exps, MaxSum own, MaxSum row,
                                                const RowScale<T>& sc) {
-  const float factor = own.sum == 0.0f ? 0.0f : sc.exp_term(sc.extreme(own.max), sc.extreme(row.max)) / row.sum;
+  const float factor =
+      own.sum == 0.0f ? 0.0f : __fdividef(sc.exp_term(sc.extreme(own.max), sc.extreme(row.max)), row.sum);
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int col = row_vec_col<N>(i);
@@ -288,8 +302,9 @@ __device__ __forceinline__ void store_row_exps(T* out, int n, const ThreadExps<N
 // for the output: one ex2 per element instead of two. At one row of 4096 bf16 columns on one
 // SM the second ex2 pass was ~250 of the kernel's cycles (16 ex2 a clock per SM); the kept
 // values cost 8 registers per vector, which the many-row launches keep for occupancy.
-// Error: the product of two ex2.approx and the reciprocal's rounding, ~5 ulp of fp32, far
-// below bf16's and f16's output rounding (whose outputs already took the ex2.approx form).
+// Error: two ex2.approx and an approximate division (__fdividef, 2 ulp; the sum is at most
+// the row's length, far inside its range), ~6 ulp of fp32, far below bf16's and f16's output
+// rounding (whose outputs already took the ex2.approx form).
 template <class T, int VPT, bool kLog>
 inline constexpr bool kSoftmaxCanKeepExps = !kLog && !std::is_same_v<T, float> && VPT <= 2;
 
@@ -317,7 +332,7 @@ __global__ void __launch_bounds__(512, softmax_vec_min_blocks<VPT>()) softmax_ve
     if constexpr (kKeepExps) {
       ThreadExps<N, VPT> exps;
       const MaxSum own = load_row_exps(x, n, exps, sc);
-      store_row_exps(out, n, exps, own, block_max_sum(own, sc), sc);
+      store_row_exps(out, n, exps, own, block_max_sum_few_rows(own, sc), sc);
     } else {
       Vec<T, N> s[VPT];
       const MaxSum own = load_row(x, n, s, sc);
