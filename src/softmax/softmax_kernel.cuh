@@ -176,9 +176,9 @@ struct MaxKey {
 };
 
 // Loads this thread's VPT vectors of a row of n columns into registers (vectors past the
-// row's end are left unset) and returns the thread's pair over them.
+// row's end are left unset) and returns the thread's max key over them.
 template <class T, int N, int VPT>
-__device__ __forceinline__ MaxSum load_row(const T* x, int n, Vec<T, N> (&s)[VPT], const RowScale<T>& sc) {
+__device__ __forceinline__ float load_row_max_key(const T* x, int n, Vec<T, N> (&s)[VPT], const RowScale<T>& sc) {
   MaxKey<T, (VPT <= 8)> key;
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
@@ -186,7 +186,13 @@ __device__ __forceinline__ MaxSum load_row(const T* x, int n, Vec<T, N> (&s)[VPT
       s[i] = load_vec<T, N>(x + row_vec_col<N>(i));
       key.add(s[i], sc);
     }
-  const float m = key.value(sc);
+  return key.value(sc);
+}
+
+// As load_row_max_key, and returns the thread's pair over its vectors.
+template <class T, int N, int VPT>
+__device__ __forceinline__ MaxSum load_row(const T* x, int n, Vec<T, N> (&s)[VPT], const RowScale<T>& sc) {
+  const float m = load_row_max_key(x, n, s, sc);
   float sum = 0.0f;
   const float xe = sc.extreme(m);
   if (m != -INFINITY)
@@ -258,14 +264,7 @@ struct ThreadExps {
 template <class T, int N, int VPT>
 __device__ __forceinline__ MaxSum load_row_exps(const T* x, int n, ThreadExps<N, VPT>& exps, const RowScale<T>& sc) {
   Vec<T, N> s[VPT];
-  MaxKey<T> key;
-#pragma unroll
-  for (int i = 0; i < VPT; ++i)
-    if (row_vec_col<N>(i) < n) {
-      s[i] = load_vec<T, N>(x + row_vec_col<N>(i));
-      key.add(s[i], sc);
-    }
-  const float m = key.value(sc), xe = sc.extreme(m);
+  const float m = load_row_max_key(x, n, s, sc), xe = sc.extreme(m);
   float sum = 0.0f;
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
