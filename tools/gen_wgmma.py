@@ -8,7 +8,7 @@ without macros; this script spells the lists out. Run it after changing SHAPES o
 import pathlib
 
 SHAPES = (32, 64, 128, 256)  # the N of m64nNk16 that the kernels use, both operands in shared memory
-RS_SHAPES = (64, 128, 256)  # the same with A from registers
+RS_SHAPES = (64, 96, 128, 256)  # the same with A from registers
 DTYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "src/common/sm90/wgmma_ops.cuh"

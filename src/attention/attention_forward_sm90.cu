@@ -1,10 +1,9 @@
 // Launcher of the Hopper attention forward (kernel in attention_forward_sm90_kernel.cuh):
 // which calls it takes, which tile, the TMA maps over q, k, v, the grid.
 //
-// Instantiations (the only list): {bf16, fp16} x {head dim 64 with 2 and 3 consumers, 128,
-// 256}. Head dims 32 and 96 (whose rows are not whole 128-byte swizzle chunks), head dims
-// LLMK_HEAD_DIMS leaves out, and strides TMA cannot address take the sm_80 kernel
-// (attention_forward.cu).
+// Instantiations (the only list): {bf16, fp16} x {head dim 64 with 2 and 3 consumers, 96,
+// 128, 256}. Head dim 32 (rows of half a 128-byte swizzle chunk), head dims LLMK_HEAD_DIMS
+// leaves out, and strides TMA cannot address take the sm_80 kernel (attention_forward.cu).
 #include "attention/attention_forward_sm90_kernel.cuh"
 #include "attention/attention_params.h"
 #include "attention/attention_sm90_maps.h"
@@ -65,9 +64,9 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
 bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, const char** why) {
   const bool varlen = p.cu_seqlens_q != nullptr;
   if (dtype != DType::f16 && dtype != DType::bf16) return *why = "the dtype is not float16 or bfloat16", false;
-  if (!((p.head_dim == 64 && head_dim_compiled(64)) || (p.head_dim == 128 && head_dim_compiled(128)) ||
-        (p.head_dim == 256 && head_dim_compiled(256))))
-    return *why = "the Hopper kernel is built for head dims 64, 128 and 256 (as far as LLMK_HEAD_DIMS builds them)",
+  if (!((p.head_dim == 64 && head_dim_compiled(64)) || (p.head_dim == 96 && head_dim_compiled(96)) ||
+        (p.head_dim == 128 && head_dim_compiled(128)) || (p.head_dim == 256 && head_dim_compiled(256))))
+    return *why = "the Hopper kernel is built for head dims 64, 96, 128 and 256 (as far as LLMK_HEAD_DIMS builds them)",
            false;
   if (!attention_tma_ok(p.q, varlen) || !attention_tma_ok(p.k, varlen) || !attention_tma_ok(p.v, varlen))
     return *why = "q, k and v need 16-byte aligned data pointers and strides for TMA", false;
@@ -97,6 +96,7 @@ void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t 
       case 64:
         if (attention_sm90_consumers(p) == 3) return launch<T, 64, 3>(p, dtype, stream);
         return launch<T, 64, 2>(p, dtype, stream);
+      case 96: return launch<T, 96, 2>(p, dtype, stream);
       case 128: return launch<T, 128, 2>(p, dtype, stream);
       default: return launch<T, 256, 2>(p, dtype, stream);
     }

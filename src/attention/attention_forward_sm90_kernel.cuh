@@ -35,8 +35,9 @@
 //
 // Shared memory (128-byte swizzle, 64-column chunks of rows x 128 bytes): Q D/64 chunks of
 // kBlockM rows, each stage K and V D/64 chunks of kBlockN rows, O's TMA-store boxes: D = 64:
-// 2 x 16 + 2 x 32 = 96 KB (2 x 24 + 2 x 32 = 112 KB with 3 consumers); D = 128: 2 x 32 +
-// 2 x 64 + 32 = 224 KB; D = 256 (64-key blocks): 64 + 2 x 64 + 32 = 224 KB.
+// 2 x 16 + 2 x 32 = 96 KB (2 x 24 + 2 x 32 = 112 KB with 3 consumers); D = 96 (two chunks,
+// the second's last 32 columns zeros, AttentionSm90Tile::kChunks): 2 x 32 + 2 x 64 = 192 KB;
+// D = 128: 2 x 32 + 2 x 64 + 32 = 224 KB; D = 256 (64-key blocks): 64 + 2 x 64 + 32 = 224 KB.
 // Registers per consumer thread: O D/2, S_j kBlockN/2, P_{j-1} kBlockN/4 (D = 128: 160).
 // Roofline as the sm_80 kernel's (attention_forward_kernel.cuh): 4 seq_q seq_k D FLOPs per
 // (batch, head), tensor-bound; wgmma's dense bf16 peak is ~990 TFLOP/s.
@@ -63,6 +64,7 @@ namespace llmk::detail::sm90 {
 template <int kHeadDim_, int kConsumers_>
 struct AttentionSm90Tile {
   static constexpr int kHeadDim = kHeadDim_;
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 256, "head dims 64, 96, 128, 256");
   // Consumers of 64 query rows each. 3 at D = 64 (tiles of 192 rows, as FlashAttention 3
   // and ThunderKittens take there), where the softmax's MUFU work per key block equals the
   // tensor work, so a third warpgroup's softmax fills the tensor pipe's gaps: non-causal
@@ -89,7 +91,10 @@ struct AttentionSm90Tile {
   // pending tile's state spilled 100 bytes within 160 registers and measured 0-5% slower.
   static constexpr bool kCrossTile = kConsumers == 2;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
-  static constexpr int kChunks = kHeadDim / 64;                  // 64-column swizzle chunks
+  // 64-column swizzle chunks. At D = 96 the second holds columns 64-95 and zeros: the maps'
+  // rows are 96 wide, and TMA fills the box's columns past them with zeros (and counts their
+  // bytes), which no GEMM reads (S's k-steps stop at 96, P V's N is 96).
+  static constexpr int kChunks = (kHeadDim + 63) / 64;
   static constexpr uint32_t kQChunkBytes = kBlockM * 128;        // rows x 128 bytes
   static constexpr uint32_t kKvChunkBytes = kBlockN * 128;
   static constexpr uint32_t kQBytes = kChunks * kQChunkBytes;
@@ -106,8 +111,8 @@ struct AttentionSm90Tile {
   // rounds of 128 columns (224 KB in all): +6-19% at seqlen 512-1024 over register stores,
   // even at 2048-4096; it lost 1-9% from 8192 keys until its S descriptors were advanced
   // instead of rebuilt (kAdvanceDescriptors), and is since even with the register-store
-  // kernel at 16k and ahead at every other length (docs/kernels/attention.md v10). D = 64
-  // stays on register stores: staged, with TMA stores, it measured 1-7% slower with the
+  // kernel at 16k and ahead at every other length (docs/kernels/attention.md v10). D = 96
+  // stores from registers (TMA stores not measured there). D = 64 stays on register stores: staged, with TMA stores, it measured 1-7% slower with the
   // cross-tile step and 2-8% without (H100, same runs). With the cross-tile step the staging
   // must not sit in a branch of its own (a TMA path and a register path): ptxas then
   // serialized every wgmma of the kernel (C7520, a compiler-inserted warpgroup.arrive in a
@@ -334,6 +339,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
       const uint64_t b = step_descriptor(b0, v_addr, 2048 * kk, Tile::kKvChunkBytes);
       if constexpr (kHeadDim == 256) wgmma_m64n256k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
       else if constexpr (kHeadDim == 128) wgmma_m64n128k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
+      else if constexpr (kHeadDim == 96) wgmma_m64n96k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
       else wgmma_m64n64k16_rs<1>(WgmmaTag<T>{}, o_flat, pa[kk], b, true);
     }
     wgmma_commit();

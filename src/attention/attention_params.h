@@ -157,7 +157,7 @@ void attention_forward_cuda(const AttentionParams& p, DType dtype, cudaStream_t 
 void attention_forward_sm80(const AttentionParams& p, DType dtype, cudaStream_t stream);
 
 // The Hopper kernel (attention_forward_sm90.cu): an sm_90 device with an sm_90a build,
-// dense or varlen batches, head dims 64, 128 and 256, 16-byte aligned strides. Returns false,
+// dense or varlen batches, head dims 64, 96, 128 and 256, 16-byte aligned strides. Returns false,
 // with the reason in `why`, for calls it does not take.
 bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, const char** why);
 // Its consumer warpgroups of 64 query rows for a call: 3 at head dim 64 (192-row tiles)

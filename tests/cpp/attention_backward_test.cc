@@ -7,7 +7,7 @@
 // with empty sequences; deterministic runs bitwise equal; bad inputs and workspaces.
 //
 // Each GPU case runs the forward and the backward on every path of LLMK_ATTENTION_PATH (sm80,
-// sm90, auto; the Hopper forward and backward must take head dims 64, 128 and 256) and
+// sm90, auto; the Hopper forward must take head dims 64, 96, 128 and 256, the backward 64, 128 and 256) and
 // feeds the backward that path's out and lse; the oracle is recomputed from them.
 //
 // Tolerance. The oracle gives each gradient element its reference value r and the absolute

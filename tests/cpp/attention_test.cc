@@ -8,8 +8,8 @@
 // LLMK_ATTENTION_PATH: sm80 (the mma.sync kernel), sm90 (the Hopper TMA + wgmma kernel) and
 // auto. A forced sm90 that declines a call ("cannot take this call") is a note, and the case
 // skips that path, unless the Hopper kernel must take it: an sm_90 device, a build with
-// sm_90a, head dim 64 or 128 (every call the API accepts is fp16/bf16 with 16-byte aligned
-// strides and data) and a reason that does not blame "this build". Each test restores the
+// sm_90a, head dim 64, 96, 128 or 256 (every call the API accepts is fp16/bf16 with 16-byte
+// aligned strides and data) and a reason that does not blame "this build". Each test restores the
 // variable's previous value.
 //
 // Tolerance: the kernel rounds P to the input dtype before P V and the output once, each
@@ -207,6 +207,7 @@ TEST(AttentionGpu, LengthsAroundTheTiles) {
       for (bool causal : {false, true}) {
         check_dense(DType::bf16, {2, sq, sk, 2, 1, 64}, causal);
         check_dense(DType::f16, {2, sq, sk, 2, 1, 128}, causal);
+        check_dense(DType::bf16, {2, sq, sk, 2, 2, 96}, causal);
       }
   for (bool causal : {false, true}) {
     check_dense(DType::f16, {1, 1000, 129, 2, 1, 128}, causal);  // causal: 871 rows see no key
@@ -353,8 +354,8 @@ TEST(AttentionGpu, GqaMqaAndLayouts) {
 }
 
 // The variable itself: an unknown value is refused on every call; a forced sm90 declines a
-// head dim the Hopper kernel never takes (32 or 96, as this build has them) with the
-// reason; neither writes anything. The scope restores the previous value.
+// head dim the Hopper kernel never takes (32, as this build has it) with the reason; neither
+// writes anything. The scope restores the previous value.
 TEST(AttentionGpu, PathVariable) {
   LLMK_REQUIRE_GPU();
   {
@@ -367,7 +368,7 @@ TEST(AttentionGpu, PathVariable) {
   }
   // A head dim this build compiled (LLMK_HEAD_DIMS), one the Hopper kernel never takes if any.
   int64_t d = 0;
-  for (int64_t dim : {32, 96, 64, 128, 256})
+  for (int64_t dim : {32, 64, 96, 128, 256})
     if (d == 0 && attention_head_dim_compiled(dim)) d = dim;
   ASSERT_NE(d, 0) << "no head dim compiled";
   Heads q(DType::bf16, 1, 8, 2, d), k(DType::bf16, 1, 8, 2, d), out(DType::bf16, 1, 8, 2, d);

@@ -56,19 +56,24 @@ inline bool build_has_sm90a() {
   return false;
 }
 
-// A call the Hopper kernel must take (on device 0, where the tests run): an sm_90 device,
-// an sm_90a build and head dim 64 or 128 (as far as LLMK_HEAD_DIMS builds them). fp16/bf16
-// and 16-byte aligned strides and data hold for every call of these tests.
-inline bool sm90_must_take(int64_t head_dim) {
+// Whether device 0 (where the tests run) is sm_90 and the build has sm_90a code.
+inline bool sm90_device_and_build() {
   static const DeviceInfo info = device_info(0);
   static const bool sm90a = build_has_sm90a();
-  return info.available && info.cc_major == 9 && info.cc_minor == 0 && sm90a && (head_dim == 64 || head_dim == 128 || head_dim == 256) &&
+  return info.available && info.cc_major == 9 && info.cc_minor == 0 && sm90a;
+}
+
+// A call the Hopper forward must take: an sm_90 device, an sm_90a build and head dim 64, 96,
+// 128 or 256 (as far as LLMK_HEAD_DIMS builds them). fp16/bf16 and 16-byte aligned strides
+// and data hold for every call of these tests.
+inline bool sm90_must_take(int64_t head_dim) {
+  return sm90_device_and_build() && (head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256) &&
          attention_head_dim_compiled(head_dim);
 }
 
-// A backward call the Hopper backward kernels must take: as sm90_must_take (head dims 64,
-// 128 and 256).
-inline bool sm90_backward_must_take(int64_t head_dim) { return sm90_must_take(head_dim); }
+// A backward call the Hopper backward kernels must take: as the forward's, at head dims 64,
+// 128 and 256.
+inline bool sm90_backward_must_take(int64_t head_dim) { return head_dim != 96 && sm90_must_take(head_dim); }
 
 // Prints a note once per distinct text (on a device without the Hopper kernel every case
 // declines for the same reason).
@@ -241,7 +246,7 @@ inline TensorView narrow_heads(const TensorView& t, int64_t first, int64_t n) {
 template <class F>
 void masked_row_cases(F&& check) {
   for (DType dt : kDTypes)
-    for (int64_t d : {64, 128, 256}) {
+    for (int64_t d : {64, 96, 128, 256}) {
       check(dt, Shape{3, 129, 1, 4, 2, d}, true, Layout{});
       check(dt, Shape{2, 300, 127, 4, 1, d}, true, Layout{});
       check(dt, Shape{2, 200, 72, 2, 2, d}, true, Layout{});
@@ -269,14 +274,14 @@ void sequence_length_cases(F&& check) {
                                               {127, 65},  {192, 192}, {193, 385}, {385, 191}};
   for (const auto& [sq, sk] : lens)
     for (bool causal : {false, true})
-      for (int64_t d : {64, 128, 256}) check(DType::bf16, Shape{1, sq, sk, 2, 1, d}, causal, Layout{});
+      for (int64_t d : {64, 96, 128, 256}) check(DType::bf16, Shape{1, sq, sk, 2, 1, d}, causal, Layout{});
 }
 
 // GQA group sizes 1 (MHA), 2, 3, 4, 5, 8 over 2 kv heads, and MQA (1 kv head) at 8.
 template <class F>
 void gqa_cases(F&& check) {
   for (int64_t group : {1, 2, 3, 4, 5, 8})
-    for (int64_t d : {64, 128, 256}) {
+    for (int64_t d : {64, 96, 128, 256}) {
       const DType dt = group % 2 ? DType::f16 : DType::bf16;
       check(dt, Shape{2, 150, 150, 2 * group, 2, d}, true, Layout{});
       check(dt, Shape{1, 100, 200, 2 * group, 2, d}, false, Layout{});
@@ -296,7 +301,7 @@ void layout_cases(F&& check) {
     check(dt, Shape{2, 100, 150, 6, 3, 64}, false, kTransposed);                    // [B, H, S, D]
     check(dt, Shape{2, 100, 150, 4, 2, 128}, true, Layout{false, 3, false, false});  // wider rows
     check(dt, Shape{2, 70, 70, 4, 4, 96}, true, Layout{true, 2, false, false});
-    for (int64_t d : {64, 128, 256}) {
+    for (int64_t d : {64, 96, 128, 256}) {
       check(dt, Shape{2, 129, 129, 8, 2, d}, true, Layout{false, 1, true, false});  // fused qkv
       check(dt, Shape{2, 127, 127, 4, 4, d}, false, Layout{true, 2, true, false});  // fused, [B, H, S, D]
       check(dt, Shape{1, 200, 130, 4, 2, d}, true, Layout{true, 1, false, false});
