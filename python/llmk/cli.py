@@ -7,8 +7,7 @@ import sys
 from . import _C
 
 ATTENTION_HEAD_DIMS = (32, 64, 96, 128, 256)
-ATTENTION_SM90_HEAD_DIMS = (64, 96, 128, 256)  # what the Hopper attention forward takes (fp16/bf16)
-ATTENTION_BACKWARD_SM90_HEAD_DIMS = (64, 128, 256)  # what the Hopper attention backward takes
+ATTENTION_SM90_HEAD_DIMS = (64, 96, 128, 256)  # what the Hopper attention forward and backward take (fp16/bf16)
 
 
 def _runs_on(arch: str, major: int, minor: int) -> bool:
@@ -49,7 +48,7 @@ def _info() -> int:
               + " small-M weight-streaming kernel for M <= 64, mma.sync kernel for the rest"
               " (LLMK_GEMM_PATH=sm90|small_m|sm80 forces one)")
         print("  attention: " + _attention_paths(hopper, ATTENTION_SM90_HEAD_DIMS))
-        print("  attention backward: " + _attention_paths(hopper, ATTENTION_BACKWARD_SM90_HEAD_DIMS))
+        print("  attention backward: " + _attention_paths(hopper, ATTENTION_SM90_HEAD_DIMS))
     return 0
 
 

@@ -35,13 +35,12 @@ def use_path(monkeypatch, path):
         monkeypatch.setenv("LLMK_ATTENTION_PATH", path)
 
 
-def sm90_must_take(dim, backward=False):
+def sm90_must_take(dim):
     """Whether the Hopper kernels must take a call of head dim `dim` on this device (every call of
-    these tests is fp16/bf16 with 16-byte aligned strides and data): head dims 64, 96, 128 and 256
-    forward, 64, 128 and 256 backward."""
+    these tests is fp16/bf16 with 16-byte aligned strides and data): head dims 64, 96, 128 and 256,
+    forward and backward."""
     return (torch.cuda.get_device_capability() == (9, 0) and "90a" in llmk._C.build_cuda_archs().split(";")
-            and dim in ((64, 128, 256) if backward else (64, 96, 128, 256))
-            and llmk._C.attention_head_dim_compiled(dim))
+            and dim in (64, 96, 128, 256) and llmk._C.attention_head_dim_compiled(dim))
 
 
 def on_path(path, dim, fn, *args, **kwargs):
@@ -53,7 +52,7 @@ def on_path(path, dim, fn, *args, **kwargs):
         msg = str(e)
         if path != "sm90" or "cannot take this call" not in msg:
             raise
-        if sm90_must_take(dim, backward="attention_backward" in msg) and "this build" not in msg:
+        if sm90_must_take(dim) and "this build" not in msg:
             pytest.fail(f"LLMK_ATTENTION_PATH=sm90 declined a call the Hopper kernel must take: {msg}")
         pytest.skip(f"note: {msg}")
 
@@ -327,9 +326,6 @@ def test_info_names_the_attention_paths(monkeypatch):
     forward = cli.ATTENTION_SM90_HEAD_DIMS
     assert cli._attention_paths(True, forward).startswith(
         "Hopper TMA + wgmma kernel for fp16/bf16 head dims 64, 96, 128, 256, mma.sync (sm_80) kernel for head dims 32 "
-        "and calls")
-    assert cli._attention_paths(True, cli.ATTENTION_BACKWARD_SM90_HEAD_DIMS).startswith(
-        "Hopper TMA + wgmma kernel for fp16/bf16 head dims 64, 128, 256, mma.sync (sm_80) kernel for head dims 32, 96 "
         "and calls")
     assert cli._attention_paths(True, (64, 128)).startswith(
         "Hopper TMA + wgmma kernel for fp16/bf16 head dims 64, 128, mma.sync (sm_80) kernel for head dims 32, 96, 256 "

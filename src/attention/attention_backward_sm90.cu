@@ -1,12 +1,12 @@
 // Launcher of the Hopper attention backward main kernels (attention_backward_sm90_kernel.cuh at
-// head dims 64 and 128, attention_backward_sm90_hd256_kernel.cuh at 256): which calls they
+// head dims 64, 96 and 128, attention_backward_sm90_hd256_kernel.cuh at 256): which calls they
 // take, the TMA maps over q, k, v, dout and the dq accumulator, the grid. The rows kernels
 // before and after them are the sm_80 path's (attention_backward.cu); the deterministic path
 // is the same kernels with their dq reductions in key-block order.
 //
 // Instantiations (the only list): {bf16, fp16} x head dim {64 (both dQ orders), 128, each on
-// a grid of one block per unit and on a persistent grid; 256}. Head dims 32 and 96
-// (rows that are not whole 128-byte swizzle chunks), head dims LLMK_HEAD_DIMS leaves out, and
+// a grid of one block per unit and on a persistent grid; 96 on one block per unit; 256}. Head
+// dim 32 (rows of half a 128-byte swizzle chunk), head dims LLMK_HEAD_DIMS leaves out, and
 // strides TMA cannot address take the sm_80 main kernel.
 #include <algorithm>
 #include <cstdint>
@@ -124,7 +124,7 @@ void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream)
   const int key_blocks = sm90::grid_key_blocks<Tile::kBlockN>(bp);
   dim3 grid(key_blocks, bp.heads_kv, p.batch);
   int shared_bytes = Tile::kSharedBytes;
-  if constexpr (kHeadDim != 256) {
+  if constexpr (kHeadDim == 64 || kHeadDim == 128) {
     if (persistent_grid(bp)) {
       kernel = previous ? kernel_for<T, kHeadDim, kHeadDim == 64, true>() : kernel_for<T, kHeadDim, false, true>();
       shared_bytes = sm90::AttentionBackwardSm90Tile<kHeadDim, true>::kSharedBytes;  // the persistent tile's
@@ -144,9 +144,9 @@ bool attention_backward_sm90_takes(const AttentionBackwardParams& bp, DType dtyp
   const AttentionParams& p = bp.fwd;
   const bool varlen = p.cu_seqlens_q != nullptr;
   if (dtype != DType::f16 && dtype != DType::bf16) return *why = "the dtype is not float16 or bfloat16", false;
-  if (!((p.head_dim == 64 && head_dim_compiled(64)) || (p.head_dim == 128 && head_dim_compiled(128)) ||
-        (p.head_dim == 256 && head_dim_compiled(256))))
-    return *why = "the Hopper backward is built for head dims 64, 128 and 256 (as far as LLMK_HEAD_DIMS builds them)",
+  if (!((p.head_dim == 64 && head_dim_compiled(64)) || (p.head_dim == 96 && head_dim_compiled(96)) ||
+        (p.head_dim == 128 && head_dim_compiled(128)) || (p.head_dim == 256 && head_dim_compiled(256))))
+    return *why = "the Hopper backward is built for head dims 64, 96, 128 and 256 (as far as LLMK_HEAD_DIMS builds them)",
            false;
   if (!attention_tma_ok(p.q, varlen) || !attention_tma_ok(p.k, varlen) || !attention_tma_ok(p.v, varlen) ||
       !attention_tma_ok(bp.dout, varlen))
@@ -200,6 +200,8 @@ void attention_backward_sm90(const AttentionBackwardParams& bp, DType dtype, cud
     using T = device_type_t<decltype(tag)>;
     if (bp.fwd.head_dim == 64) {
       if constexpr (head_dim_compiled(64)) launch<T, 64>(bp, dtype, stream);
+    } else if (bp.fwd.head_dim == 96) {
+      if constexpr (head_dim_compiled(96)) launch<T, 96>(bp, dtype, stream);
     } else if (bp.fwd.head_dim == 128) {
       if constexpr (head_dim_compiled(128)) launch<T, 128>(bp, dtype, stream);
     } else if constexpr (head_dim_compiled(256)) {

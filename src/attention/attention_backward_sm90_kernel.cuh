@@ -80,10 +80,14 @@
 // hazards; staging them in the consumers instead, ordered by __syncwarp or a named barrier
 // that racecheck follows, measured 8% slower (hd 128, 16k tokens: 347 against 378 TFLOP/s).
 //
-// Tiles: kBlockM = 128 query rows at D = 64, 64 at D = 128 (FlashAttention 3's shapes).
+// Tiles: kBlockM = 128 query rows at D = 64, 64 at D = 96 and 128 (FlashAttention 3's shapes).
+// D = 96 runs D = 128's tile on rows of two 64-column swizzle chunks, the second's columns
+// past 96 zero-filled by TMA (the maps' rows are 96 wide): S^T and dP^T take 6 k-steps, dV and
+// dK are m64n96, consumer 1's dQ share (columns 64-127) computes zeros past 96, which its
+// reduce-adds skip (out of the accumulator map's bounds).
 // Registers per consumer thread: dK + dV D, S^T + dP^T kBlockM, dQ 32. Shared memory: K, V
-// 2 x 128 x D x 2 bytes; Q, dO 2 stages x 2 x kBlockM x D x 2; dS^T 2 buffers x 128 x kBlockM
-// x 2; dQ out 32 KB: 192 KB at D = 64 and D = 128. Roofline: 10 seq_q seq_k D FLOPs per (batch,
+// 2 x 128 x 64 x ceil(D / 64) x 2 bytes; Q, dO 2 stages x 2 x kBlockM x 64 x ceil(D / 64) x 2;
+// dS^T 2 buffers x 128 x kBlockM x 2; dQ out 32 KB: 192 KB at D = 64, 96 and 128. Roofline: 10 seq_q seq_k D FLOPs per (batch,
 // query head) (2.5x the forward), tensor-bound; wgmma's dense bf16 peak ~990 TFLOP/s, with exp2
 // and dS on every S^T element and 4 D bytes of dq reductions per (query row, key block).
 #pragma once
@@ -107,13 +111,13 @@ struct AttentionBackwardSm90Tile {
   static constexpr bool kPersistent = kPersistent_;
   static constexpr int kBlockN = 128, kBlockM = kHeadDim <= 64 ? 128 : 64, kStages = 2, kConsumers = 2;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
-  // dK += dS^T Q stays in flight over the next tile's S^T and dP^T at D = 128; at D = 64 the
+  // dK += dS^T Q stays in flight over the next tile's S^T and dP^T at D = 96 and 128; at D = 64 the
   // 128-row tile's dS^T fragments (32 registers) beside S^T and dP^T (64 each) spilled and
   // serialized the wgmmas, so there it is waited for at the end of its tile.
-  static constexpr bool kDkAcrossTiles = kHeadDim == 128;
+  static constexpr bool kDkAcrossTiles = kHeadDim >= 96;
   static constexpr bool kWideProducer = kPersistent && kHeadDim == 64;
   static constexpr int kProducerRegisters = kWideProducer ? 40 : 24, kConsumerRegisters = kWideProducer ? 232 : 240;
-  static constexpr int kChunks = kHeadDim / 64;  // 64-column swizzle chunks of a row
+  static constexpr int kChunks = (kHeadDim + 63) / 64;  // 64-column swizzle chunks of a row (D = 96: 2)
   static constexpr uint32_t kKvChunkBytes = kBlockN * 128, kKvBytes = kChunks * kKvChunkBytes;
   static constexpr uint32_t kQChunkBytes = kBlockM * 128, kQBytes = kChunks * kQChunkBytes;
   // dS^T: per consumer (64 keys), kBlockM / 64 boxes of 64 keys x 64 query columns.
@@ -132,7 +136,7 @@ struct AttentionBackwardSm90Tile {
   static constexpr uint32_t kBarriers = kRows + 2 * kStages * kBlockM * 4;  // float lse2, D [kStages][kBlockM]
   static constexpr int kSharedBytes = kBarriers + (2 + 3 * kStages + 4) * 8 + 1024;
   static_assert(kSharedBytes <= kMaxBlockSharedBytes, "the tile's shared memory exceeds sm_90's 227 KB");
-  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "D = 64 or 128: whole swizzle chunks, dK + dV in registers");
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128, "D = 64, 96 or 128: dK + dV in registers");
 };
 
 // grid (ceil(seqlen_k / kBlockN), heads_kv, batch), one block per unit, or with kPersistent
@@ -348,6 +352,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim, kPersisten
         for (int kk = 0; kk < M / 16; ++kk) {
           const uint64_t b = descriptor_advanced(b0, 2048 * kk);
           if constexpr (D == 128) wgmma_m64n128k16_rs<1>(WgmmaTag<T>{}, acc, a[kk], b, true);
+          else if constexpr (D == 96) wgmma_m64n96k16_rs<1>(WgmmaTag<T>{}, acc, a[kk], b, true);
           else wgmma_m64n64k16_rs<1>(WgmmaTag<T>{}, acc, a[kk], b, true);
         }
         wgmma_commit();

@@ -7,7 +7,7 @@
 // with empty sequences; deterministic runs bitwise equal; bad inputs and workspaces.
 //
 // Each GPU case runs the forward and the backward on every path of LLMK_ATTENTION_PATH (sm80,
-// sm90, auto; the Hopper forward must take head dims 64, 96, 128 and 256, the backward 64, 128 and 256) and
+// sm90, auto; the Hopper forward and backward must take head dims 64, 96, 128 and 256) and
 // feeds the backward that path's out and lse; the oracle is recomputed from them.
 //
 // Tolerance. The oracle gives each gradient element its reference value r and the absolute
@@ -756,6 +756,8 @@ TEST(AttentionBackwardGpu, DeterministicIsBitwiseRepeatable) {
   check_backward(DType::f16, {1, 257, 513, 4, 4, 64}, false, {}, 9);
   check_backward(DType::bf16, {1, 200, 333, 4, 2, 256}, true, {}, 9);
   check_backward(DType::f16, {1, 333, 200, 2, 1, 256}, false, {}, 9);
+  check_backward(DType::bf16, {1, 300, 300, 4, 2, 96}, true, {}, 9);
+  check_backward(DType::f16, {2, 129, 400, 2, 2, 96}, false, {}, 9);
 }
 
 // A deterministic call with more key blocks per head than the GPU holds at once (20,000
@@ -896,6 +898,7 @@ TEST(AttentionBackwardVarlen, EmptySequencesAndTileEdges) {
     check_varlen_backward(DType::f16, {0, 7, 129, 0, 300, 1}, {5, 7, 200, 0, 127, 0}, 6, 2, 128, causal);
     check_varlen_backward(DType::bf16, {7, 129}, {0, 0}, 4, 2, 128, causal);  // no keys at all
     check_varlen_backward(DType::f16, {65, 1, 129}, {129, 64, 1}, 8, 1, 256, causal);
+    check_varlen_backward(DType::bf16, {70, 0, 129}, {200, 3, 65}, 4, 2, 96, causal);
   }
 }
 

@@ -242,6 +242,7 @@ TEST(AttentionGpu, ManyTilesPerBlock) {
     check_dense(DType::bf16, {8, 200, 200, 20, 4, 64}, causal);  // 320 tiles; causal 160 pairs
     check_dense(DType::f16, {6, 300, 40, 24, 8, 128}, causal);   // causal: rows 0-259 see no key
     check_dense(DType::bf16, {6, 300, 40, 24, 8, 64}, causal);   // the same where tiles overlap
+    check_dense(DType::f16, {6, 300, 300, 24, 8, 96}, causal);   // 144 tiles of 3 key blocks
     check_dense(DType::bf16, {4, 129, 257, 40, 8, 256}, causal);
     // 140 tiles of 3 rows (one per batch and head) of 65 key blocks; non-causal, the blocks
     // that walk two tiles prefetch the second's Q. The case above (320 tiles of 5 key
@@ -479,7 +480,7 @@ TEST(AttentionVarlen, MatchesDensePerSequence) {
   check_varlen(DType::bf16, {40, 3}, {0, 9}, 2, 2, 32, true);  // a sequence without keys
 }
 
-// Head dims 64, 128 and 256 (the Hopper kernel's): empty sequences first, between and last,
+// Head dims 64, 96, 128 and 256 (the Hopper kernel's): empty sequences first, between and last,
 // lengths around the 128- and 192-row tiles (TMA boxes cross into the next sequence's
 // rows), a q longer than its keys (causal: rows that see none), sequences without keys
 // (one batch with none at all), GQA 3 and 4.
@@ -489,6 +490,7 @@ TEST(AttentionVarlen, EmptySequencesAndTileEdges) {
     check_varlen(DType::bf16, {127, 1, 129, 0}, {129, 7, 127, 0}, 8, 2, 64, causal);
     check_varlen(DType::bf16, {7, 129}, {0, 0}, 4, 2, 128, causal);  // no keys at all (total_k = 0)
     check_varlen(DType::f16, {0, 7, 129, 0, 300, 1}, {5, 7, 200, 0, 127, 0}, 4, 2, 256, causal);
+    check_varlen(DType::bf16, {0, 7, 129, 0, 300, 1}, {5, 7, 200, 0, 127, 0}, 6, 3, 96, causal);
     // Over 2048 keys: several tiles' walks of 33 key blocks, with a short sequence's last rows
     // stored from registers.
     check_varlen(DType::bf16, {3, 300, 1}, {2100, 300, 5}, 2, 1, 256, causal);

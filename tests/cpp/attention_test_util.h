@@ -56,24 +56,20 @@ inline bool build_has_sm90a() {
   return false;
 }
 
-// Whether device 0 (where the tests run) is sm_90 and the build has sm_90a code.
-inline bool sm90_device_and_build() {
+// A call the Hopper kernel must take (on device 0, where the tests run): an sm_90 device,
+// an sm_90a build and head dim 64, 96, 128 or 256 (as far as LLMK_HEAD_DIMS builds them).
+// fp16/bf16 and 16-byte aligned strides and data hold for every call of these tests.
+inline bool sm90_must_take(int64_t head_dim) {
   static const DeviceInfo info = device_info(0);
   static const bool sm90a = build_has_sm90a();
-  return info.available && info.cc_major == 9 && info.cc_minor == 0 && sm90a;
-}
-
-// A call the Hopper forward must take: an sm_90 device, an sm_90a build and head dim 64, 96,
-// 128 or 256 (as far as LLMK_HEAD_DIMS builds them). fp16/bf16 and 16-byte aligned strides
-// and data hold for every call of these tests.
-inline bool sm90_must_take(int64_t head_dim) {
-  return sm90_device_and_build() && (head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256) &&
+  return info.available && info.cc_major == 9 && info.cc_minor == 0 && sm90a &&
+         (head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256) &&
          attention_head_dim_compiled(head_dim);
 }
 
-// A backward call the Hopper backward kernels must take: as the forward's, at head dims 64,
-// 128 and 256.
-inline bool sm90_backward_must_take(int64_t head_dim) { return head_dim != 96 && sm90_must_take(head_dim); }
+// A backward call the Hopper backward kernels must take: as sm90_must_take (head dims 64,
+// 96, 128 and 256).
+inline bool sm90_backward_must_take(int64_t head_dim) { return sm90_must_take(head_dim); }
 
 // Prints a note once per distinct text (on a device without the Hopper kernel every case
 // declines for the same reason).

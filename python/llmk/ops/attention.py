@@ -88,7 +88,7 @@ attention_backward = define(
         "q, k, v, out and float32 lse ``[batch, heads_q, seq_q]`` (``return_lse=True``), causal and scale. dk and dv "
         "sum each kv head's query group (GQA). Rows whose lse is -inf (they see no key) get dq = 0 and add nothing. "
         "``deterministic``: bitwise-identical results run to run (on Hopper the key blocks add dq in a fixed order, on "
-        "the sm_80 path dq comes from its own kernel instead of fp32 atomics; slower). On Hopper, head dims 64, 128 and 256 run the TMA + wgmma kernels, the rest the sm_80 one "
+        "the sm_80 path dq comes from its own kernel instead of fp32 atomics; slower). On Hopper, head dims 64, 96, 128 and 256 run the TMA + wgmma kernels, the rest the sm_80 one "
         "(LLMK_ATTENTION_PATH forces one, as for the forward).")
 
 attention_varlen_backward = define(
