@@ -8,7 +8,10 @@
 // launch), load the row and a weight, reduce the sum of squares over the block, scale and
 // store; each kernel reads what the previous one wrote. Variants: empty kernels with and
 // without the PDL attribute, the row kernel without PDL, and with PDL over block shapes
-// (threads x 16-byte vectors per thread) and with the weight loaded before the wait; the row
+// (threads x 16-byte vectors per thread), with the weight loaded before the wait, and (as the
+// empty kernels too) with the next launch let go before the wait instead of after it (start:
+// 0.1 us per 8 row kernels faster here, but llmk's kernels lost 0.3-1.1 us per 8 with
+// ptx::pdl_start in that order, docs/benchmarks.md); the row
 // kernel taking llmk's NormParams (136 bytes: the row check, strides, d and eps read from the
 // parameter block, whose first reads in each launch miss the constant cache) with those reads
 // after the wait, as llmk's kernels make them, and before it (the row's pointers formed and
@@ -40,9 +43,18 @@ void check(cudaError_t e, const char* what) {
   }
 }
 
-template <bool kPdl>
+// Where a kernel lets the next one launch: after the wait for the previous grid (as
+// ptx::pdl_start), or before it, so that the next launch overlaps this kernel's wait too.
+template <bool kTriggerFirst>
+__device__ __forceinline__ void start() {
+  if (kTriggerFirst) llmk::detail::ptx::launch_dependents();
+  llmk::detail::ptx::wait_for_prior_grid();
+  if (!kTriggerFirst) llmk::detail::ptx::launch_dependents();
+}
+
+template <bool kPdl, bool kTriggerFirst = false>
 __global__ void empty_kernel() {
-  if (kPdl) llmk::detail::ptx::pdl_start();
+  if (kPdl) start<kTriggerFirst>();
 }
 
 // The row's sum of squares reduced over the block, then y = x * rsqrt(sum * inv_d + eps) * w
@@ -84,7 +96,7 @@ __device__ __forceinline__ void normalize_and_store(uint4 (&xv)[kVectors], const
   }
 }
 
-template <int kThreads, int kVectors, bool kPdl, bool kWeightFirst>
+template <int kThreads, int kVectors, bool kPdl, bool kWeightFirst, bool kTriggerFirst = false>
 __global__ void __launch_bounds__(kThreads) row_kernel(const uint4* x, const uint4* w, uint4* y) {
   uint4 xv[kVectors], wv[kVectors];
   auto load_weight = [&] {
@@ -92,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const uint4* x, const uin
     for (int i = 0; i < kVectors; ++i) wv[i] = w[threadIdx.x + i * kThreads];
   };
   if (kWeightFirst) load_weight();
-  if (kPdl) llmk::detail::ptx::pdl_start();
+  if (kPdl) start<kTriggerFirst>();
   if (!kWeightFirst) load_weight();
 #pragma unroll
   for (int i = 0; i < kVectors; ++i) xv[i] = x[threadIdx.x + i * kThreads];
@@ -186,9 +198,9 @@ int main() {
   check(cudaMalloc(&weight, kRowBytes), "malloc");
   for (auto* p : {rows[0], rows[1], weight}) check(cudaMemset(p, 0x3c, kRowBytes), "memset");  // bf16 ~0.0115
 
-  auto empty_chain = [&](bool pdl) {
+  auto empty_chain = [&](auto kernel, bool pdl) {
     return time_chain(stream, [&] {
-      for (int k = 0; k < 8; ++k) launch(stream, pdl, 32, pdl ? empty_kernel<true> : empty_kernel<false>);
+      for (int k = 0; k < 8; ++k) launch(stream, pdl, 32, kernel);
     });
   };
   auto row_chain = [&](auto kernel, int threads, bool pdl) {
@@ -198,14 +210,17 @@ int main() {
                rows[1 - k % 2]);
     });
   };
-  const float empty = empty_chain(false);
+  const float empty = empty_chain(empty_kernel<false>, false);
   std::printf("| chain of 8 | us | x 8 empty kernels |\n|---|---:|---:|\n");
   auto row = [&](const char* name, float us) { std::printf("| %s | %.2f | %.2fx |\n", name, us, us / empty); };
   row("empty kernels", empty);
-  row("empty kernels, PDL", empty_chain(true));
+  row("empty kernels, PDL", empty_chain(empty_kernel<true>, true));
+  row("empty kernels, PDL, next launched before the wait", empty_chain(empty_kernel<true, true>, true));
   row("row kernel 512 x 1, no PDL", row_chain(row_kernel<512, 1, false, false>, 512, false));
   row("row kernel 512 x 1, PDL", row_chain(row_kernel<512, 1, true, false>, 512, true));
   row("row kernel 512 x 1, PDL, weight before the wait", row_chain(row_kernel<512, 1, true, true>, 512, true));
+  row("row kernel 512 x 1, PDL, next launched before the wait",
+      row_chain(row_kernel<512, 1, true, false, true>, 512, true));
   row("row kernel 128 x 4, PDL", row_chain(row_kernel<128, 4, true, false>, 128, true));
   row("row kernel 64 x 8, PDL", row_chain(row_kernel<64, 8, true, false>, 64, true));
   row("row kernel 32 x 16, PDL", row_chain(row_kernel<32, 16, true, false>, 32, true));
