@@ -64,8 +64,7 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
 bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, const char** why) {
   const bool varlen = p.cu_seqlens_q != nullptr;
   if (dtype != DType::f16 && dtype != DType::bf16) return *why = "the dtype is not float16 or bfloat16", false;
-  if (!((p.head_dim == 64 && head_dim_compiled(64)) || (p.head_dim == 96 && head_dim_compiled(96)) ||
-        (p.head_dim == 128 && head_dim_compiled(128)) || (p.head_dim == 256 && head_dim_compiled(256))))
+  if (!attention_sm90_head_dim(p.head_dim))
     return *why = "the Hopper kernel is built for head dims 64, 96, 128 and 256 (as far as LLMK_HEAD_DIMS builds them)",
            false;
   if (!attention_tma_ok(p.q, varlen) || !attention_tma_ok(p.k, varlen) || !attention_tma_ok(p.v, varlen))

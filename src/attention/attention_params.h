@@ -95,6 +95,13 @@ constexpr bool head_dim_compiled(int64_t head_dim) {
   return false;
 }
 
+// The head dims the Hopper forward and backward kernels take (attention_forward_sm90.cu,
+// attention_backward_sm90.cu), as far as this build compiled them: 64, 96, 128 and 256. Head
+// dim 32 (rows of half a 128-byte swizzle chunk) stays on the sm_80 kernels.
+constexpr bool attention_sm90_head_dim(int64_t head_dim) {
+  return (head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256) && head_dim_compiled(head_dim);
+}
+
 // The backward's parameters: the forward's (lse required) and the gradients. D = rowsum(dout
 // * out) and the fp32 dq accumulator live in the caller's workspace, indexed like lse: the
 // row of (batch b, head h, sequence row i) is r = fwd.lse_offset(b, h) + q_start + i; D[r] is
