@@ -4,10 +4,10 @@
 // before and after them are the sm_80 path's (attention_backward.cu); the deterministic path
 // is the same kernels with their dq reductions in key-block order.
 //
-// Instantiations (the only list): {bf16, fp16} x head dim {64 (both dQ orders), 128, each on
-// a grid of one block per unit and on a persistent grid; 96 on one block per unit; 256}. Head
-// dim 32 (rows of half a 128-byte swizzle chunk), head dims LLMK_HEAD_DIMS leaves out, and
-// strides TMA cannot address take the sm_80 main kernel.
+// Instantiations (the only list): {bf16, fp16} x head dim {64 (both dQ orders), 96, 128, each
+// on a grid of one block per unit and on a persistent grid; 256}. Head dim 32 (rows of half a
+// 128-byte swizzle chunk), head dims LLMK_HEAD_DIMS leaves out, and strides TMA cannot address
+// take the sm_80 main kernel.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -52,15 +52,19 @@ bool dq_of_previous_tile(const AttentionBackwardParams& bp) {
   return tiles >= (p.causal ? 32 : 16);
 }
 
-// Dense non-causal calls at head dims 64 and 128 run on a persistent grid: one CTA per SM walking
-// units (key blocks) at a stride, so that a unit's K, V and first Q and dO load while the unit
-// before finishes and stores dk, dv. H100 (33 heads, 8 waves of blocks, one block per unit): each
-// wave cost ~15 us beyond its tiles' ~2.2 us each, 30% of a 512-key walk. Causal units differ (a
-// static stride would give the longest to the same CTAs), varlen ones too; head dim 256's kernel
-// walks one unit per block. Head dim 128 (H100): 512 keys +5%, 2048 even, 16k -0.6%.
+// Dense non-causal calls at head dims 64, 96 and 128 run on a persistent grid: one CTA per SM
+// walking units (key blocks) at a stride, so that a unit's K, V and first Q and dO load while
+// the unit before finishes and stores dk, dv. H100 (33 heads, 8 waves of blocks, one block per
+// unit): each wave cost ~15 us beyond its tiles' ~2.2 us each, 30% of a 512-key walk. Causal
+// units differ (a static stride would give the longest to the same CTAs), varlen ones too; head
+// dim 256's kernel walks one unit per block. Head dim 128 (H100): 512 keys +5%, 2048 even, 16k
+// -0.6%. Head dim 96 (H100, two alternated repeats): 512 / 1024 keys +6% / +2%, deterministic
+// +10% / +6% / +4% at 512 / 1024 / 2048 and +0-2% from 4096; the default path -3% at 8192 keys
+// (two runs) and within noise elsewhere, so from 8192 keys it persists only when deterministic.
 bool persistent_grid(const AttentionBackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
-  return (p.head_dim == 64 || p.head_dim == 128) && !p.causal && p.cu_seqlens_q == nullptr;
+  const bool long_walk_at_96 = p.head_dim == 96 && !bp.dq_ordered && p.seqlen_k > 4096;
+  return p.head_dim != 256 && !p.causal && p.cu_seqlens_q == nullptr && !long_walk_at_96;
 }
 
 // The persistent grid's CTAs: the SMs, or where blocks wait on each other (dq turns, the first
@@ -124,7 +128,7 @@ void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream)
   const int key_blocks = sm90::grid_key_blocks<Tile::kBlockN>(bp);
   dim3 grid(key_blocks, bp.heads_kv, p.batch);
   int shared_bytes = Tile::kSharedBytes;
-  if constexpr (kHeadDim == 64 || kHeadDim == 128) {
+  if constexpr (kHeadDim != 256) {
     if (persistent_grid(bp)) {
       kernel = previous ? kernel_for<T, kHeadDim, kHeadDim == 64, true>() : kernel_for<T, kHeadDim, false, true>();
       shared_bytes = sm90::AttentionBackwardSm90Tile<kHeadDim, true>::kSharedBytes;  // the persistent tile's

@@ -39,14 +39,15 @@
 // tile load while this one computes. The consumers run ahead by one tile (the dQ boxes'
 // empty barrier).
 //
-// Persistent grid (kPersistent: dense non-causal calls at D = 64 and 128,
-// attention_backward_sm90.cu): one CTA per SM walks units (a key block of a kv head and batch
-// entry) at a stride. Each role walks the same units; the Q/dO ring and the dS^T buffers' phases go
-// on across units, a kv_empty mbarrier passes K and V to the next unit once the last GEMMs of the
-// unit before completed, and the dQ boxes' last wait runs once after the CTA's last unit. It hides
-// the stores, the next unit's first Q/dO loads and the launch of a block (~14 us per block at
-// D = 64 beyond 2.2 us per tile). The next unit's K/V load waits for those GEMMs; a second K
-// buffer that hid it measured within noise (docs/kernels/attention.md).
+// Persistent grid (kPersistent: dense non-causal calls at D = 64, 96 and 128, as
+// attention_backward_sm90.cu's persistent_grid picks them): one CTA per SM walks units (a key
+// block of a kv head and batch entry) at a stride. Each role walks the same units; the Q/dO ring
+// and the dS^T buffers' phases go on across units, a kv_empty mbarrier passes K and V to the
+// next unit once the last GEMMs of the unit before completed, and the dQ boxes' last wait runs
+// once after the CTA's last unit. It hides the stores, the next unit's first Q/dO loads and the
+// launch of a block (~14 us per block at D = 64 beyond 2.2 us per tile). The next unit's K/V
+// load waits for those GEMMs; a second K buffer that hid it measured within noise
+// (docs/kernels/attention.md).
 //
 // Deterministic (bp.dq_ordered): the producer warps add each tile's dQ in a fixed order of
 // its key blocks, with a turn counter per (tile, consumer half) in the workspace:
@@ -103,11 +104,12 @@ template <int kHeadDim_, bool kPersistent_ = false>
 struct AttentionBackwardSm90Tile {
   static constexpr int kHeadDim = kHeadDim_;
   // kPersistent: one CTA per SM walks units (key blocks) at a stride (persistent_ctas in
-  // attention_backward_sm90.cu), dense non-causal calls at head dims 64 and 128. At 64 its
+  // attention_backward_sm90.cu), dense non-causal calls at head dims 64, 96 and 128. At 64 its
   // producer warps hold the unit's walk in registers (40; 24 spilled ~200 bytes) and the
   // consumers fit 232 (kWideProducer). Else the producer keeps 24 and the consumers 240: head
   // dim 128's consumers need them (its persistent producer spills ~220 bytes, outside the GEMM
-  // loop), and the wide producer cost head dim 64's one-block-per-unit causal calls 3-9%.
+  // loop; 96's alike), and the wide producer cost head dim 64's one-block-per-unit causal calls
+  // 3-9%.
   static constexpr bool kPersistent = kPersistent_;
   static constexpr int kBlockN = 128, kBlockM = kHeadDim <= 64 ? 128 : 64, kStages = 2, kConsumers = 2;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;

@@ -713,19 +713,22 @@ TEST(AttentionBackwardGpu, LongWalksAtHeadDim64) {
   check_backward(DType::bf16, {2, 1100, 1100, 8, 1, 64}, true);
 }
 
-// Head dims 64 and 128 with more key blocks x kv heads x batch entries than the persistent
+// Head dims 64, 96 and 128 with more key blocks x kv heads x batch entries than the persistent
 // grid's CTAs (dense non-causal calls; 132 on the H100), so that CTAs walk two units: the ring,
 // the K/V barriers and the dS^T buffers' phases go on across units, and units map to key block,
 // kv head and batch entry. Head dim 64: walks of 16 query tiles (the dQ of the previous tile),
 // of 2 and of 3 (odd: a unit's first tile takes the other dS^T buffer), with the first store
 // (up to 1024 keys) and without it (1100 keys; deterministic: 126 CTAs, a multiple of the 9 key
-// blocks). Head dim 128: 5 query tiles of 64 rows, the last tile's Q stage freed with K and V.
+// blocks). Head dims 96 and 128: 5 query tiles of 64 rows, the last tile's Q stage freed with K
+// and V; head dim 96 also without the first store (4 query tiles, 9 key blocks).
 TEST(AttentionBackwardGpu, PersistentGridWalksSeveralUnits) {
   LLMK_REQUIRE_GPU();
   check_backward(DType::f16, {1, 129, 129, 560, 70, 64}, false);
   check_backward(DType::bf16, {1, 200, 1100, 16, 16, 64}, false);
   check_backward(DType::bf16, {2, 300, 300, 35, 35, 64}, false);
   check_backward(DType::bf16, {2, 300, 300, 35, 35, 128}, false);
+  check_backward(DType::f16, {2, 300, 300, 35, 35, 96}, false);
+  check_backward(DType::bf16, {1, 200, 1100, 16, 16, 96}, false);
 }
 
 // masked_row_cases: rows that see no key have dq exactly 0 and add nothing to dk and dv; no
