@@ -18,8 +18,8 @@
 //     the mma.sync fragment of its 16 rows); after O's wgmma: P_j = S_j rounded to 16
 //     bits, O rescaled where a row max grew.
 //   O /= row sum; lse = max + log(sum). O goes by stmatrix into shared memory and a TMA
-//     store per warp at D = 128 and 256 (kTmaOut; a varlen sequence's last partial 16 rows
-//     from registers), from registers at D = 64.
+//     store per warp at D = 96, 128 and 256 (kTmaOut; a varlen sequence's last partial 16
+//     rows from registers), from registers at D = 64.
 // Intra-warpgroup overlap: the exp2/MUFU work of block j runs beside the tensor work of S_j
 // and P_{j-1} V_{j-1}; with 2 consumers across tiles too (kCrossTile): a tile's last P V is
 // issued with the next tile's S_0, and its output stored once both are done (the tile stays
@@ -36,8 +36,8 @@
 // Shared memory (128-byte swizzle, 64-column chunks of rows x 128 bytes): Q D/64 chunks of
 // kBlockM rows, each stage K and V D/64 chunks of kBlockN rows, O's TMA-store boxes: D = 64:
 // 2 x 16 + 2 x 32 = 96 KB (2 x 24 + 2 x 32 = 112 KB with 3 consumers); D = 96 (two chunks,
-// the second's last 32 columns zeros, AttentionSm90Tile::kChunks): 2 x 32 + 2 x 64 = 192 KB;
-// D = 128: 2 x 32 + 2 x 64 + 32 = 224 KB; D = 256 (64-key blocks): 64 + 2 x 64 + 32 = 224 KB.
+// the second's last 32 columns zeros, AttentionSm90Tile::kChunks) and D = 128: 2 x 32 + 2 x 64
+// + 32 = 224 KB; D = 256 (64-key blocks): 64 + 2 x 64 + 32 = 224 KB.
 // Registers per consumer thread: O D/2, S_j kBlockN/2, P_{j-1} kBlockN/4 (D = 128: 160).
 // Roofline as the sm_80 kernel's (attention_forward_kernel.cuh): 4 seq_q seq_k D FLOPs per
 // (batch, head), tensor-bound; wgmma's dense bf16 peak is ~990 TFLOP/s.
@@ -112,12 +112,14 @@ struct AttentionSm90Tile {
   // even at 2048-4096; it lost 1-9% from 8192 keys until its S descriptors were advanced
   // instead of rebuilt (kAdvanceDescriptors), and is since even with the register-store
   // kernel at 16k and ahead at every other length (docs/kernels/attention.md v10). D = 96
-  // stores from registers (TMA stores not measured there). D = 64 stays on register stores: staged, with TMA stores, it measured 1-7% slower with the
-  // cross-tile step and 2-8% without (H100, same runs). With the cross-tile step the staging
+  // takes D = 128's boxes and stores the second from its first 32 columns: its out map's rows
+  // are 96 wide, so the TMA store skips the box's columns past them. D = 64 stays on register
+  // stores: staged, with TMA stores, it measured 1-7% slower with the cross-tile step and 2-8%
+  // without (H100, same runs). With the cross-tile step the staging
   // must not sit in a branch of its own (a TMA path and a register path): ptxas then
   // serialized every wgmma of the kernel (C7520, a compiler-inserted warpgroup.arrive in a
   // divergent path); every warp stages its rows and only the stores branch (store_output).
-  static constexpr bool kTmaOut = kHeadDim >= 128;
+  static constexpr bool kTmaOut = kHeadDim >= 96;
   // The wgmma descriptors of S and P V formed once per GEMM and moved on by a 32-bit add per
   // k-step (descriptor_advanced), not rebuilt from the address each step, at D = 256 only;
   // there the shared addresses are broadcast from lane 0 first (warp_uniform), so that ptxas
@@ -131,8 +133,9 @@ struct AttentionSm90Tile {
   static constexpr bool kAdvanceDescriptors = kHeadDim == 256;
   static constexpr uint32_t kOutOffset = kRingOffset + kStages * kStageBytes;
   // Per consumer kOutBoxes boxes of 64 rows x 64 columns (8 KB): at D = 256 O leaves through
-  // them in kOutRounds rounds of 128 columns.
+  // them in kOutRounds rounds of 128 columns, kOutGroups 16-column groups each (D = 96: 6).
   static constexpr int kOutBoxes = 2, kOutRounds = kChunks / kOutBoxes;
+  static constexpr int kOutGroups = kHeadDim / 16 < 4 * kOutBoxes ? kHeadDim / 16 : 4 * kOutBoxes;
   static constexpr uint32_t kOutConsumerBytes = kTmaOut ? kOutBoxes * 8192 : 0;
   static constexpr uint32_t kBarrierOffset = kOutOffset + kConsumers * kOutConsumerBytes;
   static constexpr int kSharedBytes = kBarrierOffset + (2 * kQBuffers + 4 * kStages) * 8 + 1024;
@@ -362,7 +365,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
     OnlineSoftmax<1>::rescale(o, inv_sum);
     accumulators_as_a<T>(o_packed, o);
   };
-  // The packed O and lse to the rows of `rows`. With kTmaOut (D = 128; D = 256 in
+  // The packed O and lse to the rows of `rows`. With kTmaOut (D = 96 and 128; D = 256 in
   // kOutRounds rounds of 128 columns) every warp writes its 16 rows into its part of the
   // consumer's boxes (after its previous store read them) on every path, kTmaOut's note
   // says why; a warp whose rows TMA can store (all in the sequence, or past the tensor's end
@@ -378,7 +381,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
       for (int round = 0; round < Tile::kOutRounds; ++round) {
         if (lane == 0) tma_store_wait_read();
         __syncwarp();
-        constexpr int kGroups = Tile::kOutBoxes * 4;  // 16-column groups per round
+        constexpr int kGroups = Tile::kOutGroups;
         store_fragments_swizzled<16 * kGroups>(
             out_boxes, reinterpret_cast<const uint32_t(&)[kGroups][4]>(o_packed[kGroups * round]));
         fence_async_shared();

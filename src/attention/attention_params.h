@@ -170,7 +170,7 @@ bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, con
 // Its consumer warpgroups of 64 query rows for a call: 3 at head dim 64 (192-row tiles)
 // except causal below 8192 query rows, else 2.
 int attention_sm90_consumers(const AttentionParams& p);
-// Whether the call's O leaves through shared memory and TMA stores: head dims 128 and 256,
+// Whether the call's O leaves through shared memory and TMA stores: head dims 96, 128 and 256,
 // where out is TMA-addressable (an out TMA cannot address is stored from registers by the
 // same kernel). Sets the maps' tma_out.
 bool attention_sm90_tma_out(const AttentionParams& p);

@@ -271,7 +271,7 @@ TEST(AttentionGpu, CausalLongQueriesTakeThreeConsumers) {
   check_dense(DType::f16, {2, 8192, 300, 2, 2, 64}, true);
 }
 
-// O leaves through shared memory and TMA stores at head dims 128 and 256 wherever out is
+// O leaves through shared memory and TMA stores at head dims 96, 128 and 256 wherever out is
 // TMA-addressable, at any length, and from registers at head dim 64 and where out is not.
 // The premise, the launcher's choice, is checked first; then head dim 256 calls of 2048 and
 // 2049 keys (a last key block of one key).
@@ -285,6 +285,8 @@ TEST(AttentionGpu, StagedOutputByHeadDim) {
     p.head_dim = 256;
     ASSERT_TRUE(detail::attention_sm90_tma_out(p));
     p.head_dim = 128;
+    ASSERT_TRUE(detail::attention_sm90_tma_out(p));
+    p.head_dim = 96;
     ASSERT_TRUE(detail::attention_sm90_tma_out(p));
     p.head_dim = 64;
     ASSERT_FALSE(detail::attention_sm90_tma_out(p));
@@ -302,7 +304,7 @@ TEST(AttentionGpu, StagedOutputByHeadDim) {
 
 // An out TMA cannot address (a batch of 1 with a batch stride of 1 element, which the API takes
 // for a size-1 dim) beside q, k, v it can: the Hopper kernel stores O (and lse) from registers
-// (at D = 128 and 256 it otherwise stores O through shared memory and TMA). Bitwise the out and
+// (at D = 96, 128 and 256 it otherwise stores O through shared memory and TMA). Bitwise the out and
 // lse of the same call into ordinary tensors, which match the reference; the NaN gaps of both
 // outs' wider rows untouched. The premise, that the launcher's TMA check refuses such an out,
 // is checked first: without it both calls would take TMA.
@@ -315,7 +317,7 @@ TEST(AttentionGpu, OutputTmaCannotAddress) {
     ASSERT_TRUE(detail::attention_tma_ok({t.data(), s * h * 128, t.stride(1), t.stride(2)}, false));
   }
   LLMK_REQUIRE_GPU();
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 96, 128, 256})
     for (bool causal : {false, true}) {
       SCOPED_TRACE(testing::Message() << "d " << d << (causal ? " causal" : ""));
       Heads q(DType::bf16, 1, s, h, d), k(DType::bf16, 1, s, h_kv, d), v(DType::bf16, 1, s, h_kv, d);
