@@ -85,7 +85,7 @@
 // D = 96 runs D = 128's tile on rows of two 64-column swizzle chunks, the second's columns
 // past 96 zero-filled by TMA (the maps' rows are 96 wide): S^T and dP^T take 6 k-steps, dV and
 // dK are m64n96, consumer 1's dQ share (columns 64-127) computes zeros past 96, which its
-// reduce-adds skip (out of the accumulator map's bounds).
+// producer warp does not add (reduce_dq_shares skips the box past the accumulator's rows).
 // Registers per consumer thread: dK + dV D, S^T + dP^T kBlockM, dQ 32. Shared memory: K, V
 // 2 x 128 x 64 x ceil(D / 64) x 2 bytes; Q, dO 2 stages x 2 x kBlockM x 64 x ceil(D / 64) x 2;
 // dS^T 2 buffers x 128 x kBlockM x 2; dQ out 32 KB: 192 KB at D = 64, 96 and 128. Roofline: 10 seq_q seq_k D FLOPs per (batch,

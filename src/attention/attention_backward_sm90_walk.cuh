@@ -191,6 +191,9 @@ __device__ __forceinline__ void write_row_stats(const Walk& walk, const Attentio
 // next tile): the boxes are freed once read, before that wait, so that the consumer's next
 // round does not wait for the pass (deterministic +3-8%, the default unchanged; a turn per
 // round instead, each passed after its round completed, was 5-7% slower than one).
+// A box wholly past the accumulator's rows (head dim 96: consumer 1's columns 96-127, zeros)
+// is not issued: its reduce-add wrote nothing but took its time to complete, which the turns
+// wait for (H100, same run: deterministic +2.5-6% at head dim 96 without it).
 template <int kRounds, class Walk>
 __device__ __forceinline__ void reduce_dq_shares(const Walk& walk, const AttentionBackwardParams& bp,
                                                  const CUtensorMap* map, uint8_t* boxes, uint32_t box_bytes, int c,
@@ -218,6 +221,7 @@ __device__ __forceinline__ void reduce_dq_shares(const Walk& walk, const Attenti
           wait_for_turn(counter, bp.dq_ordered ? rank : 1);
         for (int b = 0; b < 2; ++b) {
           const int32_t col = col0 + 64 * r + 32 * b;
+          if (col >= walk.p.head_dim) continue;  // head dim 96: consumer 1's second box
           if (store) tma_store_4d(map, boxes + b * box_bytes, col, row, head, walk.map_batch);
           else tma_reduce_add_4d(map, boxes + b * box_bytes, col, row, head, walk.map_batch);
         }
