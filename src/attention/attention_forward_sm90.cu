@@ -77,7 +77,7 @@ bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, con
 
 // O through shared memory and TMA stores at head dims 96, 128 and 256 (the kernel's kTmaOut).
 bool attention_sm90_tma_out(const AttentionParams& p) {
-  return p.head_dim >= 96 && attention_tma_ok(p.out, p.cu_seqlens_q != nullptr);
+  return attention_sm90_stages_output(p.head_dim) && attention_tma_ok(p.out, p.cu_seqlens_q != nullptr);
 }
 
 // Causal calls at head dim 64 take 192-row tiles from 8192 query rows: below, they lost

@@ -120,7 +120,7 @@ struct AttentionSm90Tile {
   // must not sit in a branch of its own (a TMA path and a register path): ptxas then
   // serialized every wgmma of the kernel (C7520, a compiler-inserted warpgroup.arrive in a
   // divergent path); every warp stages its rows and only the stores branch (store_output).
-  static constexpr bool kTmaOut = kHeadDim >= 96;
+  static constexpr bool kTmaOut = attention_sm90_stages_output(kHeadDim);
   // The wgmma descriptors of S and P V formed once per GEMM and moved on by a 32-bit add per
   // k-step (descriptor_advanced), not rebuilt from the address each step, at D = 256 only;
   // there the shared addresses are broadcast from lane 0 first (warp_uniform), so that ptxas

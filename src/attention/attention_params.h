@@ -102,6 +102,11 @@ constexpr bool attention_sm90_head_dim(int64_t head_dim) {
   return (head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256) && head_dim_compiled(head_dim);
 }
 
+// The head dims whose Hopper forward stores O through shared memory and TMA (96, 128 and 256;
+// 64 from registers): the kernel's AttentionSm90Tile::kTmaOut, whose note has the measurements,
+// and the launcher's attention_sm90_tma_out.
+constexpr bool attention_sm90_stages_output(int64_t head_dim) { return head_dim >= 96; }
+
 // The backward's parameters: the forward's (lse required) and the gradients. D = rowsum(dout
 // * out) and the fp32 dq accumulator live in the caller's workspace, indexed like lse: the
 // row of (batch b, head h, sequence row i) is r = fwd.lse_offset(b, h) + q_start + i; D[r] is
