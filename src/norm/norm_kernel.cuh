@@ -115,6 +115,22 @@ __device__ __forceinline__ float norm_sum(float v) {
 template <bool kLean, bool kGate, int VPT>
 inline constexpr bool kNormStagesOperands = kLean && kGate && (VPT == 4 || VPT == 8);
 
+// LayerNorm's lean kernels with parameters no wider than the row (16-bit rows and parameters,
+// or fp32 both) issue every memory load of a row before its first use:
+//  - the block kernel at VPT 2 reads out-of-row vectors as zeros, so the mean needs no
+//    per-vector branch (under one, ptxas issued vector i + 1's load after vector i's sum: two
+//    DRAM round trips per row instead of one; VPT 4 and 8 already issued theirs together);
+//    32 -> 40 registers in bf16, so rows of 256+ vectors take VPT 2 over VPT 1's blocks of
+//    256-512 threads (norm_launch.cuh);
+//  - the warp kernel loads the weight and bias with the row (kAffine): in the output pass each
+//    vector's loads came after the previous vector's store, which may alias them, VPL dependent
+//    L1/L2 round trips per row (bf16: VPL 4 40 -> 76 registers, 6 -> 3 blocks per SM, faster).
+// H200, bf16, same-run A/B (docs/kernels/layernorm.md): 8192 x 1024 10.43 -> 10.13 us, 8192 x 4096
+// 43.6 -> 37.1, 8192 x 8192 86.2 -> 68.7, 4096 x 1024 7.38 -> 6.19; 2048 x 2048 6.21 -> 6.62 (the
+// one loss: 12 blocks per SM of 128 threads instead of 16 leave 2048 rows two waves).
+template <class T, class W, bool kLean, bool kCentered>
+inline constexpr bool kNormLoadsFirst = kLean && kCentered && sizeof(W) <= sizeof(T);
+
 // The staging's dynamic shared memory: per thread VPT vectors of the gate (T) and the weight (W).
 template <class T, class W, int N, int VPT, bool kLean, bool kGate>
 constexpr size_t norm_stage_bytes(int threads) {
@@ -174,6 +190,8 @@ template <class T, class W, int N, int VPT, bool kAdd, bool kCentered, bool kGat
 __device__ __forceinline__ void norm_row(const NormParams& p, int64_t row, int t, bool writer, RowSum sum) {
   const int lanes = kLanes > 0 ? kLanes : static_cast<int>(blockDim.x);
   constexpr bool kPrefetchWeight = !kLean && VPT <= 4;
+  constexpr bool kRowLoadsFirst = kNormLoadsFirst<T, W, kLean, kCentered> && kLanes == 0 && VPT == 2;
+  constexpr bool kPrefetchAffine = kNormLoadsFirst<T, W, kLean, kCentered> && kAffine && kLanes > 0;
   const int d = static_cast<int>(p.d);
   const float inv_d = 1.0f / static_cast<float>(d);
   // Vector i of this thread is at column col(i) of the row. With lanes known at compile
@@ -196,16 +214,22 @@ __device__ __forceinline__ void norm_row(const NormParams& p, int64_t row, int t
   Vec<T, N> s[VPT];
   Vec<W, N> w[kPrefetchWeight ? VPT : 1];
   Vec<T, N> z[kGate && kPrefetchWeight ? VPT : 1];
+  Vec<W, N> wa[kPrefetchAffine ? VPT : 1], ba[kPrefetchAffine ? VPT : 1];
   constexpr bool kStage = kNormStagesOperands<kLean, kGate, VPT> && kLanes == 0;
   const NormStageSlots<T, W, N, VPT> staged(lanes);
   auto slot = [&](int i) { return i * lanes + t; };
   float sum_sq = 0.0f;  // RMSNorm: accumulated as the row arrives
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
+    if constexpr (kRowLoadsFirst) s[i] = filled_vec<T, N>(0.0f);
     if (in_row(i)) {
       s[i] = load_vec<T, N>(x + at(i));
       if constexpr (kStage) {
         stage_vec(&staged.gate[slot(i)], gate + at(i));
+      }
+      if constexpr (kPrefetchAffine) {
+        wa[i] = load_vec<W, N>(weight + at(i));
+        ba[i] = load_vec<W, N>(bias + at(i));
       }
       if constexpr (kPrefetchWeight) {
         w[i] = has_weight ? load_vec<W, N>(weight + at(i)) : filled_vec<W, N>(1.0f);
@@ -230,7 +254,7 @@ __device__ __forceinline__ void norm_row(const NormParams& p, int64_t row, int t
   if constexpr (kCentered) {
     // The mean first, then the centered sum of squares from registers: exact where
     // E[x^2] - E[x]^2 would cancel (rows far from zero, outliers).
-    mean = sum(thread_row_sum(s, in_row)) * inv_d;
+    mean = sum(kRowLoadsFirst ? thread_row_sum(s, [](int) { return true; }) : thread_row_sum(s, in_row)) * inv_d;
     float m2 = 0.0f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
@@ -263,11 +287,19 @@ __device__ __forceinline__ void norm_row(const NormParams& p, int64_t row, int t
       // A missing weight reads as ones and a missing bias as zeros, so that both stay
       // packed until used (a conditionally loaded vector was unpacked into one register
       // per element: 16 more registers for the LayerNorm warp kernel).
+      // The prefetched weight and bias are opaque here too, so that ptxas does not convert
+      // them to fp32 across the reductions (VPL 4: 117 registers instead of 76).
       Vec<W, N> wv, bv;
+      if constexpr (kPrefetchAffine) {
+        opaque(wa[i]);
+        opaque(ba[i]);
+      }
       if constexpr (kPrefetchWeight) wv = w[i];
+      else if constexpr (kPrefetchAffine) wv = wa[i];
       else if constexpr (kStage) wv = read_staged(&staged.weight[slot(i)]);
       else wv = has_weight ? load_vec<W, N>(weight + at(i)) : filled_vec<W, N>(1.0f);
-      bv = has_bias ? load_vec<W, N>(bias + at(i)) : filled_vec<W, N>(0.0f);
+      if constexpr (kPrefetchAffine) bv = ba[i];
+      else bv = has_bias ? load_vec<W, N>(bias + at(i)) : filled_vec<W, N>(0.0f);
       Vec<T, N> zv;
       if constexpr (kGate) {
         if constexpr (kPrefetchWeight) zv = z[i];

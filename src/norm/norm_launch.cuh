@@ -185,7 +185,15 @@ void launch_norm(const char* op, const NormParams& p, DType act, DType affine, b
         // kAffine only for LayerNorm (the gated form's weight is always there, its bias never).
         auto launch_lean = [&](auto affine_tag) {
           constexpr bool kAffine = decltype(affine_tag)::value;
-          const RowShape shape = norm_shape<kAdd, kCentered, kGate, true, kAffine, T, W>(p.rows, vectors);
+          // Rows of 256+ vectors with loads first (kNormLoadsFirst) take VPT 2 or more: VPT 1's
+          // blocks of 256-512 threads, picked where they hold more threads per SM (a build at 31
+          // registers), ran slower at 8192 x 4096 bf16 (by 17% in an H100 run of an uncommitted
+          // try that chose this rule; not repeated since).
+          const bool skip_vpt1 = kNormLoadsFirst<T, W, true, kCentered> && vectors >= 256;
+          const RowShape shape = pick_row_shape(p.rows, vectors, [&](int vpt) {
+            return skip_vpt1 && vpt == 1 ? nullptr
+                                         : norm_vec_kernel_for<kAdd, kCentered, kGate, true, kAffine, T, W>(vpt);
+          });
           return dispatch_vpt(shape.vpt, [&](auto v) {
             constexpr int kVpt = decltype(v)::value;
             auto* kernel = norm_vec_kernel<T, W, N, kVpt, kAdd, kCentered, kGate, true, kAffine>;

@@ -113,7 +113,7 @@ TEST(LayerNormGpu, OptionalParamsStridesInPlaceFarFromZero) {
 // Many rows (>= 2 per SM on GPUs of up to 150 SMs, so the rule takes the warp or the lean
 // kernel), rows not a multiple of the warp kernel's 8 rows per block, and each row length
 // class of the warp kernel: 33 (the shortest), 64, 65, 96 (768 in 16-bit types), 112 and 128
-// (1024 in 16-bit types) 16-byte vectors; then the lean kernel's 4096-column rows.
+// (1024 in 16-bit types) 16-byte vectors; then the lean kernel's rows of 300-520 vectors.
 TEST(LayerNormGpu, ManyRowsTakeTheWarpAndLeanKernels) {
   LLMK_REQUIRE_GPU();
   NormPathScope rule(nullptr);
@@ -131,6 +131,9 @@ TEST(LayerNormGpu, ManyRowsTakeTheWarpAndLeanKernels) {
     run_gpu_case({dt, dt, 300, 4096, 4096, true, true, false, 0.0f});                  // lean kernel
     run_gpu_case({dt, DType::f32, 300, 4096, 2 * 4096, true, true, true, 0.0f});
     run_gpu_case({dt, dt, 300, 520 * vec, 520 * vec, false, true, false, 5.0f});
+    // The lean kernel at VPT 2 with its loads first: 300 vectors on 160 threads, so the last
+    // 20 threads' second vectors lie past the row (read as zeros, left out of the variance).
+    run_gpu_case({dt, dt, 300, 300 * vec, 300 * vec + vec, true, true, false, 3.0f});
   }
 }
 
