@@ -389,54 +389,96 @@ __global__ void __launch_bounds__(kNormWarpRows * 32, (norm_warp_min_blocks<T, W
 // each thread striding over the row; the row is re-read for the output (and LayerNorm's
 // centered pass) from L2, where it still is: a few rows per SM are in flight. It holds no
 // row, so 32 registers and blocks of up to 1024 threads keep every SM full.
+//
+// Each pass walks the row in steps of kSteps vectors per thread whose loads are issued
+// together: a step's vectors past the row re-read the thread's first vector of the step
+// (its own, so an in-place call races with no other thread) and are left out. Before, under
+// a loop unrolled 4 times with a row-end test between its vectors, ptxas issued each load
+// after the previous vector's use (first pass) or store (output pass, whose store may alias
+// the next load): one 16-byte load in flight per thread. Rows are addressed as arrays of
+// vectors (VecRow), so that every access is one 16-byte instruction: stores through
+// T pointers plus a run-time offset were split into 16-bit stores.
 template <class T, class W, int N, bool kAdd, bool kCentered, bool kGate>
 __global__ void __launch_bounds__(1024, 2) norm_loop_kernel(NormParams p) {
+  using VT = Vec<T, N>;
+  using VW = Vec<W, N>;
   ptx::pdl_start();
-  const W* weight = static_cast<const W*>(p.weight);
-  const W* bias = static_cast<const W*>(p.bias);
+  const VW* weight = static_cast<const VW*>(p.weight);
+  const VW* bias = static_cast<const VW*>(p.bias);
   const bool has_weight = !kCentered || weight != nullptr;
   const bool has_bias = kCentered && bias != nullptr;
   const float inv_d = 1.0f / static_cast<float>(p.d);
   const int64_t vectors = p.d / N;
-  // Each pass is unrolled 4 steps, except for LayerNorm and the gated form with vectors
-  // (LLMK_NORM_PATH=stream only), whose output pass holds three 16-byte vectors per step:
-  // at 4 (or 2) steps they spilled 300+ bytes at this kernel's 32 registers.
-  constexpr int kUnroll = (kCentered || kGate) && N > 1 ? 1 : 4;
+  // Two 16-byte vectors a step, except where the output pass holds three (LayerNorm's bias,
+  // the gate) or a parameter vector twice the row's (fp32 weights of 16-bit rows), and for
+  // scalars: there two steps spilled at this kernel's 32 registers.
+  constexpr int kSteps = N > 1 && !kCentered && !kGate && sizeof(W) <= sizeof(T) ? 2 : 1;
+  const int64_t step = int64_t{kSteps} * blockDim.x;
+  // The step at vector v0 (this thread's first): each vector's index, v0 past the row, and
+  // which of them lie in the row.
+  auto step_at = [&](int64_t v0, int64_t (&at)[kSteps], bool (&in)[kSteps]) {
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k) {
+      const int64_t v = v0 + int64_t{k} * blockDim.x;
+      in[k] = k == 0 || v < vectors;
+      at[k] = in[k] ? v : v0;
+    }
+  };
+  auto row_of = [&](const void* base, int64_t stride, int64_t row) {
+    return reinterpret_cast<const VT*>(static_cast<const T*>(base) + row * stride);
+  };
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
-    T* residual_out = static_cast<T*>(p.residual_out) + row * p.residual_out_stride;
-    const T* s_row = kAdd ? residual_out : x;  // the normalized input, for the later passes
+    const VT* x = row_of(p.x, p.x_stride, row);
+    VT* residual_out = const_cast<VT*>(row_of(p.residual_out, p.residual_out_stride, row));
+    const VT* s_row = kAdd ? residual_out : x;  // the normalized input, for the later passes
     // Each thread revisits exactly the vectors it read (and, with kAdd, wrote) in the
     // first pass, so in-place calls need no barrier between the passes.
     float sum = 0.0f;  // of s (LayerNorm) or of s^2 (RMSNorm)
-#pragma unroll kUnroll
-    for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
-      Vec<T, N> s = load_vec<T, N>(x + v * N);
+    for (int64_t v0 = threadIdx.x; v0 < vectors; v0 += step) {
+      int64_t at[kSteps];
+      bool in[kSteps];
+      step_at(v0, at, in);
+      VT s[kSteps];
+#pragma unroll
+      for (int k = 0; k < kSteps; ++k) s[k] = x[at[k]];
       if constexpr (kAdd) {
-        const T* res = static_cast<const T*>(p.residual) + row * p.residual_stride;
-        const Vec<T, N> r = load_vec<T, N>(res + v * N);
+        const VT* res = row_of(p.residual, p.residual_stride, row);
+        VT r[kSteps];
 #pragma unroll
-        for (int j = 0; j < N; ++j) s.v[j] = from_float<T>(to_float(s.v[j]) + to_float(r.v[j]));
-        store_vec(residual_out + v * N, s);
+        for (int k = 0; k < kSteps; ++k) r[k] = res[at[k]];
+#pragma unroll
+        for (int k = 0; k < kSteps; ++k) {
+#pragma unroll
+          for (int j = 0; j < N; ++j) s[k].v[j] = from_float<T>(to_float(s[k].v[j]) + to_float(r[k].v[j]));
+          if (in[k]) residual_out[at[k]] = s[k];
+        }
       }
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        const float f = to_float(s.v[j]);
-        sum += kCentered ? f : f * f;
-      }
+      for (int k = 0; k < kSteps; ++k)
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float f = in[k] ? to_float(s[k].v[j]) : 0.0f;
+          sum += kCentered ? f : f * f;
+        }
     }
     float mean = 0.0f;
     if constexpr (kCentered) {  // a second pass (from L1/L2) for the centered sum of squares
       mean = block_sum(sum) * inv_d;
       sum = 0.0f;
-#pragma unroll kUnroll
-      for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
-        const Vec<T, N> s = load_vec<T, N>(s_row + v * N);
+      for (int64_t v0 = threadIdx.x; v0 < vectors; v0 += step) {
+        int64_t at[kSteps];
+        bool in[kSteps];
+        step_at(v0, at, in);
+        VT s[kSteps];
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float c = to_float(s.v[j]) - mean;
-          sum += c * c;
-        }
+        for (int k = 0; k < kSteps; ++k) s[k] = s_row[at[k]];
+#pragma unroll
+        for (int k = 0; k < kSteps; ++k)
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            const float c = in[k] ? to_float(s[k].v[j]) - mean : 0.0f;
+            sum += c * c;
+          }
       }
     }
     const float r = rsqrtf(block_sum(sum) * inv_d + p.eps);
@@ -445,23 +487,32 @@ __global__ void __launch_bounds__(1024, 2) norm_loop_kernel(NormParams p) {
       if constexpr (kCentered)
         if (p.mean != nullptr) p.mean[row] = mean;
     }
-    T* out = static_cast<T*>(p.out) + row * p.out_stride;
-    const T* gate = kGate ? static_cast<const T*>(p.gate) + row * p.gate_stride : nullptr;
-#pragma unroll kUnroll
-    for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
-      const Vec<T, N> s = load_vec<T, N>(s_row + v * N);
-      const Vec<W, N> w = has_weight ? load_vec<W, N>(weight + v * N) : filled_vec<W, N>(1.0f);
-      const Vec<W, N> b = has_bias ? load_vec<W, N>(bias + v * N) : filled_vec<W, N>(0.0f);
-      Vec<T, N> z;
-      if constexpr (kGate) z = load_vec<T, N>(gate + v * N);
-      Vec<T, N> y;
+    VT* out = const_cast<VT*>(row_of(p.out, p.out_stride, row));
+    const VT* gate = kGate ? row_of(p.gate, p.gate_stride, row) : nullptr;
+    for (int64_t v0 = threadIdx.x; v0 < vectors; v0 += step) {
+      int64_t at[kSteps];
+      bool in[kSteps];
+      step_at(v0, at, in);
+      VT s[kSteps], z[kSteps];
+      VW w[kSteps], b[kSteps];
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        float f = (to_float(s.v[j]) - mean) * r * (p.offset + to_float(w.v[j])) + to_float(b.v[j]);
-        if constexpr (kGate) f *= silu<(N > 1)>(to_float(z.v[j]));
-        y.v[j] = from_float<T>(f);
+      for (int k = 0; k < kSteps; ++k) {
+        s[k] = s_row[at[k]];
+        w[k] = has_weight ? weight[at[k]] : filled_vec<W, N>(1.0f);
+        b[k] = has_bias ? bias[at[k]] : filled_vec<W, N>(0.0f);
+        if constexpr (kGate) z[k] = gate[at[k]];
       }
-      store_vec(out + v * N, y);
+#pragma unroll
+      for (int k = 0; k < kSteps; ++k) {
+        VT y;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          float f = (to_float(s[k].v[j]) - mean) * r * (p.offset + to_float(w[k].v[j])) + to_float(b[k].v[j]);
+          if constexpr (kGate) f *= silu<(N > 1)>(to_float(z[k].v[j]));
+          y.v[j] = from_float<T>(f);
+        }
+        if (in[k]) out[at[k]] = y;
+      }
     }
   }
 }
