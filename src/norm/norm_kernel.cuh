@@ -398,6 +398,21 @@ __global__ void __launch_bounds__(kNormWarpRows * 32, (norm_warp_min_blocks<T, W
 // the next load): one 16-byte load in flight per thread. Rows are addressed as arrays of
 // vectors (VecRow), so that every access is one 16-byte instruction: stores through
 // T pointers plus a run-time offset were split into 16-bit stores.
+// One step of the streaming kernel's walk over a row: the row indices of a thread's kSteps
+// vectors and which of them lie in the row.
+template <int kSteps>
+struct StreamStep {
+  int64_t at[kSteps];
+  bool in[kSteps];
+};
+
+// A step's vectors of a row, every load issued before any is used.
+template <int kSteps, class V>
+__device__ __forceinline__ void load_step(const V* src, const StreamStep<kSteps>& st, V (&vs)[kSteps]) {
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k) vs[k] = src[st.at[k]];
+}
+
 template <class T, class W, int N, bool kAdd, bool kCentered, bool kGate>
 __global__ void __launch_bounds__(1024, 2) norm_loop_kernel(NormParams p) {
   using VT = Vec<T, N>;
@@ -414,15 +429,18 @@ __global__ void __launch_bounds__(1024, 2) norm_loop_kernel(NormParams p) {
   // scalars: there two steps spilled at this kernel's 32 registers.
   constexpr int kSteps = N > 1 && !kCentered && !kGate && sizeof(W) <= sizeof(T) ? 2 : 1;
   const int64_t step = int64_t{kSteps} * blockDim.x;
+  using Step = StreamStep<kSteps>;
   // The step at vector v0 (this thread's first): each vector's index, v0 past the row, and
   // which of them lie in the row.
-  auto step_at = [&](int64_t v0, int64_t (&at)[kSteps], bool (&in)[kSteps]) {
+  auto step_at = [&](int64_t v0) {
+    Step st;
 #pragma unroll
     for (int k = 0; k < kSteps; ++k) {
       const int64_t v = v0 + int64_t{k} * blockDim.x;
-      in[k] = k == 0 || v < vectors;
-      at[k] = in[k] ? v : v0;
+      st.in[k] = k == 0 || v < vectors;
+      st.at[k] = st.in[k] ? v : v0;
     }
+    return st;
   };
   auto row_of = [&](const void* base, int64_t stride, int64_t row) {
     return reinterpret_cast<const VT*>(static_cast<const T*>(base) + row * stride);
@@ -435,29 +453,24 @@ __global__ void __launch_bounds__(1024, 2) norm_loop_kernel(NormParams p) {
     // first pass, so in-place calls need no barrier between the passes.
     float sum = 0.0f;  // of s (LayerNorm) or of s^2 (RMSNorm)
     for (int64_t v0 = threadIdx.x; v0 < vectors; v0 += step) {
-      int64_t at[kSteps];
-      bool in[kSteps];
-      step_at(v0, at, in);
+      const Step st = step_at(v0);
       VT s[kSteps];
-#pragma unroll
-      for (int k = 0; k < kSteps; ++k) s[k] = x[at[k]];
+      load_step(x, st, s);
       if constexpr (kAdd) {
-        const VT* res = row_of(p.residual, p.residual_stride, row);
         VT r[kSteps];
-#pragma unroll
-        for (int k = 0; k < kSteps; ++k) r[k] = res[at[k]];
+        load_step(row_of(p.residual, p.residual_stride, row), st, r);
 #pragma unroll
         for (int k = 0; k < kSteps; ++k) {
 #pragma unroll
           for (int j = 0; j < N; ++j) s[k].v[j] = from_float<T>(to_float(s[k].v[j]) + to_float(r[k].v[j]));
-          if (in[k]) residual_out[at[k]] = s[k];
+          if (st.in[k]) residual_out[st.at[k]] = s[k];
         }
       }
 #pragma unroll
       for (int k = 0; k < kSteps; ++k)
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          const float f = in[k] ? to_float(s[k].v[j]) : 0.0f;
+          const float f = st.in[k] ? to_float(s[k].v[j]) : 0.0f;
           sum += kCentered ? f : f * f;
         }
     }
@@ -466,17 +479,14 @@ __global__ void __launch_bounds__(1024, 2) norm_loop_kernel(NormParams p) {
       mean = block_sum(sum) * inv_d;
       sum = 0.0f;
       for (int64_t v0 = threadIdx.x; v0 < vectors; v0 += step) {
-        int64_t at[kSteps];
-        bool in[kSteps];
-        step_at(v0, at, in);
+        const Step st = step_at(v0);
         VT s[kSteps];
-#pragma unroll
-        for (int k = 0; k < kSteps; ++k) s[k] = s_row[at[k]];
+        load_step(s_row, st, s);
 #pragma unroll
         for (int k = 0; k < kSteps; ++k)
 #pragma unroll
           for (int j = 0; j < N; ++j) {
-            const float c = in[k] ? to_float(s[k].v[j]) - mean : 0.0f;
+            const float c = st.in[k] ? to_float(s[k].v[j]) - mean : 0.0f;
             sum += c * c;
           }
       }
@@ -490,17 +500,15 @@ __global__ void __launch_bounds__(1024, 2) norm_loop_kernel(NormParams p) {
     VT* out = const_cast<VT*>(row_of(p.out, p.out_stride, row));
     const VT* gate = kGate ? row_of(p.gate, p.gate_stride, row) : nullptr;
     for (int64_t v0 = threadIdx.x; v0 < vectors; v0 += step) {
-      int64_t at[kSteps];
-      bool in[kSteps];
-      step_at(v0, at, in);
+      const Step st = step_at(v0);
       VT s[kSteps], z[kSteps];
       VW w[kSteps], b[kSteps];
 #pragma unroll
       for (int k = 0; k < kSteps; ++k) {
-        s[k] = s_row[at[k]];
-        w[k] = has_weight ? weight[at[k]] : filled_vec<W, N>(1.0f);
-        b[k] = has_bias ? bias[at[k]] : filled_vec<W, N>(0.0f);
-        if constexpr (kGate) z[k] = gate[at[k]];
+        s[k] = s_row[st.at[k]];
+        w[k] = has_weight ? weight[st.at[k]] : filled_vec<W, N>(1.0f);
+        b[k] = has_bias ? bias[st.at[k]] : filled_vec<W, N>(0.0f);
+        if constexpr (kGate) z[k] = gate[st.at[k]];
       }
 #pragma unroll
       for (int k = 0; k < kSteps; ++k) {
@@ -511,7 +519,7 @@ __global__ void __launch_bounds__(1024, 2) norm_loop_kernel(NormParams p) {
           if constexpr (kGate) f *= silu<(N > 1)>(to_float(z[k].v[j]));
           y.v[j] = from_float<T>(f);
         }
-        if (in[k]) out[at[k]] = y;
+        if (st.in[k]) out[st.at[k]] = y;
       }
     }
   }
