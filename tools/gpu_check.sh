@@ -10,6 +10,9 @@
 #
 # GoogleTest: the installed one, else the source tree in .deps/googletest (carry it to a
 # machine that has none: cp -r /usr/src/googletest .deps/).
+# Benchmark peers that the GPU machine lacks (Liger-Kernel: pure Python over Triton) come as
+# wheels in .deps/whl, installed for this run only:
+#   pip download --no-deps --only-binary=:all: -d .deps/whl liger-kernel==0.8.5
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -30,6 +33,10 @@ note() { summary+=("$1"); echo "== $1"; }
 export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
 # The commit the benchmark CSV names: the device copy has no .git, so it comes from here.
 [ -f .deps/commit ] && export LLMK_COMMIT=${LLMK_COMMIT:-$(cat .deps/commit)}
+if compgen -G ".deps/whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/llmk_peers .deps/whl/*.whl &&
+    export PYTHONPATH=$PYTHONPATH:/tmp/llmk_peers
+fi
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -2;
   python3 -c "import torch; print('torch', torch.__version__)"; } > "$OUT/build.log" 2>&1
