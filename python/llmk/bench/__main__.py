@@ -3,6 +3,8 @@ python -m llmk.bench --op gemm [--gemm-shapes ...] [--gemm-m ...] [--gemm-parts 
 python -m llmk.bench --e2e [--e2e-families ...] [--e2e-layers N] [--e2e-phases ...] [--e2e-impls ...]
 python -m llmk.bench --gaps [--csv F] [--plot F] [--table F]
 python -m llmk.bench --from-csv A.csv [B.csv ...] [--table F] [--plot F]
+python -m llmk.bench --op rmsnorm --tokens 8192 --hidden 4096 --impls [IMPL ...] --variant base --csv F
+python -m llmk.bench --ab-summary A.csv [B.csv ...]
 
 On a GPU: every case of the op's sweep, llmk beside its peers, in one run; a CSV of all
 timings, a markdown table and a plot. Without a GPU: the same cases on the CPU backend at
@@ -15,7 +17,10 @@ over real models' weight shapes, the fused epilogues and rmsnorm_linear, with it
 trimming flags: see gemm_cases.py. `--e2e` (in --all on a GPU) times whole Hugging Face
 models, eager against torch.compile, Liger-Kernel and llmk.patch: see e2e_cases.py. `--gaps`
 runs only the rows of GAPS, where issue 16's sweep found llmk behind torch.compile or
-Liger-Kernel (Liger is a peer wherever it has the op and imports: liger_peers.py). A case
+Liger-Kernel (Liger is a peer wherever it has the op and imports: liger_peers.py). `--impls`
+keeps llmk and the named peers (none: llmk alone), `--variant` labels the rows, and
+`--ab-summary` compares the labelled runs of an A/B (tools/gpu_ab.sh builds the base and the
+new tree and alternates them). A case
 that fails (an op not built, a peer that does not run) is reported and skipped; the run then
 exits with status 1 after writing what it measured.
 """
@@ -142,8 +147,9 @@ def sweep(ops, tokens_list, hidden_list, device):
     return cases
 
 
-def run(cases, dtype, device, info, failures):
-    """Every (op, tokens, hidden) case on `device`, one row per impl; failures collects what did not run."""
+def run(cases, dtype, device, info, failures, only=None):
+    """Every (op, tokens, hidden) case on `device`, one row per impl (of `only`, with llmk, when
+    given); failures collects what did not run."""
     if device == "cuda":
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, name):
@@ -158,6 +164,8 @@ def run(cases, dtype, device, info, failures):
             print(f"{op:17s} {tokens:6d} x {hidden:6d}  skipped: {failures[-1]}", flush=True)
             continue
         case_rows, results = [], {}
+        if only:
+            impls = {k: v for k, v in impls.items() if k == "llmk" or k in only}
         for impl, fn in _runnable(impls, device, noted).items():
             try:
                 us, method = timing.time_op(fn, sets, device)
@@ -336,6 +344,26 @@ def rebuild(args) -> int:
     return 0
 
 
+def ab_summary(paths) -> str:
+    """An A/B's table from the CSVs of its runs (rows labelled by --variant, base and new, in
+    alternated repeats): per case, each variant's llmk times in run order, and the best base
+    time over the best new time (above 1: new is faster)."""
+    times = {}
+    for path in paths:
+        with open(path) as f:
+            for r in csv.DictReader(line for line in f if not line.startswith("#")):
+                if r["impl"] == "llmk":
+                    times.setdefault((r["op"], r["dtype"], int(r["tokens"]), int(r["hidden"])), {}).setdefault(
+                        r.get("variant") or "-", []).append(float(r["time_us"]))
+    lines = ["| op | dtype | tokens x hidden | base us | new us | base / new |", "|---|---|---|---|---|---:|"]
+    for (op, dtype, tokens, hidden), by in times.items():
+        base, new = by.get("base", []), by.get("new", [])
+        ratio = f"{min(base) / min(new):.3f}x" if base and new else "-"
+        lines.append(f"| {op} | {dtype} | {tokens} x {hidden} | {' '.join(f'{t:.2f}' for t in base)} | "
+                     f"{' '.join(f'{t:.2f}' for t in new)} | {ratio} |")
+    return "\n".join(lines)
+
+
 def report(table, rows, args):
     """Prints the table and writes it and the plot where the arguments ask."""
     print(table)
@@ -371,6 +399,11 @@ def main(argv=None):
                         help="only issue 16's rows where llmk trailed torch.compile or Liger-Kernel (GAPS)")
     parser.add_argument("--from-csv", nargs="+", metavar="CSV",
                         help="no timing: rebuild the table and plot from CSVs of earlier runs")
+    parser.add_argument("--impls", nargs="*", metavar="IMPL",
+                        help="time only these impls of each case besides llmk (e.g. compile liger; none: llmk alone)")
+    parser.add_argument("--variant", help="a label for every row (the CSV's variant column): an A/B's base or new")
+    parser.add_argument("--ab-summary", nargs="+", metavar="CSV",
+                        help="no timing: per case, the variants' llmk times and new over base (tools/gpu_ab.sh)")
     gemm_cases.add_arguments(parser)
     e2e_cases.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -378,6 +411,9 @@ def main(argv=None):
 
     if args.from_csv:
         return rebuild(args)
+    if args.ab_summary:
+        print(ab_summary(args.ab_summary))
+        return 0
 
     device = "cuda" if torch.cuda.is_available() and llmk._C.cuda_device_count() > 0 else "cpu"
     if device == "cpu":
@@ -393,7 +429,8 @@ def main(argv=None):
     info = machine(device, ops + [op for op, _, _ in cases])
     print(_header(info, _commit(), datetime.date.today()), flush=True)
     failures = []
-    rows = run(cases, getattr(torch, args.dtype), device, info, failures)
+    only = set(args.impls or ["llmk"]) if args.impls is not None else None
+    rows = run(cases, getattr(torch, args.dtype), device, info, failures, only)
     if GEMM in ops:
         rows += gemm_cases.run(args, torch.bfloat16, device, info, failures)
     if "cross_entropy" in ops:  # with it, the fused linear + cross-entropy (GPU only: a note on CPU)
@@ -405,6 +442,9 @@ def main(argv=None):
         rows += e2e_cases.run(args, device, failures, lambda e2e_rows: write_csv(args.csv, rows + e2e_rows, info))
     elif args.all:
         print("e2e: not in --all without a GPU (--e2e runs its tiny CPU version)", flush=True)
+    if args.variant:
+        for r in rows:
+            r["variant"] = args.variant
     write_csv(args.csv, rows, info)
     report(_header(info, _commit(), datetime.date.today()) + "\n" + markdown_table(rows, info), rows, args)
     if failures:
