@@ -164,7 +164,7 @@ def run(cases, dtype, device, info, failures, only=None):
             print(f"{op:17s} {tokens:6d} x {hidden:6d}  skipped: {failures[-1]}", flush=True)
             continue
         case_rows, results = [], {}
-        if only:
+        if only is not None:
             impls = {k: v for k, v in impls.items() if k == "llmk" or k in only}
         for impl, fn in _runnable(impls, device, noted).items():
             try:
@@ -429,8 +429,8 @@ def main(argv=None):
     info = machine(device, ops + [op for op, _, _ in cases])
     print(_header(info, _commit(), datetime.date.today()), flush=True)
     failures = []
-    only = set(args.impls or ["llmk"]) if args.impls is not None else None
-    rows = run(cases, getattr(torch, args.dtype), device, info, failures, only)
+    rows = run(cases, getattr(torch, args.dtype), device, info, failures,
+               set(args.impls) if args.impls is not None else None)
     if GEMM in ops:
         rows += gemm_cases.run(args, torch.bfloat16, device, info, failures)
     if "cross_entropy" in ops:  # with it, the fused linear + cross-entropy (GPU only: a note on CPU)
