@@ -24,7 +24,10 @@
 // reads dy and x and writes dx, 6 bytes, plus splits * d * 8 bytes of partial sums written
 // and read (at most 2.1% of the rows' traffic: 2048 x 3072, 22 splits: 0.54 MB against
 // 38 MB; 8192 x 16384, 4 splits: 0.5 MB against 805 MB). ~20 FLOPs and one erfc/exp per
-// element: bandwidth bound. 8192 x 16384 backward: 805 MB, 270 us at the H100's 2.985 TB/s
+// element: bandwidth bound once the tanh form's sigmoid takes no IEEE division (~30 issued
+// instructions per bf16 element, from ~40 with its Newton steps and slow-path branches,
+// which held 8192 x 16384 at 80% of DRAM and 69% of the SM's issue in Nsight Compute).
+// 8192 x 16384 backward: 805 MB, 270 us at the H100's 2.985 TB/s
 // copy rate; 16 rows: latency (one launch, one DRAM round trip for dy and x, the block's
 // sums, the stores of dx and dbias); split calls add a counter memset before the launch
 // and the last block's re-read of the partial rows (L2) after the others finish.
@@ -108,31 +111,32 @@ __global__ void __launch_bounds__(256, kBiasGeluBlocksPerSm) bias_gelu_backward_
   for (int j = 0; j < N; ++j) db[j] = 0.0f;
   if (active) {
     const Vec<T, N> b = load_vec<T, N>(static_cast<const T*>(p.bias) + c.col);
-    // Two rows per iteration, both loaded before either is stored.
+    // Two rows per iteration, both loaded before either is stored. Without a second row
+    // the first is loaded twice and its second copy left out: conditional loads kept
+    // the absent row's registers alive across the iteration (12 bytes spilled in the loop).
     for (int64_t row = c.first; row < p.rows; row += 2 * c.step) {
       const bool second = row + c.step < p.rows;
+      const int64_t rows[2] = {row, second ? row + c.step : row};
       Vec<T, N> dy[2], x[2];
 #pragma unroll
-      for (int k = 0; k < 2; ++k)
-        if (k == 0 || second) {
-          dy[k] = load_vec<T, N>(static_cast<const T*>(p.dy) + (row + k * c.step) * p.dy_stride + c.col);
-          x[k] = load_vec<T, N>(static_cast<const T*>(p.x) + (row + k * c.step) * p.x_stride + c.col);
-        }
+      for (int k = 0; k < 2; ++k) {
+        dy[k] = load_vec<T, N>(static_cast<const T*>(p.dy) + rows[k] * p.dy_stride + c.col);
+        x[k] = load_vec<T, N>(static_cast<const T*>(p.x) + rows[k] * p.x_stride + c.col);
+      }
 #pragma unroll
-      for (int k = 0; k < 2; ++k)
-        if (k == 0 || second) {
-          Vec<T, N> dx;
+      for (int k = 0; k < 2; ++k) {
+        Vec<T, N> dx;
 #pragma unroll
-          for (int j = 0; j < N; ++j) {
-            float v, slope;
-            ActivationMath<A>::value_and_slope(to_float(x[k].v[j]) + to_float(b.v[j]), v, slope);
-            const float g = to_float(dy[k].v[j]) * slope;
-            dx.v[j] = from_float<T>(g);
-            db[j] += g;
-          }
-          // In place (dx = x or dy) is safe: each thread reads its elements first.
-          store_vec(static_cast<T*>(p.dx) + (row + k * c.step) * p.dx_stride + c.col, dx);
+        for (int j = 0; j < N; ++j) {
+          float v, slope;
+          ActivationMath<A>::value_and_slope(to_float(x[k].v[j]) + to_float(b.v[j]), v, slope);
+          const float g = to_float(dy[k].v[j]) * slope;
+          dx.v[j] = from_float<T>(g);
+          if (k == 0 || second) db[j] += g;
         }
+        // In place (dx = x or dy) is safe: each thread reads its elements first.
+        if (k == 0 || second) store_vec(static_cast<T*>(p.dx) + rows[k] * p.dx_stride + c.col, dx);
+      }
     }
   }
   block_column_sums(db, sums);  // the block's rows, in a fixed order, in threadIdx.y == 0
