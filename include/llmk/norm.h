@@ -88,15 +88,19 @@ void layernorm(const TensorView& out, const TensorView& x, const std::optional<T
                const std::optional<TensorView>& mean = std::nullopt,
                const std::optional<TensorView>& rstd = std::nullopt, cudaStream_t stream = nullptr);
 
-// Backward of layernorm, with xhat = (x - mean) * rstd recomputed from x and g = dy * weight:
+// Backward of layernorm, with xhat = (x - mean) * rstd and g = dy * weight:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
 //   dweight = sum over rows of dy * xhat,  dbias = sum over rows of dy
-// dweight (needs weight) and dbias are optional, in the weight's (bias's) dtype, reduced
-// deterministically through `workspace` (f32, layernorm_backward_workspace_size elements;
-// ignored on the CPU).
+// mean and rstd: recomputed from x (and eps), or, when both are given, the forward's
+// ([rows] f32, as layernorm writes them for this x): one reduction per row fewer, and the
+// gradient of exactly the normalization the forward applied. dweight (needs weight) and
+// dbias are optional, in the weight's (bias's) dtype, reduced deterministically through
+// `workspace` (f32, layernorm_backward_workspace_size elements; ignored on the CPU).
 void layernorm_backward(const TensorView& dx, const std::optional<TensorView>& dweight,
                         const std::optional<TensorView>& dbias, const TensorView& dy,
                         const TensorView& x, const std::optional<TensorView>& weight, double eps,
+                        const std::optional<TensorView>& mean = std::nullopt,
+                        const std::optional<TensorView>& rstd = std::nullopt,
                         const std::optional<TensorView>& workspace = std::nullopt,
                         cudaStream_t stream = nullptr);
 

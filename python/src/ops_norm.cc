@@ -1,5 +1,6 @@
 // torch.ops.llmk normalization ops: rmsnorm, rmsnorm_with_rstd, add_rmsnorm, add_rmsnorm_,
-// rmsnorm_backward, rmsnorm_swiglu, rmsnorm_swiglu_backward, layernorm, layernorm_backward.
+// rmsnorm_backward, rmsnorm_swiglu, rmsnorm_swiglu_backward, layernorm, layernorm_with_stats,
+// layernorm_backward.
 // Schemas, fakes and autograd: python/llmk/ops/norm.py.
 #include <torch/csrc/stable/ops.h>
 
@@ -85,9 +86,25 @@ Tensor layernorm(Tensor x, std::optional<Tensor> weight, std::optional<Tensor> b
   return out;
 }
 
-// dweight and dbias are empty ([0]) when there is no weight / no dbias is wanted.
+// The forward with each row's mean and rstd (f32, x's shape without its last dim): what
+// autograd saves for layernorm_backward.
+std::tuple<Tensor, Tensor, Tensor> layernorm_with_stats(Tensor x, std::optional<Tensor> weight,
+                                                        std::optional<Tensor> bias, double eps) {
+  const OpCall op("layernorm", x);
+  Tensor out = output_like(x);
+  Tensor mean = empty(x, rows_shape(x), ScalarType::Float);
+  Tensor rstd = empty(x, rows_shape(x), ScalarType::Float);
+  llmk::layernorm(op.view(out, "out"), op.view(x, "x"), op.view(weight, "weight"), op.view(bias, "bias"), eps,
+                  op.view(torch::stable::flatten(mean), "mean"), op.view(torch::stable::flatten(rstd), "rstd"),
+                  op.stream());
+  return {out, mean, rstd};
+}
+
+// dweight and dbias are empty ([0]) when there is no weight / no dbias is wanted. mean and
+// rstd: the forward's statistics (both or neither), flattened to [rows].
 std::tuple<Tensor, Tensor, Tensor> layernorm_backward(Tensor dy, Tensor x, std::optional<Tensor> weight,
-                                                      double eps, bool want_dbias) {
+                                                      double eps, bool want_dbias, std::optional<Tensor> mean,
+                                                      std::optional<Tensor> rstd) {
   const OpCall op("layernorm_backward", x);
   dy = dense_rows(dy);
   const ScalarType param_dtype = weight ? weight->scalar_type() : x.scalar_type();
@@ -96,10 +113,12 @@ std::tuple<Tensor, Tensor, Tensor> layernorm_backward(Tensor dy, Tensor x, std::
   Tensor dweight = empty(x, {weight ? d : 0}, param_dtype);
   Tensor dbias = empty(x, {want_dbias ? d : 0}, param_dtype);
   Tensor workspace = row_workspace(x, llmk::layernorm_backward_workspace_size);
+  if (mean) mean = torch::stable::flatten(*mean);
+  if (rstd) rstd = torch::stable::flatten(*rstd);
   llmk::layernorm_backward(op.view(dx, "dx"), op.view_if(weight.has_value(), dweight, "dweight"),
                            op.view_if(want_dbias, dbias, "dbias"), op.view(dy, "dy"),
-                           op.view(x, "x"), op.view(weight, "weight"), eps, op.view(workspace, "workspace"),
-                           op.stream());
+                           op.view(x, "x"), op.view(weight, "weight"), eps, op.view(mean, "mean"),
+                           op.view(rstd, "rstd"), op.view(workspace, "workspace"), op.stream());
   return {dx, dweight, dbias};
 }
 
@@ -112,6 +131,7 @@ void register_norm(torch::stable::detail::StableLibrary& m) {
   m.impl("rmsnorm_swiglu", TORCH_BOX(&rmsnorm_swiglu));
   m.impl("rmsnorm_swiglu_backward", TORCH_BOX(&rmsnorm_swiglu_backward));
   m.impl("layernorm", TORCH_BOX(&layernorm));
+  m.impl("layernorm_with_stats", TORCH_BOX(&layernorm_with_stats));
   m.impl("layernorm_backward", TORCH_BOX(&layernorm_backward));
 }
 

@@ -1,6 +1,7 @@
-"""torch.ops.llmk.layernorm and layernorm_backward: values against the float64 definition on
-CPU and CUDA (optional weight and bias, inputs far from zero), autograd against float64
-autograd, opcheck, torch.compile(fullgraph=True), llmk.nn.LayerNorm as a drop-in, bad inputs."""
+"""torch.ops.llmk.layernorm (and layernorm_with_stats) and layernorm_backward: values against the
+float64 definition on CPU and CUDA (optional weight and bias, inputs far from zero), the
+statistics the forward saves and the backward reads, autograd against float64 autograd,
+opcheck, torch.compile(fullgraph=True), llmk.nn.LayerNorm as a drop-in, bad inputs."""
 
 import pytest
 import torch
@@ -68,6 +69,50 @@ def test_autograd_matches_float64(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 7), (2, 5, 768), (300, 4096), (1031, 256), (4, 40000)])
+def test_saved_statistics(device, dtype, shape):
+    """return_stats gives each row's mean and rstd; layernorm_backward reads the ones it is given
+    (moved off x's here, so a backward that recomputed them would fail) on every kernel path."""
+    x = torch.randn(shape, device=device, dtype=dtype) * 2 + 3
+    w = torch.randn(shape[-1], device=device, dtype=dtype)
+    y, mean, rstd = llmk.layernorm(x, w, None, 1e-5, return_stats=True)
+    x64 = x.double()
+    mean64 = x64.mean(-1)
+    rstd64 = torch.rsqrt((x64 - mean64[..., None]).pow(2).mean(-1) + 1e-5)
+    assert mean.dtype == rstd.dtype == torch.float32 and mean.shape == rstd.shape == shape[:-1]
+    assert_close(mean, mean64, 1e-5, "mean", atol=1e-5 * x64.abs().max().item())
+    assert_close(rstd, rstd64, 1e-5, "rstd")
+    assert_close(y, layernorm_ref(x, w, None, 1e-5), RTOL[dtype], atol=RTOL[dtype] * output_scale(x, w, None, 1e-5))
+    mean, rstd = mean + 0.1, rstd * 1.25
+    dy = torch.randn(shape, device=device, dtype=dtype)
+    dx, dw, db = llmk.layernorm_backward(dy, x, w, 1e-5, True, mean, rstd)
+    # The backward of y = (x - m) * r * w + b at the given m and r: xhat = (x - m) r, g = dy w,
+    # dx = r (g - mean(g) - xhat mean(g xhat)), dw = sum dy xhat, db = sum dy.
+    xhat = (x64 - mean.double()[..., None]) * rstd.double()[..., None]
+    g = dy.double() * w.double()
+    dx64 = rstd.double()[..., None] * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+    term = (g.abs().max().item() + 1) * 4 * 1.25
+    assert_close(dx, dx64, 2 * RTOL[dtype], "dx", atol=2 * RTOL[dtype] * term)
+    assert_close(dw, (dy.double() * xhat).flatten(0, -2).sum(0), 4 * RTOL[dtype], "dweight", atol_scale=0.05)
+    assert_close(db, dy.double().flatten(0, -2).sum(0), 4 * RTOL[dtype], "dbias", atol_scale=0.05)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autograd_saves_the_forward_statistics(device):
+    """Under autograd the forward is layernorm_with_stats; without a gradient, the plain op."""
+    x = torch.randn(4, 96, device=device, requires_grad=True)
+    w = torch.randn(96, device=device)
+    y = llmk.layernorm(x, w)
+    saved = y.grad_fn.saved_tensors  # x, weight, and the forward's mean and rstd
+    assert len(saved) == 4 and all(t.dtype == torch.float32 and t.shape == (4,) for t in saved[2:]), saved
+    y.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    with torch.no_grad():
+        assert llmk.layernorm(x, w).grad_fn is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_fullgraph(device):
     backend = "inductor" if device == "cuda" else "aot_eager"
 
@@ -110,5 +155,12 @@ def test_bad_inputs(device):
     with pytest.raises(RuntimeError, match="layernorm: eps must be"):
         llmk.layernorm(x, w, None, -1.0)
     assert llmk.layernorm(x[:0], w).shape == (0, 64)
+    stat = torch.ones(4, device=device)
+    with pytest.raises(RuntimeError, match="layernorm_backward: mean and rstd go together"):
+        llmk.layernorm_backward(x, x, w, 1e-5, True, stat, None)
+    with pytest.raises(RuntimeError, match=r"layernorm_backward: mean must have shape \[4\]"):
+        llmk.layernorm_backward(x, x, w, 1e-5, True, stat[:3], stat)
+    with pytest.raises(RuntimeError, match="layernorm_backward: rstd has dtype bfloat16, expected float32"):
+        llmk.layernorm_backward(x, x, w, 1e-5, True, stat, stat.bfloat16())
     # The C++ reference of the eager op agrees with PyTorch's own kernel.
     assert_close(llmk.layernorm(x.float(), w.float()), F.layer_norm(x.float(), (64,), w.float()), 1e-5, atol=1e-5)

@@ -340,6 +340,7 @@ void layernorm(const TensorView& out, const TensorView& x, const std::optional<T
 void layernorm_backward(const TensorView& dx, const std::optional<TensorView>& dweight,
                         const std::optional<TensorView>& dbias, const TensorView& dy,
                         const TensorView& x, const std::optional<TensorView>& weight, double eps,
+                        const std::optional<TensorView>& mean, const std::optional<TensorView>& rstd,
                         const std::optional<TensorView>& workspace, cudaStream_t stream) {
   const char* op = "layernorm_backward";
   const Rows xr = check_x(op, x);
@@ -362,11 +363,21 @@ void layernorm_backward(const TensorView& dx, const std::optional<TensorView>& d
   }
   if (weight) detail::check_no_overlap(op, "dx", dx, "weight", *weight, false);
   if (dweight && dbias) detail::check_no_overlap(op, "dweight", *dweight, "dbias", *dbias, false);
+  LLMK_CHECK(mean.has_value() == rstd.has_value(), op, ": mean and rstd go together (the forward's "
+             "statistics), got ", mean ? "mean" : "rstd", " alone");
+  for (const auto& [name, stat] : {std::pair{"mean", &mean}, {"rstd", &rstd}}) {
+    if (!*stat) continue;
+    check_row_stat(op, name, **stat, x, xr.rows, {{"dx", &dx}});
+    for (const auto* grad : {dweight ? &*dweight : nullptr, dbias ? &*dbias : nullptr})
+      if (grad != nullptr) detail::check_no_overlap(op, name, **stat, "a parameter gradient", *grad, false);
+  }
 
   detail::NormBackwardParams p = backward_params(dxr, dyr, xr, eps);
   p.dweight = dweight ? dweight->data() : nullptr;
   p.dbias = dbias ? dbias->data() : nullptr;
   p.weight = weight ? weight->data() : nullptr;
+  p.saved_mean = mean ? static_cast<const float*>(mean->data()) : nullptr;
+  p.saved_rstd = rstd ? static_cast<const float*>(rstd->data()) : nullptr;
   if (!x.is_cuda()) return detail::layernorm_backward_cpu(p, x.dtype(), affine);
 
   detail::DeviceGuard guard(op, "x", x);

@@ -13,7 +13,8 @@
 // every row (16-byte vectors, as the forward), so it accumulates its share of dweight (and
 // dbias) in registers across rows and writes it once to the partial rows of block b. Per
 // row: one pass loads x and dy, block reductions give the row statistics (LayerNorm: the
-// mean first), a second pass over the registers writes dx; two rows are in flight per
+// mean first, unless the forward's mean and rstd are given: then one reduction, of the sums
+// of g and g * xc), a second pass over the registers writes dx; two rows are in flight per
 // block (when VPT <= 2) so that loads overlap reductions without more partial sums. Warp
 // path (LayerNorm over many rows of 33-128 vectors): one warp per row, one 16-warp block per
 // SM, shuffle reductions, the column sums in per-warp slices of shared memory, one partial
@@ -79,6 +80,7 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
   const float inv_d = 1.0f / static_cast<float>(d);
   const W* weight = static_cast<const W*>(p.weight);
   const bool has_weight = !kCentered || weight != nullptr;  // RMSNorm: always, at compile time
+  const bool saved = kCentered && p.saved_mean != nullptr;  // the forward's mean and rstd
   float dw[VPT][N], db[kCentered ? VPT : 1][N];
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
@@ -91,10 +93,16 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
   for (int64_t base = blockIdx.x; base < p.rows; base += int64_t{R} * gridDim.x) {
     Vec<T, N> xv[R][VPT], dyv[R][VPT], zv[R][kGate ? VPT : 1];
     bool valid[R];
+    float mean[R], rstd[R];
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       const int64_t row = base + q * int64_t{gridDim.x};
       valid[q] = row < p.rows;
+      mean[q] = rstd[q] = 0.0f;
+      if (saved && valid[q]) {
+        mean[q] = p.saved_mean[row];
+        rstd[q] = p.saved_rstd[row];
+      }
       const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
       const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
 #pragma unroll
@@ -108,11 +116,9 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
         }
       }
     }
-    float mean[R];
+    if (kCentered && !saved) {  // the same for every thread of the block: its barriers are safe
 #pragma unroll
-    for (int q = 0; q < R; ++q) {
-      mean[q] = 0.0f;
-      if constexpr (kCentered)
+      for (int q = 0; q < R; ++q)
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {
           const int col = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * N;
@@ -120,8 +126,6 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
 #pragma unroll
             for (int j = 0; j < N; ++j) mean[q] += to_float(xv[q][i].v[j]);
         }
-    }
-    if constexpr (kCentered) {
       block_sums(mean);
 #pragma unroll
       for (int q = 0; q < R; ++q) mean[q] *= inv_d;
@@ -155,7 +159,7 @@ __global__ void __launch_bounds__(512) norm_backward_vec_kernel(NormBackwardPara
     for (int q = 0; q < R; ++q) {
       if (!valid[q]) break;
       const int64_t row = base + q * int64_t{gridDim.x};
-      const float r = rsqrtf(sums[q * K] * inv_d + p.eps);
+      const float r = saved ? rstd[q] : rsqrtf(sums[q * K] * inv_d + p.eps);
       const float mean_gxhat = r * sums[q * K + 1] * inv_d;
       const float mean_g = kCentered ? sums[q * K + 2] * inv_d : 0.0f;
       T* dx = static_cast<T*>(p.dx) + row * p.dx_stride;
@@ -249,6 +253,7 @@ __global__ void __launch_bounds__(kNormBackwardWarps * 32) norm_backward_warp_ke
   auto in_row = [&](int i) { return first + i * kStep < d; };
   const W* weight = static_cast<const W*>(p.weight) + first;
   const bool has_weight = !kCentered || p.weight != nullptr;  // RMSNorm: always, at compile time
+  const bool saved = kCentered && p.saved_mean != nullptr;  // the forward's mean and rstd
   float* dw_sums = column_sums + warp * (kCentered ? 2 : 1) * kSlice + first;  // this lane's columns
   float* db_sums = dw_sums + kSlice;
   // Only this lane ever touches its columns of its warp's slice: no barrier until the end.
@@ -271,8 +276,13 @@ __global__ void __launch_bounds__(kNormBackwardWarps * 32) norm_backward_warp_ke
         xv[i] = load_vec<T, N>(x + i * kStep);
         dyv[i] = load_vec<T, N>(dy + i * kStep);
       }
-    float mean = 0.0f;
-    if constexpr (kCentered) mean = warp_sum(thread_row_sum(xv, in_row)) * inv_d;
+    float mean = 0.0f, saved_r = 0.0f;
+    if (saved) {
+      mean = p.saved_mean[row];
+      saved_r = p.saved_rstd[row];
+    } else if constexpr (kCentered) {
+      mean = warp_sum(thread_row_sum(xv, in_row)) * inv_d;
+    }
     float sums[K];
 #pragma unroll
     for (int k = 0; k < K; ++k) sums[k] = 0.0f;
@@ -291,7 +301,7 @@ __global__ void __launch_bounds__(kNormBackwardWarps * 32) norm_backward_warp_ke
         }
       }
     warp_sums(sums);
-    const float r = rsqrtf(sums[0] * inv_d + p.eps);
+    const float r = saved ? saved_r : rsqrtf(sums[0] * inv_d + p.eps);
     const float mean_gxhat = r * sums[1] * inv_d;
     const float mean_g = kCentered ? sums[K - 1] * inv_d : 0.0f;
     T* dx = static_cast<T*>(p.dx) + row * p.dx_stride + first;
@@ -360,12 +370,15 @@ __global__ void __launch_bounds__(512) norm_backward_loop_kernel(NormBackwardPar
   auto scale = [&](int64_t col) {
     return norm_scale(p.offset, weight != nullptr, weight != nullptr ? weight[col] : W{});
   };
+  const bool saved = kCentered && p.saved_mean != nullptr;  // the forward's mean and rstd
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
     const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
     const T* z = kGate ? static_cast<const T*>(p.gate) + row * p.gate_stride : nullptr;
     float mean = 0.0f;
-    if constexpr (kCentered) {
+    if (saved) {
+      mean = p.saved_mean[row];
+    } else if constexpr (kCentered) {
       for (int64_t col = threadIdx.x; col < p.d; col += blockDim.x) mean += to_float(x[col]);
       mean = block_sum(mean) * inv_d;
     }
@@ -379,7 +392,7 @@ __global__ void __launch_bounds__(512) norm_backward_loop_kernel(NormBackwardPar
       sums[2] += g;
     }
     block_sums(sums);
-    const float r = rsqrtf(sums[0] * inv_d + p.eps);
+    const float r = saved ? p.saved_rstd[row] : rsqrtf(sums[0] * inv_d + p.eps);
     const float mean_gxhat = r * sums[1] * inv_d;
     const float mean_g = kCentered ? sums[2] * inv_d : 0.0f;
     if (threadIdx.x == 0) {

@@ -85,10 +85,16 @@ void norm_backward_rows(const NormBackwardParams& p) {
         dyn[c] *= act;
       }
     }
+    // LayerNorm's statistics: the forward's when given, else recomputed from x.
+    const bool saved = kCentered && p.saved_mean != nullptr;
     double mean = 0.0;
     if constexpr (kCentered) {
-      for (int64_t c = 0; c < p.d; ++c) mean += to_float(x[c]);
-      mean /= double(p.d);
+      if (saved) {
+        mean = p.saved_mean[row];
+      } else {
+        for (int64_t c = 0; c < p.d; ++c) mean += to_float(x[c]);
+        mean /= double(p.d);
+      }
     }
     double sum_sq = 0.0, sum_gxc = 0.0, sum_g = 0.0;
     for (int64_t c = 0; c < p.d; ++c) {
@@ -98,7 +104,7 @@ void norm_backward_rows(const NormBackwardParams& p) {
       sum_gxc += g * xc;
       sum_g += g;
     }
-    const double r = 1.0 / std::sqrt(sum_sq / double(p.d) + double(p.eps));
+    const double r = saved ? double(p.saved_rstd[row]) : 1.0 / std::sqrt(sum_sq / double(p.d) + double(p.eps));
     const double mean_gxhat = r * sum_gxc / double(p.d);
     const double mean_g = kCentered ? sum_g / double(p.d) : 0.0;
     T* dx = row_ptr<T>(p.dx, row, p.dx_stride);

@@ -45,6 +45,10 @@ struct NormBackwardParams {
   // out, the norm sees dy * silu(gate), and dgate = dy * y * silu'(gate).
   void* dgate;               // [rows, d]
   const void* gate;          // [rows, d]
+  // LayerNorm only, both or neither: the forward's per-row mean and rstd ([rows]), read
+  // instead of recomputed from x.
+  const float* saved_mean;
+  const float* saved_rstd;
   float* partial;            // workspace: partial dweight [blocks, d], partial dbias [blocks, d]
                              // (LayerNorm), then per-row mean and rstd for the loop path
   int64_t rows;

@@ -1,6 +1,7 @@
 // layernorm_backward: the CPU reference against finite differences of the CPU forward, the
 // CUDA kernels against the CPU reference on every path (with and without weight and
-// gradients), determinism, and bad inputs. The paths: the warp path (many rows of 33-128
+// gradients; statistics recomputed from x and given as the forward's), determinism, and bad
+// inputs. The paths: the warp path (many rows of 33-128
 // vectors), the vector path (other aligned rows; LLMK_NORM_PATH=vec also for those), the
 // loop path (unaligned or very long rows).
 #include <cstdlib>
@@ -38,23 +39,72 @@ TEST(LayerNormBackwardCpu, MatchesFiniteDifferences) {
   }
 }
 
-void run_gpu_case(DType dt, DType pdt, int64_t rows, int64_t d, int64_t stride, bool with_weight) {
+// With the CPU forward's mean and rstd, moved off (mean + 0.1, rstd * 1.25): the GPU must
+// read the statistics it is given (the same moved ones in the reference), not recompute them.
+void stats_of(const HostTensor& x, HostTensor& mean, HostTensor& rstd) {
+  HostTensor y(x.dtype, x.rows, x.d);
+  layernorm(y.view(), const_cast<HostTensor&>(x).view(), std::nullopt, std::nullopt, 1e-5, mean.view(true),
+            rstd.view(true));
+  for (int64_t r = 0; r < x.rows; ++r) {
+    mean.set(0, r, mean.get(0, r) + 0.1f);
+    rstd.set(0, r, rstd.get(0, r) * 1.25f);
+  }
+}
+
+// The CPU reference with the forward's own statistics gives the recomputing form's gradients
+// (to fp32 rounding of the statistics); with moved ones it gives other gradients: it uses them.
+TEST(LayerNormBackwardCpu, SavedStatisticsAreUsed) {
+  const int64_t rows = 5, d = 37;
+  HostTensor x(DType::f32, rows, d), w(DType::f32, 1, d), dy(DType::f32, rows, d);
+  x.randomize(0.5f, 1.0f);
+  w.randomize();
+  dy.randomize();
+  HostTensor y(DType::f32, rows, d), mean(DType::f32, 1, rows), rstd(DType::f32, 1, rows);
+  layernorm(y.view(), x.view(), w.view(true), std::nullopt, 1e-5, mean.view(true), rstd.view(true));
+  auto backward = [&](bool saved, HostTensor& dx, HostTensor& dw, HostTensor& db) {
+    layernorm_backward(dx.view(), dw.view(true), db.view(true), dy.view(), x.view(), w.view(true), 1e-5,
+                       saved ? std::optional<TensorView>(mean.view(true)) : std::nullopt,
+                       saved ? std::optional<TensorView>(rstd.view(true)) : std::nullopt);
+  };
+  HostTensor dx0(DType::f32, rows, d), dw0(DType::f32, 1, d), db0(DType::f32, 1, d);
+  HostTensor dx1(DType::f32, rows, d), dw1(DType::f32, 1, d), db1(DType::f32, 1, d);
+  backward(false, dx0, dw0, db0);
+  backward(true, dx1, dw1, db1);
+  expect_close(dx1, dx0, 1e-5f, "dx", 1e-6f);
+  expect_close(dw1, dw0, 1e-5f, "dweight", 1e-6f);
+  expect_close(db1, db0, 0.0f, "dbias", 0.0f);
+  for (int64_t r = 0; r < rows; ++r) rstd.set(0, r, rstd.get(0, r) * 1.25f);
+  backward(true, dx1, dw1, db1);
+  double moved = 0;
+  for (int64_t c = 0; c < d; ++c) moved = std::max(moved, std::fabs(double(dw1.get(0, c)) - dw0.get(0, c)));
+  EXPECT_GT(moved, 1e-3) << "a moved rstd left dweight as it was";
+}
+
+void run_gpu_case(DType dt, DType pdt, int64_t rows, int64_t d, int64_t stride, bool with_weight,
+                  bool saved_stats = false) {
   SCOPED_TRACE(testing::Message() << dtype_name(dt) << " params " << dtype_name(pdt) << " rows " << rows
-                                  << " d " << d << " stride " << stride << " weight " << with_weight);
+                                  << " d " << d << " stride " << stride << " weight " << with_weight
+                                  << " saved stats " << saved_stats);
   HostTensor x(dt, rows, d, stride), dy(dt, rows, d, stride), w(pdt, 1, d);
   x.randomize(0.5f, 1.0f);
   dy.randomize();
   w.randomize(1.0f, 0.5f);
+  HostTensor mean(DType::f32, 1, rows), rstd(DType::f32, 1, rows);
+  if (saved_stats) stats_of(x, mean, rstd);
+  auto stat = [&](HostTensor& t) { return saved_stats ? std::optional<TensorView>(t.view(true)) : std::nullopt; };
   const auto wopt = with_weight ? std::optional<TensorView>(w.view(true)) : std::nullopt;
   HostTensor ref_dx(dt, rows, d, stride), ref_dw(pdt, 1, d), ref_db(pdt, 1, d);
   layernorm_backward(ref_dx.view(), with_weight ? std::optional<TensorView>(ref_dw.view(true)) : std::nullopt,
-                     ref_db.view(true), dy.view(), x.view(), wopt, 1e-5);
+                     ref_db.view(true), dy.view(), x.view(), wopt, 1e-5, stat(mean), stat(rstd));
 
   HostTensor dx(dt, rows, d, stride), dw(pdt, 1, d), db(pdt, 1, d);
   dx.poison();
   dw.poison();
   db.poison();
-  DeviceTensor gx(x), gdy(dy), gw(w), gdx(dx), gdw(dw), gdb(db);
+  DeviceTensor gx(x), gdy(dy), gw(w), gdx(dx), gdw(dw), gdb(db), gmean(mean), grstd(rstd);
+  auto gstat = [&](const DeviceTensor& t) {
+    return saved_stats ? std::optional<TensorView>(t.view(true)) : std::nullopt;
+  };
   float* ws = nullptr;
   const int64_t ws_n = std::max<int64_t>(layernorm_backward_workspace_size(rows, d), 1);
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&ws), ws_n * 4), cudaSuccess);
@@ -63,17 +113,19 @@ void run_gpu_case(DType dt, DType pdt, int64_t rows, int64_t d, int64_t stride, 
   auto run = [&] {
     layernorm_backward(gdx.view(), with_weight ? std::optional<TensorView>(gdw.view(true)) : std::nullopt,
                        gdb.view(true), gdy.view(), gx.view(),
-                       with_weight ? std::optional<TensorView>(gw.view(true)) : std::nullopt, 1e-5, ws_view);
+                       with_weight ? std::optional<TensorView>(gw.view(true)) : std::nullopt, 1e-5, gstat(gmean),
+                       gstat(grstd), ws_view);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   };
   run();
   // dx is a difference of terms of size rstd * |dy * w|: its error is relative to them;
   // dweight and dbias sum `rows` terms of size |dy * xhat| and |dy|.
   float term = 0, dw_term = 0;
+  const float stat_scale = saved_stats ? 1.25f : 1.0f;  // rstd moved up, xhat with it
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < d; ++c) {
-      term = std::max(term, std::fabs(dy.get(r, c) * (with_weight ? w.get(0, c) : 1.0f)) * 4);
-      dw_term = std::max(dw_term, std::fabs(dy.get(r, c)) * 4);
+      term = std::max(term, std::fabs(dy.get(r, c) * (with_weight ? w.get(0, c) : 1.0f)) * 4 * stat_scale);
+      dw_term = std::max(dw_term, std::fabs(dy.get(r, c)) * 4 * stat_scale);
     }
   expect_close(gdx.download(), ref_dx, dtype_rtol(dt), "dx", 2 * dtype_rtol(dt) * term);
   const HostTensor db1 = gdb.download();
@@ -92,6 +144,21 @@ TEST(LayerNormBackwardGpu, MatchesCpuReference) {
         if (d >= 16384 && rows == 300) continue;
         run_gpu_case(dt, dt, rows, d, d, true);
       }
+}
+
+// The forward's statistics given (moved off what x gives: see stats_of) on every path: the
+// vector path (few and many rows, VPT 1-16), the warp path, the loop path (unaligned rows,
+// rows too long for registers), with and without weight, fp32 parameters, strided rows.
+TEST(LayerNormBackwardGpu, SavedStatisticsOnEveryPath) {
+  LLMK_REQUIRE_GPU();
+  for_each_norm_path({"auto", "warp", "vec"}, [](DType dt, int64_t vec) {
+    for (int64_t d : {int64_t{1}, int64_t{1000}, 33 * vec, 128 * vec, int64_t{4096}, int64_t{16384}})
+      for (int64_t rows : {1, 300, 1031})
+        if (d < 16384 || rows < 1031) run_gpu_case(dt, dt, rows, d, d, true, true);
+    run_gpu_case(dt, dt, 2000, 256, 256 + 5, true, true);  // unaligned: loop path, many rows
+    run_gpu_case(dt, dt, 5, 40000, 40000, true, true);      // long rows: loop path
+    run_gpu_case(dt, DType::f32, 77, 64 * vec, 3 * 64 * vec, false, true);
+  });
 }
 
 TEST(LayerNormBackwardGpu, ManyRowsStridesNoWeightFp32Params) {
@@ -145,6 +212,18 @@ TEST(LayerNormBackwardBadInput, Arguments) {
                "weight is bfloat16 but bias is float32");
   expect_error([&] { layernorm_backward(dy.view(), dw.view(true), std::nullopt, dy.view(), x.view(), w.view(true), 1e-5); },
                "dx and dy");
+  HostTensor mean(DType::f32, 1, 4), rstd(DType::f32, 1, 4), mean3(DType::f32, 1, 3), mean16(DType::bf16, 1, 4);
+  auto with_stats = [&](HostTensor& m, HostTensor* r) {
+    layernorm_backward(dx.view(), dw.view(true), std::nullopt, dy.view(), x.view(), w.view(true), 1e-5,
+                       m.view(true), r != nullptr ? std::optional<TensorView>(r->view(true)) : std::nullopt);
+  };
+  expect_error([&] { with_stats(mean, nullptr); }, "mean and rstd go together");
+  expect_error([&] { with_stats(mean3, &rstd); }, "mean");
+  expect_error([&] { with_stats(mean16, &rstd); }, "mean");
+  expect_error([&] {
+    layernorm_backward(dx.view(), dw.view(true), std::nullopt, dy.view(), x.view(), w.view(true), 1e-5, std::nullopt,
+                       rstd.view(true));
+  }, "mean and rstd go together");
   HostTensor fresh(DType::bf16, 4, 64);
   fresh.poison();
   EXPECT_EQ(dx.bytes, fresh.bytes);

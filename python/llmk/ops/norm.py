@@ -1,6 +1,8 @@
 """Normalization ops: rmsnorm (and its rstd form), add_rmsnorm(_), rmsnorm_backward,
-rmsnorm_swiglu (gated RMSNorm) and its backward, layernorm and layernorm_backward.
-C++ kernels: python/src/ops_norm.cc over include/llmk/norm.h."""
+rmsnorm_swiglu (gated RMSNorm) and its backward, layernorm (and its statistics form) and
+layernorm_backward. C++ kernels: python/src/ops_norm.cc over include/llmk/norm.h."""
+
+import torch
 
 from ._table import define, like, public, rows_f32
 
@@ -111,18 +113,52 @@ def _layernorm_setup(ctx, inputs, output):
 
 def _layernorm_grad(ctx, dy):
     x, weight = ctx.saved_tensors
-    dx, dweight, dbias = layernorm_backward(dy, x, weight, ctx.eps, ctx.has_bias)
+    dx, dweight, dbias = layernorm_backward(dy, x, weight, ctx.eps, ctx.has_bias, None, None)
     return dx, dweight if weight is not None else None, dbias if ctx.has_bias else None, None
 
 
-define(
+_layernorm = define(
     "layernorm(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor",
-    like, setup=_layernorm_setup, backward=_layernorm_grad,
-    doc="LayerNorm over the last dim: ``(x - mean) * rsqrt(var + eps) * weight + bias``, fp32 math, one "
-        "rounding; weight and bias optional (x's dtype or float32, the same when both).")
+    like, setup=_layernorm_setup, backward=_layernorm_grad, public=False)
 
 
-def _layernorm_backward_fake(dy, x, weight, eps, want_dbias):
+def _layernorm_with_stats_setup(ctx, inputs, output):
+    x, weight, bias, ctx.eps = inputs
+    ctx.save_for_backward(x, weight, output[1], output[2])
+    ctx.has_bias = bias is not None
+    ctx.mark_non_differentiable(output[1], output[2])
+
+
+def _layernorm_with_stats_grad(ctx, dy, *unused):  # mean and rstd are statistics: no gradient
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dweight, dbias = layernorm_backward(dy, x, weight, ctx.eps, ctx.has_bias, mean, rstd)
+    return dx, dweight if weight is not None else None, dbias if ctx.has_bias else None, None
+
+
+_layernorm_with_stats = define(
+    "layernorm_with_stats(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) "
+    "-> (Tensor, Tensor, Tensor)",
+    lambda x, weight, bias, eps: (like(x), rows_f32(x), rows_f32(x)),
+    setup=_layernorm_with_stats_setup, backward=_layernorm_with_stats_grad, public=False)
+
+
+@public
+def layernorm(x, weight=None, bias=None, eps=1e-5, return_stats=False):
+    """LayerNorm over the last dim: ``(x - mean) * rsqrt(var + eps) * weight + bias``, fp32 math,
+    one rounding; weight and bias optional (x's dtype or float32, the same when both).
+
+    When a gradient will be taken (or with ``return_stats``, which also returns them) the
+    forward writes each row's mean and rstd (float32, ``x.shape[:-1]``;
+    ``torch.ops.llmk.layernorm_with_stats``) and the backward reads them instead of
+    recomputing them from x."""
+    if return_stats or (torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, weight, bias))):
+        out = _layernorm_with_stats(x, weight, bias, eps)
+        return out if return_stats else out[0]
+    return _layernorm(x, weight, bias, eps)
+
+
+def _layernorm_backward_fake(dy, x, weight, eps, want_dbias, mean, rstd):
     dtype = weight.dtype if weight is not None else x.dtype
     d = x.shape[-1]
     return (like(x), x.new_empty(d if weight is not None else 0, dtype=dtype),
@@ -130,8 +166,9 @@ def _layernorm_backward_fake(dy, x, weight, eps, want_dbias):
 
 
 layernorm_backward = define(
-    "layernorm_backward(Tensor dy, Tensor x, Tensor? weight=None, float eps=1e-05, bool want_dbias=True) "
-    "-> (Tensor, Tensor, Tensor)",
+    "layernorm_backward(Tensor dy, Tensor x, Tensor? weight=None, float eps=1e-05, bool want_dbias=True, "
+    "Tensor? mean=None, Tensor? rstd=None) -> (Tensor, Tensor, Tensor)",
     _layernorm_backward_fake,
     doc="Gradients ``(dx, dweight, dbias)`` of :func:`layernorm`; dweight is empty without a weight, dbias "
-        "without ``want_dbias``.")
+        "without ``want_dbias``. ``mean`` and ``rstd`` (both or neither; float32, ``x.shape[:-1]``): the "
+        "forward's statistics (``layernorm(..., return_stats=True)``), read instead of recomputed from x.")
