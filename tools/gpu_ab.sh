@@ -14,8 +14,9 @@
 # /tmp/llmk_ab_base (the Python module only), and the new tree in build-gpu (as
 # tools/gpu_check.sh does). Files in $OUT: ab_build.log, ab_<variant>_<repeat>.csv (the
 # benchmark's columns plus variant), ab.md (the summary). Tests are gpu_check.sh's job.
-# Both variants run the new tree's Python (the harness and the op table) over their own _C:
-# an A/B of the kernels and the C++ layers, not of Python changes.
+# Each variant runs its own op layer (python/llmk: the op table over its own _C) with the
+# new tree's harness (python/llmk/bench) put in the base's place: an A/B may change a
+# schema or add an op, as long as what the harness calls exists on both sides.
 # AB_JOBS: parallel build jobs (default 16, the GPU machine's cores).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,8 +64,9 @@ fi
 build "$BASE" "$BASE/build" || { echo "BASE BUILD FAILED"; tail -30 "$OUT/ab_build.log"; exit 1; }
 build . build-gpu || { echo "NEW BUILD FAILED"; tail -30 "$OUT/ab_build.log"; exit 1; }
 echo "== builds: $(( $(date +%s) - t0 )) s"
-rm -rf "$BASE/harness" && cp -r python "$BASE/harness" && rm -f "$BASE"/harness/llmk/_C*.so &&
-  cp "$BASE"/python/llmk/_C*.so "$BASE/harness/llmk/" || { echo "no base _C to time"; exit 1; }
+rm -rf "$BASE/harness" && cp -r "$BASE/python" "$BASE/harness" && rm -rf "$BASE/harness/llmk/bench" &&
+  cp -r python/llmk/bench "$BASE/harness/llmk/bench" && compgen -G "$BASE/harness/llmk/_C*.so" > /dev/null ||
+  { echo "no base _C to time"; exit 1; }
 
 for r in $(seq "$repeats"); do
   for variant in base new; do
