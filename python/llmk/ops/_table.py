@@ -61,6 +61,15 @@ def public(fn: Callable) -> Callable:
     return fn
 
 
+def wants_grad(*args) -> bool:
+    """Whether a call on these arguments records a gradient (grad mode on and a tensor among
+    them that requires one): two C calls, or while torch.compile traces, the same test in
+    Python (Dynamo does not trace ``_any_requires_grad``)."""
+    if _is_compiling():
+        return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+    return _grad_enabled() and _any_requires_grad(*args)
+
+
 def like(x: torch.Tensor, *unused) -> torch.Tensor:
     """The fake of an output with x's shape and dtype (contiguous, as the C++ kernels allocate)."""
     return x.new_empty(x.shape)

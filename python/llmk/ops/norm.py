@@ -2,9 +2,7 @@
 rmsnorm_swiglu (gated RMSNorm) and its backward, layernorm (and its statistics form) and
 layernorm_backward. C++ kernels: python/src/ops_norm.cc over include/llmk/norm.h."""
 
-import torch
-
-from ._table import define, like, public, rows_f32
+from ._table import define, like, public, rows_f32, wants_grad
 
 
 
@@ -155,8 +153,7 @@ def layernorm(x, weight=None, bias=None, eps=1e-5, return_stats=False):
     forward writes each row's mean and rstd (float32, ``x.shape[:-1]``;
     ``torch.ops.llmk.layernorm_with_stats``) and the backward reads them instead of
     recomputing them from x."""
-    if return_stats or (torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, weight, bias))):
+    if return_stats or wants_grad(x, weight, bias):
         out = _layernorm_with_stats(x, weight, bias, eps)
         return out if return_stats else out[0]
     return _layernorm(x, weight, bias, eps)
