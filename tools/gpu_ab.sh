@@ -12,8 +12,8 @@
 # .deps/commit (each CSV's header names its variant's tree); carry .deps. The device copy
 # has no .git: `run` rebuilds the base as the tree with that patch reversed, in
 # /tmp/llmk_ab_base (the Python module only), and the new tree in build-gpu (as
-# tools/gpu_check.sh does). Files in $OUT: ab_build.log, ab_<variant>_<repeat>.csv (the
-# benchmark's columns plus variant), ab.md (the summary). Tests are gpu_check.sh's job.
+# tools/gpu_check.sh does). Files in $OUT: ab_build.log, ab.csv (every run's rows: the
+# benchmark's columns plus variant), ab_runs.log, ab.md (the summary). Tests are gpu_check.sh's job.
 # Each variant runs its own op layer (python/llmk: the op table over its own _C) with the
 # new tree's harness (python/llmk/bench) put in the base's place: an A/B may change a
 # schema or add an op, as long as what the harness calls exists on both sides.
@@ -68,14 +68,24 @@ rm -rf "$BASE/harness" && cp -r "$BASE/python" "$BASE/harness" && rm -rf "$BASE/
   cp -r python/llmk/bench "$BASE/harness/llmk/bench" && compgen -G "$BASE/harness/llmk/_C*.so" > /dev/null ||
   { echo "no base _C to time"; exit 1; }
 
+# Each run's rows go to ab.csv (one header, the variant column tells them apart) and its
+# output to ab_runs.log: the device returns at most 8 files from $OUT.
+: > "$OUT/ab_runs.log"
 for r in $(seq "$repeats"); do
   for variant in base new; do
     path=$PWD/python commit=${LLMK_COMMIT:-}
     [ $variant = base ] && path=$BASE/harness commit=$(cat .deps/ab_base_commit 2>/dev/null)
+    echo "==== $variant repeat $r" >> "$OUT/ab_runs.log"
     LLMK_COMMIT=$commit PYTHONPATH=$path${peers:-} python3 -m llmk.bench --impls --variant $variant "$@" \
-      --csv "$OUT/ab_${variant}_$r.csv" > "$OUT/ab_${variant}_$r.log" 2>&1 ||
-      echo "== $variant repeat $r: rc=$? (see ab_${variant}_$r.log)"
+      --csv "$OUT/ab_run.csv" >> "$OUT/ab_runs.log" 2>&1 ||
+      echo "== $variant repeat $r: rc=$? (see ab_runs.log)"
+    [ -f "$OUT/ab_run.csv" ] || continue
+    if [ -f "$OUT/ab.csv" ]; then grep -v -e '^#' -e '^op,' "$OUT/ab_run.csv" >> "$OUT/ab.csv"
+    else { echo "# A/B: base = $(cat .deps/ab_base_commit 2>/dev/null), new = ${LLMK_COMMIT:-}"
+           cat "$OUT/ab_run.csv"; } > "$OUT/ab.csv"; fi
+    rm -f "$OUT/ab_run.csv"
   done
 done
 echo "== timed: $(( $(date +%s) - t0 )) s"
-PYTHONPATH=$PWD/python python3 -m llmk.bench --ab-summary "$OUT"/ab_base_*.csv "$OUT"/ab_new_*.csv | tee "$OUT/ab.md"
+[ -f "$OUT/ab.csv" ] || { echo "no run wrote a CSV (see ab_runs.log)"; exit 1; }
+PYTHONPATH=$PWD/python python3 -m llmk.bench --ab-summary "$OUT/ab.csv" | tee "$OUT/ab.md"
