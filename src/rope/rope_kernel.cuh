@@ -5,12 +5,14 @@
 // holds the cos/sin of the P pairs [x * P, x * P + P) of its token and rotates those pairs
 // in every head of q and k that its head lane visits (heads y, y + blockDim.y, ...). With a
 // cache each thread reads its cos/sin row slice itself; from theta (double-precision math)
-// the block computes each (token, pair) once into shared memory first. The first head's
-// vectors are loaded before the angles, so their latency overlaps the position -> cache (or
-// angle) chain. A pair chunk is two vectors of P elements: x[i .. i+P) and
-// x[half + i .. half + i + P) in the NeoX style, x[2i .. 2i + 2P) in the GPT-J style (pairs
-// adjacent), 16-byte vectors where alignment allows (P = 8 for f16/bf16, 4 for f32), else
-// P = 1. Out of place, the threads after the pair chunks each hold two vectors of the tail
+// the block computes each (token, pair) once into shared memory first. Two heads are in
+// flight per thread: the first two are loaded before the angles, so their latency overlaps
+// the position -> cache (or angle) chain, and each later head is loaded while the one before
+// it is rotated and stored. Loaded vectors stay packed (opaque: 4 registers per 16 bytes,
+// not one per 16-bit element) until they are rotated. A pair chunk is two vectors of P
+// elements: x[i .. i+P) and x[half + i .. half + i + P) in the NeoX style, x[2i .. 2i + 2P)
+// in the GPT-J style (pairs adjacent), 16-byte vectors where alignment allows (P = 8 for
+// f16/bf16, 4 for f32), else P = 1. Out of place, the threads after the pair chunks each hold two vectors of the tail
 // [rot_dim, head_dim) instead and copy them: the same loads, stores and head loop without
 // the rotation, so the tail costs neither registers nor a second code path. In place is
 // the same kernel with out == in and no tail threads (run-time values, one instantiation).
@@ -20,7 +22,9 @@
 // (heads_q + heads_k) * head_dim * sizeof(T) (a copy followed by the in-place op moves
 // 2x that at full rotary); plus per token its position and rot_dim cache floats (~3% more
 // at 40 heads of 128); ~6 FLOPs per pair. Memory-bound: at 8192 tokens, 32 + 8 heads of
-// 128 bf16, 168 MB move in ~56 us at 3.0 TB/s, in place or out of place.
+// 128 bf16, 168 MB move in ~56 us at 3.0 TB/s, in place or out of place. Bytes in flight
+// decide how close it gets (docs/kernels/rope.md, version 5): Nsight Compute put the kernel
+// of one head in flight and 58 registers at 47% occupancy and 70% of DRAM peak.
 #pragma once
 
 #include <cmath>
@@ -85,6 +89,12 @@ struct HeadChunk {
   __device__ __forceinline__ void load(const T* x) {
     a = load_vec<T, P>(x + a_at);
     if (has_b) b = load_vec<T, P>(x + b_at);
+    // Kept as loaded until rotate(): ptxas otherwise unpacks the 16-bit elements on arrival
+    // and holds a head in twice the registers.
+    if constexpr (sizeof(Vec<T, P>) % 4 == 0) {
+      opaque(a);
+      opaque(b);
+    }
   }
 
   __device__ __forceinline__ void store(T* y) const {
@@ -117,8 +127,11 @@ struct HeadChunk {
   }
 };
 
+// With a cache, 56 registers (ptxas takes 62-64 for the two heads in flight; 56 spills
+// nothing): 7 blocks of 160 threads per SM instead of 6. The theta kernels, whose angles come
+// from shared memory, keep ptxas's 63-64.
 template <class T, int P, RopeStyle S, bool kCache>
-__global__ void rope_kernel(const RopeParams p) {
+__global__ void __maxnreg__(kCache ? 56 : 64) rope_kernel(const RopeParams p) {
   ptx::pdl_start();
   extern __shared__ float2 angles[];  // theta: [blockDim.z tokens][rot_dim / 2] (cos, sin)
   const int half = p.rot_dim / 2;
@@ -148,9 +161,13 @@ __global__ void rope_kernel(const RopeParams p) {
   };
   const int i = threadIdx.x * P;
   const bool rotates = i < half;
-  HeadChunk<T, P, S> chunk(p, rotates);
+  HeadChunk<T, P, S> chunk(p, rotates), next = chunk;
+  const int lanes = blockDim.y;
   const bool active = token < tokens && static_cast<int>(threadIdx.y) < heads;
-  if (active) chunk.load(head_in(threadIdx.y));
+  if (active) {
+    chunk.load(head_in(threadIdx.y));
+    if (threadIdx.y + lanes < heads) next.load(head_in(threadIdx.y + lanes));
+  }
 
   float2 cs[P];
   if constexpr (kCache) {
@@ -183,9 +200,10 @@ __global__ void rope_kernel(const RopeParams p) {
   for (int h = threadIdx.y;;) {
     if (rotates) chunk.rotate(cs);
     chunk.store(head_out(h));
-    h += blockDim.y;
+    h += lanes;
     if (h >= heads) break;
-    chunk.load(head_in(h));
+    chunk = next;
+    if (h + lanes < heads) next.load(head_in(h + lanes));
   }
 }
 
