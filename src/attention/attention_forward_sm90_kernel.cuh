@@ -90,6 +90,13 @@ struct AttentionSm90Tile {
   // spills of per-tile values outside the key-block loop, now 4). With 3 consumers the
   // pending tile's state spilled 100 bytes within 160 registers and measured 0-5% slower.
   static constexpr bool kCrossTile = kConsumers == 2;
+  // Every kExp2FmaEvery-th n-tile's exponentials on the FMA pipe (exp2_fma) instead of the
+  // special-function unit, where the tensor work per score is smallest (D = 64). H100, same
+  // run, two alternated repeats: with 2 consumers (causal below 8192 query rows) 1 in 8
+  // n-tiles gave +1.4-5.3% at seqlen 512-4096, 1 in 4 -1% to +3%, 1 in 2 -10 to -12%; with 3
+  // every fraction lost (1 in 8: -3 to -7%, non-causal and causal 16k), whose issue slots
+  // are the tighter limit (docs/kernels/attention.md v12).
+  static constexpr int kExp2FmaEvery = kHeadDim == 64 && kConsumers == 2 ? 8 : 0;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   // 64-column swizzle chunks. At D = 96 the second holds columns 64-95 and zeros: the maps'
   // rows are 96 wide, and TMA fills the box's columns past them with zeros (and counts their
@@ -457,7 +464,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
       const bool crosses_diagonal = p.causal && n0 + Tile::kBlockN - 1 > m0 + 64 * consumer + causal_shift;
       if (crosses_end || crosses_diagonal)
         mask_scores(s, m0 + row_in_tile - n0, 2 * (lane % 4), seq.seqlen_k - n0, p.causal, causal_shift);
-      return softmax.update_scores(s, correction, p.scale_log2);
+      return softmax.template update_scores<Tile::kExp2FmaEvery>(s, correction, p.scale_log2);
     };
 
     // S_0. With the cross-tile step: beside the pending tile's last P V when there is one

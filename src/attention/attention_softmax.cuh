@@ -15,6 +15,23 @@
 
 namespace llmk::detail {
 
+// 2^x for x <= 0 on the FMA and integer pipes instead of the special-function unit (whose 16
+// results per clock per SM bound the softmax where the tensor work per score is small):
+// x = j + f with j = round(x) (the 1.5 * 2^23 shifter leaves j in t's low mantissa bits) and
+// f in [-0.5, 0.5]; 2^f by a degree-3 polynomial fitted for relative error (at most 1.4e-4,
+// below a 16-bit P's rounding); j added to the result's exponent field. x < -127.5, -inf
+// included, gives +0 (the sum's exponent field goes negative and is clamped), as
+// ex2.approx.ftz does; 10 instructions.
+__device__ __forceinline__ float exp2_fma(float x) {
+  constexpr float kShifter = 12582912.0f;
+  x = fmaxf(x, -128.0f);
+  const float t = x + kShifter;
+  const float f = x - (t - kShifter);
+  const float p = fmaf(fmaf(fmaf(0.055171434f, f, 0.24261081f), f, 0.69326097f), f, 0.99992812f);
+  const int bits = __float_as_int(p) + (__float_as_int(t) << 23);
+  return __int_as_float(bits > 0 ? bits : 0);
+}
+
 // -inf for every score past the sequence end or above the causal diagonal (key col >
 // row + causal_shift). Rows and columns count from the key block's first column: row0 is
 // the thread's first row (tile 0, group) minus that column, col0 its first column (n-tile
@@ -59,8 +76,9 @@ struct OnlineSoftmax {
   // p = exp2(s * scale_log2 - max * scale_log2) and sets `correction` to each row's factor
   // exp(old max - new max) for the output accumulated so far. Returns whether any row of
   // the warp changed its max: once the running maxima settle (most key blocks of a long
-  // row) the rescale of O (kDTiles * 4 multiplies per row pair) can be skipped.
-  template <int kNTiles>
+  // row) the rescale of O (kDTiles * 4 multiplies per row pair) can be skipped. With
+  // kFmaEvery > 0 every kFmaEvery-th n-tile's exponentials run on the FMA pipe (exp2_fma).
+  template <int kFmaEvery = 0, int kNTiles>
   __device__ __forceinline__ bool update_scores(float (&s)[kMTiles][kNTiles][4], float (&correction)[kMTiles][2],
                                                 float scale_log2) {
     bool max_changed = false;
@@ -85,7 +103,9 @@ struct OnlineSoftmax {
         for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const float p = ptx::exp2_approx(fmaf(s[mt][nt][2 * half + c], scale_log2, -m_scaled));
+            const float x = fmaf(s[mt][nt][2 * half + c], scale_log2, -m_scaled);
+            const bool on_fma = kFmaEvery > 0 && nt % (kFmaEvery > 0 ? kFmaEvery : 1) == kFmaEvery - 1;
+            const float p = on_fma ? exp2_fma(x) : ptx::exp2_approx(x);
             s[mt][nt][2 * half + c] = p;
             sum += p;
           }
