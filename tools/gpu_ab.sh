@@ -41,10 +41,9 @@ ARCHS=${LLMK_CUDA_ARCHS:-90a}
 BASE=/tmp/llmk_ab_base
 export PYTHONUNBUFFERED=1
 [ -f .deps/commit ] && export LLMK_COMMIT=${LLMK_COMMIT:-$(cat .deps/commit)}
-if compgen -G ".deps/whl/*.whl" > /dev/null; then  # peers carried as wheels (gpu_check.sh)
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/llmk_peers .deps/whl/*.whl &&
-    peers=:/tmp/llmk_peers
-fi
+source tools/gpu_peers.sh
+peers=$(peers_path)  # peers carried as wheels, ':'-prefixed for PYTHONPATH
+peers=${peers:+:$peers}
 
 # The tests' GoogleTest as gpu_check.sh finds it (configured, not built), else no tests.
 tests=(-DLLMK_BUILD_TESTS=OFF)

@@ -10,9 +10,8 @@
 #
 # GoogleTest: the installed one, else the source tree in .deps/googletest (carry it to a
 # machine that has none: cp -r /usr/src/googletest .deps/).
-# Benchmark peers that the GPU machine lacks (Liger-Kernel: pure Python over Triton) come as
-# wheels in .deps/whl, installed for this run only:
-#   pip download --no-deps --only-binary=:all: -d .deps/whl liger-kernel==0.8.5
+# Benchmark peers that the GPU machine lacks (Liger-Kernel) come as wheels in .deps/whl,
+# installed for this run only (tools/gpu_peers.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -33,10 +32,9 @@ note() { summary+=("$1"); echo "== $1"; }
 export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
 # The commit the benchmark CSV names: the device copy has no .git, so it comes from here.
 [ -f .deps/commit ] && export LLMK_COMMIT=${LLMK_COMMIT:-$(cat .deps/commit)}
-if compgen -G ".deps/whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/llmk_peers .deps/whl/*.whl &&
-    export PYTHONPATH=$PYTHONPATH:/tmp/llmk_peers
-fi
+source tools/gpu_peers.sh
+peers=$(peers_path)
+[ -n "$peers" ] && export PYTHONPATH=$PYTHONPATH:$peers
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -2;
   python3 -c "import torch; print('torch', torch.__version__)"; } > "$OUT/build.log" 2>&1
