@@ -12,10 +12,11 @@
 // not one per 16-bit element) until they are rotated. A pair chunk is two vectors of P
 // elements: x[i .. i+P) and x[half + i .. half + i + P) in the NeoX style, x[2i .. 2i + 2P)
 // in the GPT-J style (pairs adjacent), 16-byte vectors where alignment allows (P = 8 for
-// f16/bf16, 4 for f32), else P = 1. Out of place, the threads after the pair chunks each hold two vectors of the tail
-// [rot_dim, head_dim) instead and copy them: the same loads, stores and head loop without
-// the rotation, so the tail costs neither registers nor a second code path. In place is
-// the same kernel with out == in and no tail threads (run-time values, one instantiation).
+// f16/bf16, 4 for f32), else P = 1. Out of place, the threads after the pair chunks each
+// hold two vectors of the tail [rot_dim, head_dim) instead and copy them: the same loads,
+// stores and head loop without the rotation, so the tail costs neither registers nor a
+// second code path. In place is the same kernel with out == in and no tail threads (run-time
+// values, one instantiation).
 //
 // Roofline: in place each rotated element is read and written once, 2 * tokens * (heads_q +
 // heads_k) * rot_dim * sizeof(T) bytes; out of place every element is, 2 * tokens *
