@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._table import define, like, public
+from ._table import define, like, public, wants_grad
 
 
 def _lse(q: Tensor, want: bool) -> Tensor:
@@ -21,10 +21,6 @@ def _lse(q: Tensor, want: bool) -> Tensor:
 def _gradients(dout, q, k, v, *unused):
     """The fake of a backward's (dq, dk, dv): contiguous, like q, k and v."""
     return like(q), like(k), like(v)
-
-
-def _needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _setup(ctx, inputs, output, extra=()):
@@ -112,7 +108,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Opti
     which the backward reads). ``deterministic`` (or ``torch.use_deterministic_algorithms(True)``)
     makes the gradients bitwise identical run to run, at the cost of a slower dq pass; the
     default sums dq with fp32 atomics."""
-    out, lse = _attention(q, k, v, causal, scale, return_lse or _needs_grad(q, k, v), deterministic)
+    out, lse = _attention(q, k, v, causal, scale, return_lse or wants_grad(q, k, v), deterministic)
     return (out, lse) if return_lse else out
 
 
@@ -127,7 +123,7 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
     within the max lengths); the CPU backend checks them. lse is ``[heads_q, total_q]``.
     Differentiable in q, k and v, ``deterministic`` as :func:`attention`'s."""
     out, lse = _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                                 return_lse or _needs_grad(q, k, v), deterministic)
+                                 return_lse or wants_grad(q, k, v), deterministic)
     return (out, lse) if return_lse else out
 
 

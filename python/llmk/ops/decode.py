@@ -9,11 +9,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._table import define, like, public
-
-_grad_enabled = torch._C.is_grad_enabled
-_any_requires_grad = torch._C._any_requires_grad
-_is_compiling = torch.compiler.is_compiling
+from ._table import define, like, public, wants_grad
 
 
 def _fake(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, rotary_cos_sin, rotary_interleaved, causal,
@@ -66,7 +62,7 @@ def attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens:
     clamped, never read or written outside the tensors); the CPU backend checks them and raises.
     No host synchronization and no allocation but through torch's allocator: a call captures in
     a CUDA graph and replays with new cache_seqlens."""
-    if not _is_compiling() and _grad_enabled() and _any_requires_grad(q, k_cache, v_cache, k_new, v_new):
+    if not torch.compiler.is_compiling() and wants_grad(q, k_cache, v_cache, k_new, v_new):
         raise RuntimeError("llmk.attention_decode is an inference op (no backward): call it under torch.no_grad() "
                            "or torch.inference_mode(), or pass tensors that do not require grad")
     out, lse = _attention_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, rotary_cos_sin,
