@@ -25,10 +25,10 @@ namespace {
 //   dV 2 (D = 256: 4) ways, P^T and dS^T pass through shared memory (FlashAttention 2's sm_80
 //   warp grids; the whole-key-row grid measured 4-7% slower at D = 64 and 128 on the H100).
 //   128 x 128 at D <= 64, 64 query rows x 128 keys at D = 96, 128; D = 256: 64 x 64, one
-//   Q_i/dO_i buffer. Shared memory fits the A100's 163 KB.
+//   Q_i/dO_i buffer in swizzled rows (kSwizzleQ). Shared memory fits the A100's 163 KB.
 // fp32 registers per thread for dK + dV / S^T + dP^T / dQ: D = 32: 32 / 128 / 16;
 // 64: 64 / 128 / 32; 96: 96 / 64 / 24; 128: 128 / 64 / 32; 256: 128 / 32 / 64.
-// Shared memory: 96 KB, 144 KB, 123 KB, 155 KB, 142 KB.
+// Shared memory: 96 KB, 144 KB, 123 KB, 155 KB, 140 KB.
 template <int kHeadDim> struct BackwardTileOf;
 template <> struct BackwardTileOf<32> { using type = BackwardTile<32, 128, 128, 1, 1, 2>; };
 template <> struct BackwardTileOf<64> { using type = BackwardTile<64, 128, 128, 2, 2, 2>; };

@@ -54,9 +54,10 @@
 // samples on HMMA and 4% on IMAD, ours spent 40% and 16% (with branches and the rest of the
 // address arithmetic a third of the samples), which the unrolled mma_ss below removes;
 // ours also stalls on the red.global queue (the dq reductions drain at the next tile's
-// start, 16% of the samples) and has 7% excess shared-memory wavefronts (bank conflicts)
-// where theirs has none. Issuing dQ and its reductions before dK, to drain them during dK's
-// GEMM, measured 1-2% slower.
+// start, 16% of the samples) and has 7% excess shared-memory wavefronts where theirs has
+// none (the cp.async of Q_i, dO_i into padded rows; swizzled at head dim 256: BackwardTile).
+// Issuing dQ and its reductions before dK, to drain them during dK's GEMM, measured 1-2%
+// slower.
 #pragma once
 
 #include <cstdint>
@@ -89,8 +90,18 @@ template <int kHeadDim_, int kBlockM_, int kBlockN_, int kAcross_, int kQWarpsD_
 struct BackwardTile {
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
   static constexpr int kWarps = 8, kThreads = kWarps * 32;
-  static constexpr int kPitch = kHeadDim + 8;  // Q, dO, K, V rows in shared memory (+16 bytes)
+  static constexpr int kPitch = kHeadDim + 8;  // K, V rows in shared memory (+16 bytes)
   static constexpr int kSPitch = kBlockM + 8;  // P^T, dS^T rows: [kBlockN][kBlockM]
+  // Q_i, dO_i rows: swizzled (load_rows) at head dim 256, else padded as K, V. Every tile
+  // reloads them, and cp.async into rows padded by 16 bytes writes each 128-byte line of
+  // global memory into two lines of shared memory (Nsight Compute, head dim 128: 62% more
+  // wavefronts than ideal on those instructions, 7% of all); the swizzle keeps a line whole
+  // and ldmatrix conflict-free, for a few more registers (its column steps' XOR-ed
+  // addresses). H100, same run (2026-11-27): head dim 256 +4-5%; 64 +0-1% with 28 bytes of
+  // spills; 128 -1% to -1.6% with 36 bytes of spills (reloaded on every tile's dQ reduction).
+  // The layout holds for any head dim of whole 128-byte lines on the kAcross > 1 path.
+  static constexpr bool kSwizzleQ = kHeadDim == 256;
+  static constexpr int kQPitch = kSwizzleQ ? kHeadDim : kPitch;
 
   static constexpr int kAcross = kAcross_, kBands = kWarps / kAcross, kBandRows = kBlockN / kBands;
   static constexpr int kSCols = kBlockM / kAcross, kKvCols = kHeadDim / kAcross;
@@ -102,10 +113,10 @@ struct BackwardTile {
 
   static constexpr bool kPInRegisters = kAcross == 1;
 
-  // Shared memory, in elements of T: K, V [kBlockN][kPitch]; Q, dO [kStages][kBlockM][kPitch];
-  // dS^T (and before it P^T, unless kPInRegisters) [kBlockN][kSPitch]; then float lse, D
-  // [kStages][kBlockM].
-  static constexpr int kSmemElems = 2 * kBlockN * kPitch + 2 * kStages * kBlockM * kPitch + kBlockN * kSPitch;
+  // Shared memory, in elements of T: K, V [kBlockN][kPitch]; Q, dO [kStages][kBlockM][kQPitch]
+  // (at a multiple of 128 bytes); dS^T (and before it P^T, unless kPInRegisters)
+  // [kBlockN][kSPitch]; then float lse, D [kStages][kBlockM].
+  static constexpr int kSmemElems = 2 * kBlockN * kPitch + 2 * kStages * kBlockM * kQPitch + kBlockN * kSPitch;
   static constexpr int kSmemBytes = kSmemElems * 2 + 2 * kStages * kBlockM * 4;
 
   static_assert(kWarps % kAcross == 0 && kBlockN % kBands == 0 && kBlockM % kAcross == 0 && kHeadDim % kAcross == 0 &&
@@ -117,6 +128,10 @@ struct BackwardTile {
                 "one stage only on the kAcross > 1 path, which reloads Q_i, dO_i after dK");
   static_assert(kBlockM <= kThreads / 2, "one thread per lse and per D element of a tile");
   static_assert(kSmemBytes <= kAmpereMaxBlockSharedBytes, "every tile runs on the A100");
+  static_assert(!kSwizzleQ || (2 * kBlockN * kPitch * 2) % 128 == 0, "Q, dO start on a 128-byte line (after K, V)");
+  // LaneAddress's steps: a warp's column offset into Q_i / dO_i (kv_col0, for dV and dK) is
+  // a multiple of kKvCols, whose chunks (a power of two) hold all its 16-column steps.
+  static_assert(!kSwizzleQ || (kKvCols & (kKvCols - 1)) == 0, "column blocks of a power of two");
 };
 
 // The deterministic dq kernel's tile: kBlockM query rows per block (4 warps of kBlockM / 4
@@ -159,14 +174,44 @@ __device__ __forceinline__ void ldmatrix(uint32_t (&r)[4], uint32_t addr) {
   else ptx::ldmatrix_x4(r, addr);
 }
 
-// acc += A B over one k-step of 16: A as kMT fragments, B as kNT / 2 fragment pairs read by
-// ldmatrix from `b` (the k-step's first pair; pair np at b + np * kBStepN bytes).
-template <class T, bool kBTrans, uint32_t kBStepN, int kMT, int kNT>
-__device__ __forceinline__ void mma_k_step(float (&acc)[kMT][kNT][4], const uint32_t (&af)[kMT][4], uint32_t b) {
+// A lane's ldmatrix address in a [rows][cols] tile of kRowBytes per row, stepped by 16-row and
+// 16-column (32-byte) blocks. kSwizzled (load_rows' layout; the tile 128-byte aligned, the
+// lane's row r at a multiple of 8 rows from it): the chunk c of row r is stored at c ^ (r % 8),
+// so the lane's address is XOR-ed with (r % 8) * 16 once and each column step j XOR-s its
+// low two bits (j % 4) * 32 and adds whole lines (j / 4) * 128. That is the swizzled address
+// of chunk c + 2j as long as the lane's own chunk and 2 (j % 4) share no bit (the lane's
+// chunk is 0 or 1 past a column offset that is a multiple of the steps' span: BackwardTile).
+// The 8 rows of an 8x8 matrix then read 8 different 16-byte bank groups.
+template <uint32_t kRowBytes, bool kSwizzled>
+struct LaneAddress {
+  uint32_t base;
+  __device__ __forceinline__ LaneAddress(uint32_t address, int row)
+      : base(kSwizzled ? address ^ ((row % 8) << 4) : address) {}
+  __device__ __forceinline__ uint32_t at(int rows16, int cols16) const {
+    if constexpr (kSwizzled) return (base ^ ((cols16 % 4) << 5)) + rows16 * 16 * kRowBytes + (cols16 / 4) * 128;
+    else return base + rows16 * 16 * kRowBytes + cols16 * 32;
+  }
+};
+
+// The B operand's lane address (a pair of 8-column tiles per ldmatrix_x4): `b` points at
+// B(0, 0), stored [n][k] (Q of K Q^T), or, kBTrans, [k][n] (dO of P^T dO); a pair of B
+// fragments is the blocks of [n][k] in row-major order, of [k][n] transposed in column-major
+// order.
+template <class T, bool kBTrans, int kBPitch, bool kBSwizzled>
+__device__ __forceinline__ LaneAddress<kBPitch * sizeof(T), kBSwizzled> b_lane_address(const T* b, int lane) {
+  const int offset = kBTrans ? lane_blocks_col_major(lane, kBPitch) : lane_blocks_row_major(lane, kBPitch);
+  return {ptx::smem_address(b + offset), lane % 8};  // both orders put the lane in row lane % 8 of 8
+}
+
+// acc += A B over k-step ks of 16: A as kMT fragments, B as kNT / 2 fragment pairs read by
+// ldmatrix at `b` (b_lane_address: B [n][k] steps n by rows, [k][n] by columns).
+template <class T, bool kBTrans, int kMT, int kNT, class BLane>
+__device__ __forceinline__ void mma_k_step(float (&acc)[kMT][kNT][4], const uint32_t (&af)[kMT][4], const BLane& b,
+                                           int ks) {
 #pragma unroll
   for (int np = 0; np < kNT / 2; ++np) {
     uint32_t bf[4];
-    ldmatrix<kBTrans>(bf, b + np * kBStepN);
+    ldmatrix<kBTrans>(bf, kBTrans ? b.at(ks, np) : b.at(np, ks));
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
       ptx::mma_16x8x16<T>(acc[mt][2 * np], af[mt], bf[0], bf[1]);
@@ -177,22 +222,18 @@ __device__ __forceinline__ void mma_k_step(float (&acc)[kMT][kNT][4], const uint
 
 // One warp's share of a GEMM: acc (kMT 16-row x kNT 8-column tiles) += A B over kK steps of
 // 16, both operands by ldmatrix from shared memory. `a` points at A(0, 0), A stored [rows][k]
-// (kATrans false: K of S^T = K Q^T) or [k][rows] (kATrans: dS^T read as dS); `b` at B(0, 0),
-// B stored [n][k] (Q of K Q^T) or, kBTrans, [k][n] (dO of P^T dO). An A fragment (a0..a3 =
-// rows 0-7 | 8-15 x k 0-7 | 8-15) is the blocks of [rows][k] in column-major order, of
-// [k][rows] transposed in row-major order; a pair of B fragments (b0, b1 of n-tile 2np, then
-// of 2np + 1) is the blocks of [n][k] in row-major order, of [k][n] transposed in
-// column-major order.
-template <class T, int kMT, int kNT, int kK, bool kATrans, int kAPitch, bool kBTrans, int kBPitch>
+// (kATrans false: K of S^T = K Q^T) or [k][rows] (kATrans: dS^T read as dS); `b` at B(0, 0)
+// (b_lane_address; kBSwizzled: load_rows' swizzled layout). An A fragment (a0..a3 = rows
+// 0-7 | 8-15 x k 0-7 | 8-15) is the blocks of [rows][k] in column-major order, of [k][rows]
+// transposed in row-major order.
+template <class T, int kMT, int kNT, int kK, bool kATrans, int kAPitch, bool kBTrans, int kBPitch, bool kBSwizzled>
 __device__ __forceinline__ void mma_ss(float (&acc)[kMT][kNT][4], const T* a, const T* b, int lane) {
   static_assert(kNT % 2 == 0, "B fragments come in pairs of 8-column tiles");
-  constexpr uint32_t kARow = kAPitch * sizeof(T), kBRow = kBPitch * sizeof(T);
+  constexpr uint32_t kARow = kAPitch * sizeof(T);
   constexpr uint32_t kAStepM = kATrans ? 32 : 16 * kARow, kAStepK = kATrans ? 16 * kARow : 32;
-  constexpr uint32_t kBStepN = kBTrans ? 32 : 16 * kBRow, kBStepK = kBTrans ? 16 * kBRow : 32;
   const uint32_t a_lane = ptx::smem_address(
       a + (kATrans ? lane_blocks_row_major(lane, kAPitch) : lane_blocks_col_major(lane, kAPitch)));
-  const uint32_t b_lane = ptx::smem_address(
-      b + (kBTrans ? lane_blocks_col_major(lane, kBPitch) : lane_blocks_row_major(lane, kBPitch)));
+  const auto b_lane = b_lane_address<T, kBTrans, kBPitch, kBSwizzled>(b, lane);
   // Unrolled, with the A fragments of step ks + 1 loaded before step ks's mmas (two fragment
   // sets, the B pairs loaded inside each step): every address is an immediate offset and the
   // loads run one step ahead. A loop left rolled spent a third of the issue slots on address
@@ -210,23 +251,20 @@ __device__ __forceinline__ void mma_ss(float (&acc)[kMT][kNT][4], const T* a, co
 #pragma unroll
   for (int ks = 0; ks < kK; ks += 2) {
     load_a(af1, ks + 1);
-    mma_k_step<T, kBTrans, kBStepN>(acc, af0, b_lane + ks * kBStepK);
+    mma_k_step<T, kBTrans>(acc, af0, b_lane, ks);
     if (ks + 2 < kK) load_a(af0, ks + 2);
-    mma_k_step<T, kBTrans, kBStepN>(acc, af1, b_lane + (ks + 1) * kBStepK);
+    mma_k_step<T, kBTrans>(acc, af1, b_lane, ks + 1);
   }
 }
 
 // As mma_ss with A from the fp32 accumulators `p` of an earlier GEMM of this warp
 // (16 kMT rows x 16 kK columns: the accumulators of two adjacent 8-column tiles, rounded to
-// T and packed in pairs, are an A fragment).
+// T and packed in pairs, are an A fragment), B in padded rows.
 template <class T, int kMT, int kNT, int kK, bool kBTrans, int kBPitch>
 __device__ __forceinline__ void mma_rs(float (&acc)[kMT][kNT][4], const float (&p)[kMT][2 * kK][4], const T* b,
                                        int lane) {
   static_assert(kNT % 2 == 0, "B fragments come in pairs of 8-column tiles");
-  constexpr uint32_t kBRow = kBPitch * sizeof(T);
-  constexpr uint32_t kBStepN = kBTrans ? 32 : 16 * kBRow, kBStepK = kBTrans ? 16 * kBRow : 32;
-  const uint32_t b_lane = ptx::smem_address(
-      b + (kBTrans ? lane_blocks_col_major(lane, kBPitch) : lane_blocks_row_major(lane, kBPitch)));
+  const auto b_lane = b_lane_address<T, kBTrans, kBPitch, false>(b, lane);
 #pragma unroll
   for (int ks = 0; ks < kK; ++ks) {
     uint32_t af[kMT][4];
@@ -237,7 +275,7 @@ __device__ __forceinline__ void mma_rs(float (&acc)[kMT][kNT][4], const float (&
       af[mt][2] = ptx::pack2<T>(p[mt][2 * ks + 1][0], p[mt][2 * ks + 1][1]);
       af[mt][3] = ptx::pack2<T>(p[mt][2 * ks + 1][2], p[mt][2 * ks + 1][3]);
     }
-    mma_k_step<T, kBTrans, kBStepN>(acc, af, b_lane + ks * kBStepK);
+    mma_k_step<T, kBTrans>(acc, af, b_lane, ks);
   }
 }
 
@@ -400,14 +438,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     attention_backward_kernel(const __grid_constant__ AttentionBackwardParams bp) {
   using namespace bwd;
   constexpr int D = Tile::kHeadDim, M = Tile::kBlockM, N = Tile::kBlockN;
-  constexpr int kPitch = Tile::kPitch, kSPitch = Tile::kSPitch;
+  constexpr int kPitch = Tile::kPitch, kSPitch = Tile::kSPitch, kQPitch = Tile::kQPitch;
+  constexpr bool kSwz = Tile::kSwizzleQ;
   const AttentionParams& p = bp.fwd;
-  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  extern __shared__ __align__(128) unsigned char smem_bytes[];
   T* sK = reinterpret_cast<T*>(smem_bytes);
   T* sV = sK + N * kPitch;
-  T* sQ = sV + N * kPitch;               // [kStages][M][kPitch]
-  T* sdO = sQ + Tile::kStages * M * kPitch;  // [kStages][M][kPitch]
-  T* sdS = sdO + Tile::kStages * M * kPitch;  // [N][kSPitch]: dS^T, or first P^T (kPInRegisters false)
+  T* sQ = sV + N * kPitch;                     // [kStages][M][kQPitch]
+  T* sdO = sQ + Tile::kStages * M * kQPitch;   // [kStages][M][kQPitch]
+  T* sdS = sdO + Tile::kStages * M * kQPitch;  // [N][kSPitch]: dS^T, or first P^T (kPInRegisters false)
   float* sLse = reinterpret_cast<float*>(smem_bytes + Tile::kSmemElems * sizeof(T));  // [kStages][M]
   float* sDelta = sLse + Tile::kStages * M;                                             // [kStages][M]
 
@@ -443,11 +482,12 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // Q_i, dO_i, lse_i and D_i of (query head, first row m0) into buffer `stage`.
   auto load_query_tile = [&](int stage, int head, int m0) {
     const int64_t row = seq.q_start + m0;
-    load_rows<T, Tile, M>(sQ + stage * M * kPitch, static_cast<const T*>(p.q.data) + head_offset(p.q, head, row),
-                          p.q.row_stride, seq.seqlen_q - m0);
-    load_rows<T, Tile, M>(sdO + stage * M * kPitch,
-                          static_cast<const T*>(bp.dout.data) + head_offset(bp.dout, head, row), bp.dout.row_stride,
-                          seq.seqlen_q - m0);
+    load_rows<T, Tile, M, kSwz>(sQ + stage * M * kQPitch,
+                                static_cast<const T*>(p.q.data) + head_offset(p.q, head, row), p.q.row_stride,
+                                seq.seqlen_q - m0);
+    load_rows<T, Tile, M, kSwz>(sdO + stage * M * kQPitch,
+                                static_cast<const T*>(bp.dout.data) + head_offset(bp.dout, head, row),
+                                bp.dout.row_stride, seq.seqlen_q - m0);
     if (tid < 2 * M) {
       const int i = tid % M;
       const float* src = (tid < M ? p.lse : bp.delta) + p.lse_offset(batch, head) + row;
@@ -482,16 +522,16 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       ptx::cp_async_commit();
     }
     const int m0 = m_block * M;
-    const T* sQs = sQ + stage * M * kPitch;
-    const T* sdOs = sdO + stage * M * kPitch;
+    const T* sQs = sQ + stage * M * kQPitch;
+    const T* sdOs = sdO + stage * M * kQPitch;
     const float* lse = sLse + stage * M + s_col0;
     const float* delta = sDelta + stage * M + s_col0;
 
     // S^T = K Q^T and P^T, the warp's kBandRows keys x kSCols query rows.
     float s[Tile::kMTiles][Tile::kSNTiles][4];
     zero(s);
-    mma_ss<T, Tile::kMTiles, Tile::kSNTiles, D / 16, false, kPitch, false, kPitch>(s, sK + key_row0 * kPitch,
-                                                                                   sQs + s_col0 * kPitch, lane);
+    mma_ss<T, Tile::kMTiles, Tile::kSNTiles, D / 16, false, kPitch, false, kQPitch, kSwz>(
+        s, sK + key_row0 * kPitch, sQs + s_col0 * kQPitch, lane);
     const bool need_mask = n0 + N > seq.seqlen_k || m0 + M > seq.seqlen_q || (p.causal && n0 + N - 1 > m0 + shift);
     probabilities(
         s, p.scale_log2, lane, [&](int, int nt, int i) { return lse_log2(lse[nt * 8 + 2 * (lane % 4) + (i & 1)]); },
@@ -503,31 +543,31 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     // dV += P^T dO: with P^T in registers, before dP^T (fewer accumulators live at once);
     // else P^T goes to shared memory and dV waits for the band. dP^T = V dO^T.
     if constexpr (Tile::kPInRegisters) {
-      mma_rs<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, true, kPitch>(dv, s, sdOs, lane);
+      mma_rs<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, true, kQPitch>(dv, s, sdOs, lane);
     } else {
       store_band(s);
     }
     float dp[Tile::kMTiles][Tile::kSNTiles][4];
     zero(dp);
-    mma_ss<T, Tile::kMTiles, Tile::kSNTiles, D / 16, false, kPitch, false, kPitch>(dp, sV + key_row0 * kPitch,
-                                                                                   sdOs + s_col0 * kPitch, lane);
+    mma_ss<T, Tile::kMTiles, Tile::kSNTiles, D / 16, false, kPitch, false, kQPitch, kSwz>(
+        dp, sV + key_row0 * kPitch, sdOs + s_col0 * kQPitch, lane);
     // dS^T = P^T (dP^T - D); dK += dS^T Q.
     score_gradients(dp, s, [&](int, int nt, int i) { return delta[nt * 8 + 2 * (lane % 4) + (i & 1)]; });
     if constexpr (Tile::kPInRegisters) {
-      mma_rs<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, true, kPitch>(dk, dp, sQs, lane);
+      mma_rs<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, true, kQPitch>(dk, dp, sQs, lane);
       if (with_dq) {
         store_band(dp);
         __syncthreads();  // dS^T visible to every warp
       }
     } else {
       band_sync();  // the band's P^T visible to its warps
-      mma_ss<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, false, kSPitch, true, kPitch>(
+      mma_ss<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, false, kSPitch, true, kQPitch, kSwz>(
           dv, band_ds, sdOs + kv_col0, lane);
       band_sync();  // the band is done with its P^T: dS^T takes its place
       store_band(dp);
       __syncthreads();  // dS^T visible to every warp
-      mma_ss<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, false, kSPitch, true, kPitch>(dk, band_ds, sQs + kv_col0,
-                                                                                   lane);
+      mma_ss<T, Tile::kMTiles, Tile::kKvNTiles, M / 16, false, kSPitch, true, kQPitch, kSwz>(
+          dk, band_ds, sQs + kv_col0, lane);
       if constexpr (Tile::kStages == 1) {
         __syncthreads();  // every warp is done with Q_i, dO_i
         if (it + 1 < n_iters) {
@@ -540,8 +580,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       // dQ_i = dS K over the tile's keys: dS^T read transposed as the A operand.
       float dq[Tile::kQMTiles][Tile::kQNTiles][4];
       zero(dq);
-      mma_ss<T, Tile::kQMTiles, Tile::kQNTiles, N / 16, true, kSPitch, true, kPitch>(dq, sdS + q_row0, sK + q_col0,
-                                                                                     lane);
+      mma_ss<T, Tile::kQMTiles, Tile::kQNTiles, N / 16, true, kSPitch, true, kPitch, false>(dq, sdS + q_row0,
+                                                                                            sK + q_col0, lane);
       float* accum = bp.dq_accum + D * (p.lse_offset(batch, head) + seq.q_start + m0);
 #pragma unroll
       for (int mt = 0; mt < Tile::kQMTiles; ++mt)
@@ -640,8 +680,8 @@ __global__ void __launch_bounds__(Tile::kThreads)
     const T* sVs = sV + stage * N * kPitch;
     float s[Tile::kMTiles][Tile::kNTiles][4];
     zero(s);
-    mma_ss<T, Tile::kMTiles, Tile::kNTiles, D / 16, false, kPitch, false, kPitch>(s, sQ + warp_row0 * kPitch, sKs,
-                                                                                 lane);
+    mma_ss<T, Tile::kMTiles, Tile::kNTiles, D / 16, false, kPitch, false, kPitch, false>(s, sQ + warp_row0 * kPitch,
+                                                                                        sKs, lane);
     const bool need_mask = n0 + N > seq.seqlen_k || (p.causal && n0 + N - 1 > m0 + shift);
     probabilities(
         s, p.scale_log2, lane, [&](int mt, int, int i) { return lse2[mt][i >> 1]; }, need_mask,
@@ -651,8 +691,8 @@ __global__ void __launch_bounds__(Tile::kThreads)
         });
     float dp[Tile::kMTiles][Tile::kNTiles][4];
     zero(dp);
-    mma_ss<T, Tile::kMTiles, Tile::kNTiles, D / 16, false, kPitch, false, kPitch>(dp, sdO + warp_row0 * kPitch, sVs,
-                                                                                 lane);
+    mma_ss<T, Tile::kMTiles, Tile::kNTiles, D / 16, false, kPitch, false, kPitch, false>(dp, sdO + warp_row0 * kPitch,
+                                                                                        sVs, lane);
     score_gradients(dp, s, [&](int mt, int, int i) { return delta[mt][i >> 1]; });
     mma_rs<T, Tile::kMTiles, Tile::kDTiles, N / 16, true, kPitch>(dq, dp, sKs, lane);
   }

@@ -53,21 +53,28 @@ struct ForwardTile {
 // (a power of two), so each loading thread keeps one column and walks its rows with one
 // pointer increment per pass: few live registers in the mainloop, which the Q K^T loop
 // needs to prefetch its fragments. At D = 96 (12 chunks a row) 96 of the 128 threads load.
-template <class T, class Tile, int kRows>
+// kSwizzled: the shared rows are kHeadDim elements (a multiple of 64: whole 128-byte lines,
+// the tile 128-byte aligned) and the 16-byte chunk c of row r sits at chunk c ^ (r % 8) of
+// its line (swizzled_lane below); a pass covers a multiple of 8 rows, so a thread's chunk
+// moves the same way in every pass.
+template <class T, class Tile, int kRows, bool kSwizzled = false>
 __device__ __forceinline__ void load_rows(T* smem, const T* gmem, int64_t row_stride, int valid_rows) {
   constexpr int kChunksPerRow = Tile::kHeadDim / 8;
   constexpr int kRowsPerPass = prev_power_of_two(Tile::kThreads / kChunksPerRow);
+  constexpr int kPitch = kSwizzled ? Tile::kHeadDim : Tile::kPitch;
   static_assert(kRows % kRowsPerPass == 0);
+  static_assert(!kSwizzled || (Tile::kHeadDim % 64 == 0 && kRowsPerPass % 8 == 0),
+                "whole 128-byte lines, whole swizzle periods");
   const int tid = static_cast<int>(threadIdx.x);
   if (kRowsPerPass * kChunksPerRow < Tile::kThreads && tid >= kRowsPerPass * kChunksPerRow) return;
   const int row0 = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
   const T* src = gmem + row0 * row_stride + col;
   const int64_t pass_stride = kRowsPerPass * row_stride;
-  const uint32_t dst = ptx::smem_address(smem + row0 * Tile::kPitch + col);
+  const uint32_t dst = ptx::smem_address(smem + row0 * kPitch + (kSwizzled ? col ^ (row0 % 8) * 8 : col));
 #pragma unroll
   for (int i = 0; i < kRows / kRowsPerPass; ++i) {
     const bool valid = row0 + i * kRowsPerPass < valid_rows;
-    ptx::cp_async_16(dst + i * kRowsPerPass * Tile::kPitch * sizeof(T), valid ? src : gmem, valid);
+    ptx::cp_async_16(dst + i * kRowsPerPass * kPitch * sizeof(T), valid ? src : gmem, valid);
     src += pass_stride;
   }
 }
