@@ -53,9 +53,10 @@
 // beside FlashAttention 2's kernel (same tile and warp grids): theirs spends 53% of its stall
 // samples on HMMA and 4% on IMAD, ours spent 40% and 16% (with branches and the rest of the
 // address arithmetic a third of the samples), which the unrolled mma_ss below removes;
-// ours also stalls on the red.global queue (the dq reductions drain at the next tile's
-// start, 16% of the samples) and has 7% excess shared-memory wavefronts where theirs has
-// none (the cp.async of Q_i, dO_i into padded rows; swizzled at head dim 256: BackwardTile).
+// ours also stalled on the red.global queue (the dq reductions drain at the next tile's
+// start, 16% of the samples; 8-byte reductions of one L2 sector each, now 16-byte ones:
+// pack_row_tiles) and has 7% excess shared-memory wavefronts where theirs has none (the
+// cp.async of Q_i, dO_i into padded rows; swizzled at head dim 256: BackwardTile).
 // Issuing dQ and its reductions before dK, to drain them during dK's GEMM, measured 1-2%
 // slower.
 #pragma once
@@ -314,13 +315,40 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool v
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
 }
 
-// p[0] += a, p[1] += b in global memory (fire and forget; p 8-byte aligned).
-__device__ __forceinline__ void red_add2(float* p, float a, float b) {
+// The dQ reductions of a row's values of two adjacent 8-column accumulator tiles (a: columns
+// 2q, 2q + 1 of the first, b: of the second, q = lane % 4): pack_row_tiles arranges them in
+// v and returns the column of the lane's first one (from the first tile's column 0), then
+// add_row_tiles adds v there. Every lane of the warp calls pack_row_tiles.
+// - sm_90: one 16-byte reduction a lane. Lanes 2i and 2i + 1 swap halves, so that even
+//   lanes hold columns 2q .. 2q + 3 of the first tile and odd lanes 2q - 2 .. 2q + 1 of the
+//   second: a warp's instruction covers 64 bytes of each of its 8 rows, where 8-byte
+//   reductions covered 32, one L2 sector.
+// - sm_80 has no vector reduction: four 4-byte atomics of v as it comes (columns 2q, 2q + 1,
+//   2q + 8, 2q + 9), a warp's instruction on 32 contiguous bytes of each row.
+__device__ __forceinline__ int pack_row_tiles(float (&v)[4], float a0, float a1, float b0, float b1, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+  const bool odd = lane & 1;
+  const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+  const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+  v[0] = odd ? r0 : a0;
+  v[1] = odd ? r1 : a1;
+  v[2] = odd ? b0 : r0;
+  v[3] = odd ? b1 : r1;
+  return (odd ? 8 : 0) + 2 * (lane & 2);
 #else
-  atomicAdd(p, a);
-  atomicAdd(p + 1, b);
+  v[0] = a0, v[1] = a1, v[2] = b0, v[3] = b1;
+  return 2 * (lane % 4);
+#endif
+}
+__device__ __forceinline__ void add_row_tiles(float* p, const float (&v)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
+               : "memory");
+#else
+  atomicAdd(p, v[0]);
+  atomicAdd(p + 1, v[1]);
+  atomicAdd(p + 8, v[2]);
+  atomicAdd(p + 9, v[3]);
 #endif
 }
 
@@ -582,16 +610,23 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       zero(dq);
       mma_ss<T, Tile::kQMTiles, Tile::kQNTiles, N / 16, true, kSPitch, true, kPitch, false>(dq, sdS + q_row0,
                                                                                             sK + q_col0, lane);
+      // Two tiles per reduction (pack_row_tiles). With 8-byte ones, Nsight Compute at head dim
+      // 256 had 4 times FlashAttention 2's L2 reduction requests for the same sectors and the
+      // LSU queue full (lg_throttle) on 17% of the issue cycles.
       float* accum = bp.dq_accum + D * (p.lse_offset(batch, head) + seq.q_start + m0);
 #pragma unroll
       for (int mt = 0; mt < Tile::kQMTiles; ++mt)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = q_row0 + mt * 16 + half * 8 + lane / 4;
-          if (m0 + row >= seq.seqlen_q) continue;
 #pragma unroll
-          for (int nt = 0; nt < Tile::kQNTiles; ++nt)
-            red_add2(accum + row * D + q_col0 + nt * 8 + 2 * (lane % 4), dq[mt][nt][2 * half], dq[mt][nt][2 * half + 1]);
+          for (int nt = 0; nt < Tile::kQNTiles; nt += 2) {
+            float v[4];
+            const int col = q_col0 + nt * 8 +
+                            pack_row_tiles(v, dq[mt][nt][2 * half], dq[mt][nt][2 * half + 1], dq[mt][nt + 1][2 * half],
+                                           dq[mt][nt + 1][2 * half + 1], lane);
+            if (m0 + row < seq.seqlen_q) add_row_tiles(accum + row * D + col, v);
+          }
         }
     }
     head = next_head;
