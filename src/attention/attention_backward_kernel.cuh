@@ -133,6 +133,7 @@ struct BackwardTile {
   // LaneAddress's steps: a warp's column offset into Q_i / dO_i (kv_col0, for dV and dK) is
   // a multiple of kKvCols, whose chunks (a power of two) hold all its 16-column steps.
   static_assert(!kSwizzleQ || (kKvCols & (kKvCols - 1)) == 0, "column blocks of a power of two");
+  static_assert(!kSwizzleQ || !kPInRegisters, "mma_rs (the kPInRegisters path) reads Q_i, dO_i in padded rows");
 };
 
 // The deterministic dq kernel's tile: kBlockM query rows per block (4 warps of kBlockM / 4

@@ -55,8 +55,8 @@ struct ForwardTile {
 // needs to prefetch its fragments. At D = 96 (12 chunks a row) 96 of the 128 threads load.
 // kSwizzled: the shared rows are kHeadDim elements (a multiple of 64: whole 128-byte lines,
 // the tile 128-byte aligned) and the 16-byte chunk c of row r sits at chunk c ^ (r % 8) of
-// its line (swizzled_lane below); a pass covers a multiple of 8 rows, so a thread's chunk
-// moves the same way in every pass.
+// its line (read back through LaneAddress, attention_backward_kernel.cuh); a pass covers a
+// multiple of 8 rows, so a thread's chunk moves the same way in every pass.
 template <class T, class Tile, int kRows, bool kSwizzled = false>
 __device__ __forceinline__ void load_rows(T* smem, const T* gmem, int64_t row_stride, int valid_rows) {
   constexpr int kChunksPerRow = Tile::kHeadDim / 8;
