@@ -63,8 +63,10 @@ struct AttentionBackwardSm90Hd256Tile {
   static constexpr uint32_t kDqBoxBytes = 8192, kDq = kPds + 2 * kPdsBytes;
   static constexpr uint32_t kRows = kDq + kConsumers * 2 * kDqBoxBytes;
   static constexpr int kDqRounds = kHeadDim / kConsumers / 64;
-  // Named barriers as in AttentionBackwardSm90Tile: 1 both consumers, kDqFull + c, kDqEmpty + c.
+  // Named barriers as in AttentionBackwardSm90Tile: 1 both consumers, kDqFull + c, kDqEmpty + c;
+  // kJointPassBarrier (attention_backward_sm90_walk.cuh) the two dq warps.
   static constexpr int kDqFull = 2, kDqEmpty = 2 + kConsumers;
+  static_assert(kDqEmpty + kConsumers <= kJointPassBarrier, "named barriers apart");
   static constexpr uint32_t kBarriers = kRows + 2 * kStages * kBlockM * 4;  // float lse2, D [kStages][kBlockM]
   // kv_full, q_full[kStages], q_empty[kStages], do_full, do_empty.
   static constexpr int kSharedBytes = kBarriers + (3 + 2 * kStages) * 8 + 1024;
@@ -117,8 +119,9 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Hd256Tile::kThreads, 1)
     }
     if (warp == 2 || warp == 3) {
       const int c = warp - 2;
-      reduce_dq_shares<Tile::kDqRounds>(walk, bp, &maps.dq_accum, base + Tile::kDq + c * 2 * Tile::kDqBoxBytes,
-                                        Tile::kDqBoxBytes, c, 0, kCols * c, Tile::kDqFull + c, Tile::kDqEmpty + c);
+      reduce_dq_shares<Tile::kDqRounds, true>(walk, bp, &maps.dq_accum, base + Tile::kDq + c * 2 * Tile::kDqBoxBytes,
+                                              Tile::kDqBoxBytes, c, 0, kCols * c, Tile::kDqFull + c,
+                                              Tile::kDqEmpty + c);
     }
     if (threadIdx.x == 0) {
       RingState<Tile::kStages> ring;

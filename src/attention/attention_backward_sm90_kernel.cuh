@@ -135,6 +135,7 @@ struct AttentionBackwardSm90Tile {
   // reduction read the boxes: the producer warp arrives, the consumer waits), each among
   // the consumer's 128 threads and the producer warp.
   static constexpr int kDqFull = 2, kDqEmpty = 2 + kConsumers;
+  static_assert(kDqEmpty + kConsumers <= kJointPassBarrier, "named barriers apart");
   static constexpr uint32_t kBarriers = kRows + 2 * kStages * kBlockM * 4;  // float lse2, D [kStages][kBlockM]
   static constexpr int kSharedBytes = kBarriers + (2 + 3 * kStages + 4) * 8 + 1024;
   static_assert(kSharedBytes <= kMaxBlockSharedBytes, "the tile's shared memory exceeds sm_90's 227 KB");
@@ -214,9 +215,12 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim, kPersisten
     }
     if (warp == 2 || warp == 3) {
       const int c = warp - 2;
+      // One joint turn per tile where the consumers split its columns (M = 64: head dims 96,
+      // 128); at M = 128 (head dim 64) each consumer's rows take their own turns.
       for_each_unit([&](const Walk& walk) {
-        reduce_dq_shares<1>(walk, bp, &maps.dq_accum, base + Tile::kDq + c * 2 * Tile::kDqBoxBytes,
-                            Tile::kDqBoxBytes, c, dq_row0(c), dq_col0(c), Tile::kDqFull + c, Tile::kDqEmpty + c);
+        reduce_dq_shares<1, M == 64>(walk, bp, &maps.dq_accum, base + Tile::kDq + c * 2 * Tile::kDqBoxBytes,
+                                     Tile::kDqBoxBytes, c, dq_row0(c), dq_col0(c), Tile::kDqFull + c,
+                                     Tile::kDqEmpty + c);
       });
     }
     if (threadIdx.x == 0) {
