@@ -50,7 +50,8 @@
 // (docs/kernels/attention.md).
 //
 // Deterministic (bp.dq_ordered): the producer warps add each tile's dQ in a fixed order of
-// its key blocks, with a turn counter per (tile, consumer half) in the workspace:
+// its key blocks, with a turn counter per (tile, consumer half) in the workspace (one per tile,
+// passed jointly, where the consumers split its columns: reduce_dq_shares):
 //   non-causal, key block n after key blocks 0..n-1 of the same kv head; or, where the
 //     sequence's key blocks fit the SMs (rotate_walk), each block's walk starts at its own
 //     share of the tiles and wraps around, and the turns follow the order in which the blocks

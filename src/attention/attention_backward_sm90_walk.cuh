@@ -187,10 +187,11 @@ __device__ __forceinline__ void write_row_stats(const Walk& walk, const Attentio
 // (deterministic) the key blocks of a tile add in the fixed order of Walk::turn. The turn is
 // waited for before the first round and passed after the last has completed. One round, each
 // consumer passing its own turn (head dim 64): the boxes are freed after the pass (1-7% faster
-// than before the wait for completion). Two rounds (head dim 256, whose consumer writes the last round only during the
-// next tile): the boxes are freed once read, before that wait, so that the consumer's next
-// round does not wait for the pass (deterministic +3-8%, the default unchanged; a turn per
-// round instead, each passed after its round completed, was 5-7% slower than one).
+// than before the wait for completion). Two rounds (head dim 256, whose consumer writes the
+// last round only during the next tile): the boxes are freed once read, before that wait, so
+// that the consumer's next round does not wait for the pass (deterministic +3-8%, the default
+// unchanged; a turn per round instead, each passed after its round completed, was 5-7% slower
+// than one).
 // A box wholly past the accumulator's rows (head dim 96: consumer 1's columns 96-127, zeros)
 // is not issued: its reduce-add wrote nothing but took its time to complete, which the turns
 // wait for (H100, same run: deterministic +2.5-6% at head dim 96 without it).

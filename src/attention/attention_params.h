@@ -117,9 +117,9 @@ struct AttentionBackwardParams {
   float* delta = nullptr;     // D, lse's layout
   float* dq_accum = nullptr;  // null: the sm_80 deterministic path (dq from its own kernel, no atomics)
   // The Hopper kernel's counters (null on the sm_80 path), zeroed by the rows kernel: per
-  // (query row of a tile's first row in lse's layout, consumer half), the key blocks that have
-  // added their share of that tile's dq (dq_ordered), or whether its first share is stored
-  // (dq_first_store).
+  // (query row of a tile's first row in lse's layout, consumer half; half 0 alone where the
+  // consumers pass a tile's turn jointly), the key blocks that have added their share of that
+  // tile's dq (dq_ordered), or whether its first share is stored (dq_first_store).
   int* dq_counters = nullptr;
   int heads_kv = 0;
   // deterministic: the key blocks of a tile add their dq shares in a fixed order (turns).
