@@ -39,7 +39,7 @@ test: build
 	LLMK_BUILD_DIR=$(CURDIR)/$(BUILD) PYTHONPATH=$(CURDIR)/python $(PY) -m pytest python/tests -q -rs
 
 bench: build
-	PYTHONPATH=$(CURDIR)/python $(PY) -m llmk.bench $(BENCH_ARGS)
+	PYTHONPATH=$(CURDIR)/python:$(CURDIR)/bench $(PY) -m llmk_bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BUILD) python/llmk/_C*.so

@@ -15,7 +15,7 @@
 # tools/gpu_check.sh does). Files in $OUT: ab_build.log, ab.csv (every run's rows: the
 # benchmark's columns plus variant), ab_runs.log, ab.md (the summary). Tests are gpu_check.sh's job.
 # Each variant runs its own op layer (python/llmk: the op table over its own _C) with the
-# new tree's harness (python/llmk/bench) put in the base's place: an A/B may change a
+# new tree's harness (bench/llmk_bench, on both variants' PYTHONPATH): an A/B may change a
 # schema or add an op, as long as what the harness calls exists on both sides.
 # AB_JOBS: parallel build jobs (default 16, the GPU machine's cores).
 set -uo pipefail
@@ -63,8 +63,7 @@ fi
 build "$BASE" "$BASE/build" || { echo "BASE BUILD FAILED"; tail -30 "$OUT/ab_build.log"; exit 1; }
 build . build-gpu || { echo "NEW BUILD FAILED"; tail -30 "$OUT/ab_build.log"; exit 1; }
 echo "== builds: $(( $(date +%s) - t0 )) s"
-rm -rf "$BASE/harness" && cp -r "$BASE/python" "$BASE/harness" && rm -rf "$BASE/harness/llmk/bench" &&
-  cp -r python/llmk/bench "$BASE/harness/llmk/bench" && compgen -G "$BASE/harness/llmk/_C*.so" > /dev/null ||
+rm -rf "$BASE/harness" && cp -r "$BASE/python" "$BASE/harness" && compgen -G "$BASE/harness/llmk/_C*.so" > /dev/null ||
   { echo "no base _C to time"; exit 1; }
 
 # Each run's rows go to ab.csv (one header, the variant column tells them apart) and its
@@ -75,7 +74,7 @@ for r in $(seq "$repeats"); do
     path=$PWD/python commit=${LLMK_COMMIT:-}
     [ $variant = base ] && path=$BASE/harness commit=$(cat .deps/ab_base_commit 2>/dev/null)
     echo "==== $variant repeat $r" >> "$OUT/ab_runs.log"
-    LLMK_COMMIT=$commit PYTHONPATH=$path${peers:-} python3 -m llmk.bench --impls --variant $variant "$@" \
+    LLMK_COMMIT=$commit PYTHONPATH=$path:$PWD/bench${peers:-} python3 -m llmk_bench --impls --variant $variant "$@" \
       --csv "$OUT/ab_run.csv" >> "$OUT/ab_runs.log" 2>&1 ||
       echo "== $variant repeat $r: rc=$? (see ab_runs.log)"
     [ -f "$OUT/ab_run.csv" ] || continue
@@ -87,4 +86,4 @@ for r in $(seq "$repeats"); do
 done
 echo "== timed: $(( $(date +%s) - t0 )) s"
 [ -f "$OUT/ab.csv" ] || { echo "no run wrote a CSV (see ab_runs.log)"; exit 1; }
-PYTHONPATH=$PWD/python python3 -m llmk.bench --ab-summary "$OUT/ab.csv" | tee "$OUT/ab.md"
+PYTHONPATH=$PWD/bench python3 -m llmk_bench --ab-summary "$OUT/ab.csv" | tee "$OUT/ab.md"

@@ -29,7 +29,7 @@ done
 [ ${#ops[@]} -eq 0 ] && ops=(--all)
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
-export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1
 # The commit the benchmark CSV names: the device copy has no .git, so it comes from here.
 [ -f .deps/commit ] && export LLMK_COMMIT=${LLMK_COMMIT:-$(cat .deps/commit)}
 source tools/gpu_peers.sh
@@ -96,7 +96,7 @@ fi
 
 if [ $run_bench -eq 1 ]; then
   # BENCH_ARGS narrows the sweep, e.g. BENCH_ARGS="--tokens 1 8192 --hidden 4096"
-  python3 -m llmk.bench "${ops[@]}" ${BENCH_ARGS:-} --csv "$OUT/bench.csv" --table "$OUT/bench.md" --plot "$OUT/bench.png" \
+  python3 -m llmk_bench "${ops[@]}" ${BENCH_ARGS:-} --csv "$OUT/bench.csv" --table "$OUT/bench.md" --plot "$OUT/bench.png" \
     > "$OUT/bench.log" 2>&1
   note "bench: rc=$? ($(grep -c . "$OUT/bench.csv" 2>/dev/null || echo 0) csv lines)"
   tail -60 "$OUT/bench.log"

@@ -13,11 +13,11 @@ import pytest
 from conftest import HAS_CUDA
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(ROOT / "bench")])}
 
 
 def bench(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "llmk.bench", *map(str, args)], check=True, cwd=cwd, env=ENV,
+    return subprocess.run([sys.executable, "-m", "llmk_bench", *map(str, args)], check=True, cwd=cwd, env=ENV,
                           capture_output=True, text=True, timeout=300).stdout
 
 

@@ -102,12 +102,17 @@ def test_log_softmax_of_one_column_is_zero(device):
 @pytest.mark.skipif(HAS_CUDA, reason="the GPU benchmark is the long run of `make bench`; this checks the CPU one")
 def test_bench_without_gpu_writes_table_and_plot(tmp_path):
     files = {k: tmp_path / f"bench.{k}" for k in ("csv", "md", "png")}
-    subprocess.run([sys.executable, "-m", "llmk.bench", "--op", "rmsnorm", "--op", "softmax", "--csv", files["csv"],
-                    "--table", files["md"], "--plot", files["png"]], check=True, cwd=tmp_path,
-                   env={**os.environ, "PYTHONPATH": str(ROOT / "python")}, timeout=600)
+    out = subprocess.run([sys.executable, "-m", "llmk_bench", "--op", "rmsnorm", "--op", "softmax", "--op", "overhead",
+                          "--csv", files["csv"], "--table", files["md"], "--plot", files["png"]], check=True,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(ROOT / "bench")])})
     table = files["md"].read_text()
     assert "softmax" in table and "rmsnorm" in table
     assert files["png"].stat().st_size > 1000 and files["csv"].read_text().count("\n") > 3
+    # The run ends by saying where each file went, and checks no GPU limits on the CPU.
+    tail = out.stdout[out.stdout.rindex("wrote:"):]
+    assert all(str(f) in tail for f in files.values()), tail
+    assert "limit" not in table and "**no**" not in out.stdout
 
 
 def _python_snippets(path: Path):

@@ -8,8 +8,8 @@ Each case is case(tokens, n, dtype, device) -> (bytes moved, make, impls, refere
 import torch
 
 import llmk
-from . import liger_peers
-from .activation_cases import grad_peer
+from .. import liger_peers
+from .activation import grad_peer
 
 COLUMNS = [4096, 32000, 128256]
 TOKENS = [1, 16, 2048, 8192]

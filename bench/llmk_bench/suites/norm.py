@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import llmk
-from . import liger_peers
+from .. import liger_peers
 
 HIDDEN = [896, 2048, 4096, 5120, 8192, 16384]  # Qwen2-0.5B .. Llama-3-405B
 TOKENS = [1, 16, 128, 2048, 8192, 32768]

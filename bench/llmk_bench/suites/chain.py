@@ -1,4 +1,4 @@
-"""Benchmark case of a chain of 8 llmk kernels at decode sizes (issue 16's `chain8`): the
+"""Benchmark case of a chain of 8 llmk kernels at decode sizes (`chain8`): the
 memory-bound steps of a decoder layer, one kernel each (rmsnorm, silu_and_mul, add_rmsnorm,
 softmax, twice over), on [tokens, hidden] bf16 rows. At 1-16 tokens each kernel's own work is
 shorter than a launch, so the chain's time is what programmatic dependent launch (common/

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import llmk
-from . import liger_peers
+from .. import liger_peers
 
 FFN = [4864, 14336]  # Qwen2-0.5B, Llama-3-8B intermediate sizes
 TOKENS = [1, 16, 2048, 8192]

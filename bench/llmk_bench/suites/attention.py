@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import llmk
-from .activation_cases import grad_peer
+from .activation import grad_peer
 
 TOKENS_PER_BATCH = 16384
 HIDDEN = {"cuda": 2048, "cpu": 256}

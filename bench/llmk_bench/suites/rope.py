@@ -16,7 +16,7 @@ case is case(tokens, hidden, dtype, device) -> (bytes moved, make, impls, refere
 import torch
 
 import llmk
-from . import liger_peers
+from .. import liger_peers
 
 CONFIGS = {4096: (32, 8, 128), 896: (14, 2, 64)}
 TOKENS = [1, 16, 2048, 8192]

@@ -1,4 +1,4 @@
-"""The `overhead` case (issue 10): what an eager PyTorch user pays per call, beside the
+"""The `overhead` suite: what an eager PyTorch user pays per call, beside the
 closest PyTorch native counterpart. Two parts:
 
 (a) Host time per call, op ``<name>_host``: every llmk forward op at a tiny shape (one
@@ -29,9 +29,7 @@ closest PyTorch native counterpart. Two parts:
     iterations, divided by 10 (``kernels``: how many per iteration); it is the GPU's busy
     time, whatever the host does. Without a GPU: wall time only, at 256 x 1024.
 
-The issue's targets, checked in the table: host time per call of every forward op at most
-1.2x its native counterpart; rmsnorm's eager fwd+bwd at 8192 x 4096 at most 1.15x its GPU
-kernel time and at least 1.5x faster than F.rms_norm's (wall).
+The tables, the plot and the limits they check are in views/overhead.py.
 """
 
 import statistics
@@ -41,22 +39,17 @@ import torch
 import torch.nn.functional as F
 
 import llmk
-from .activation_cases import eager_bias_gelu, eager_gelu_tanh_and_mul, eager_silu_and_mul, eager_swiglu
-from .norm_cases import EPS
-from .optim_cases import optimizers
-from .rope_cases import MAX_POSITION, THETA, _split, torch_rope_cache
+from ..views.overhead import is_overhead_row, markdown, plot  # noqa: F401
+from .activation import eager_bias_gelu, eager_gelu_tanh_and_mul, eager_silu_and_mul, eager_swiglu
+from .norm import EPS
+from .optim import optimizers
+from .rope import MAX_POSITION, THETA, _split, torch_rope_cache
 
-SUFFIXES = ("_host", "_fwd_bwd_wall", "_fwd_bwd_kernel")
 HOST_LOOPS = {"cuda": (2000, 200, 7), "cpu": (200, 20, 5)}  # calls per loop, warm-up calls, loops
 SHORT_LOOP = 200  # calls per loop when the GPU fell behind: fewer launches than the queue holds
 TRAIN_SHAPE = {"cuda": (8192, 4096), "cpu": (256, 1024)}
 TRAIN_LOOPS = {"cuda": (20, 5), "cpu": (3, 5)}  # iterations per loop, loops
 PROFILED_ITERS = 10
-HOST_TARGET, WALL_TARGET, SPEEDUP_TARGET = 1.2, 1.15, 1.5
-
-
-def is_overhead_row(row) -> bool:
-    return row["op"].endswith(SUFFIXES)
 
 
 def _sync(device):
@@ -301,98 +294,3 @@ def run(dtype, device, failures):
           f"of {HOST_LOOPS[device][0]} calls), then eager fwd+bwd at {' x '.join(map(str, TRAIN_SHAPE[device]))}",
           flush=True)
     return run_host(dtype, device, failures) + run_training(dtype, device, failures)
-
-
-# --------------------------------------------------------------------------------------
-# report
-
-
-def _by(rows, suffix):
-    """{name: {impl: row}} of the rows whose op ends with suffix."""
-    out = {}
-    for r in rows:
-        if r["op"].endswith(suffix):
-            out.setdefault(r["op"][: -len(suffix)], {})[r["impl"]] = r
-    return out
-
-
-def _verdict(ok: bool) -> str:
-    return "yes" if ok else "**no**"
-
-
-def markdown(rows):
-    """The overhead case's tables and its targets, as markdown lines."""
-    out = []
-    host = _by(rows, "_host")
-    if host:
-        on_cpu = next(iter(host.values()))["llmk"]["queue"] == "-"
-        out += ["\n### overhead: host time per call " + ("of the CPU path (no GPU: compute included)" if on_cpu else
-                                                       "(GPU idle, loops of calls that do not wait on it)") + "\n",
-                f"| op | shape | llmk host us | torch counterpart | torch host us | llmk / torch | "
-                f"<= {HOST_TARGET}x | queue |", "|---|---|---:|---|---:|---:|---|---|"]
-        for name, impls in host.items():
-            o = impls["llmk"]
-            for impl, p in impls.items():
-                if impl == "llmk":
-                    continue
-                ratio = float(o["time_us"]) / float(p["time_us"])
-                queue = ", ".join(sorted({o["queue"], p["queue"]}))
-                out.append(f"| {name} | {o['shape']} | {float(o['time_us']):.2f} | {p['counterpart']} | "
-                           f"{float(p['time_us']):.2f} | {ratio:.2f} | {_verdict(ratio <= HOST_TARGET)} | {queue} |")
-        ratio, name, peer = max((float(impls["llmk"]["time_us"]) / float(p["time_us"]), name, p["counterpart"])
-                                for name, impls in host.items() for impl, p in impls.items() if impl != "llmk")
-        out.append(f"\nHost time per call: the largest ratio to a native counterpart is {name}'s {ratio:.2f}x "
-                   f"(vs {peer}; target <= {HOST_TARGET}x for every forward op: {_verdict(ratio <= HOST_TARGET)}).")
-    wall, kernel = _by(rows, "_fwd_bwd_wall"), _by(rows, "_fwd_bwd_kernel")
-    if wall:
-        first = next(iter(next(iter(wall.values())).values()))
-        out += [f"\n### overhead: eager fwd+bwd through autograd ({first['shape']} {first['dtype']}), per iteration\n",
-                "| op | llmk wall us | llmk kernel us | llmk wall / kernel | torch counterpart | torch wall us | "
-                "torch kernel us | torch wall / llmk wall |", "|---|---:|---:|---:|---|---:|---:|---:|"]
-        for name, impls in wall.items():
-            o, p = impls["llmk"], impls["torch"]
-            k = kernel.get(name, {})
-            ours_k = f"{float(k['llmk']['time_us']):.1f}" if k else "-"
-            peer_k = f"{float(k['torch']['time_us']):.1f}" if k else "-"
-            ratio = f"{float(o['time_us']) / float(k['llmk']['time_us']):.2f}" if k else "-"
-            out.append(f"| {name} | {float(o['time_us']):.1f} | {ours_k} | {ratio} | {p['counterpart']} | "
-                       f"{float(p['time_us']):.1f} | {peer_k} | {float(p['time_us']) / float(o['time_us']):.2f}x |")
-        if "rmsnorm" in wall:
-            o, p = wall["rmsnorm"]["llmk"], wall["rmsnorm"]["torch"]
-            speedup = float(p["time_us"]) / float(o["time_us"])
-            if "rmsnorm" in kernel:
-                over = float(o["time_us"]) / float(kernel["rmsnorm"]["llmk"]["time_us"])
-                wall_target = f"{over:.2f}x its kernel time (target <= {WALL_TARGET}x: {_verdict(over <= WALL_TARGET)})"
-            else:
-                wall_target = f"wall / kernel not measured (no GPU; target <= {WALL_TARGET}x)"
-            out.append(f"\nrmsnorm fwd+bwd eager wall: {wall_target}; {speedup:.2f}x faster than F.rms_norm "
-                       f"(target >= {SPEEDUP_TARGET}x: {_verdict(speedup >= SPEEDUP_TARGET)}).")
-    return out
-
-
-def plot(ax_host, ax_train, rows):
-    """Bars: host us per call (llmk and its torch counterpart), and fwd+bwd wall/kernel us."""
-    host = _by(rows, "_host")
-    names = list(host)
-    for i, impl in enumerate(("llmk", "torch")):
-        ax_host.barh([j + 0.4 * i for j in range(len(names))], [float(host[n][impl]["time_us"]) for n in names],
-                     height=0.4, label=impl)
-    ax_host.set_yticks([j + 0.2 for j in range(len(names))], names, fontsize=6)
-    ax_host.set_xscale("log")
-    ax_host.invert_yaxis()
-    ax_host.set_xlabel("host us per call", fontsize=8)
-    ax_host.set_title("overhead: host time per call", fontsize=8)
-    ax_host.legend(fontsize=6)
-    wall, kernel = _by(rows, "_fwd_bwd_wall"), _by(rows, "_fwd_bwd_kernel")
-    names = list(wall)
-    bars = [(f"{impl} wall", wall, impl) for impl in ("llmk", "torch")] + \
-           [(f"{impl} kernel", kernel, impl) for impl in ("llmk", "torch") if kernel]
-    for i, (label, table, impl) in enumerate(bars):
-        ax_train.barh([j + i / len(bars) * 0.8 for j in range(len(names))],
-                      [float(table[n][impl]["time_us"]) if n in table else 0 for n in names],
-                      height=0.8 / len(bars), label=label)
-    ax_train.set_yticks([j + 0.4 * (len(bars) - 1) / len(bars) for j in range(len(names))], names, fontsize=6)
-    ax_train.invert_yaxis()
-    ax_train.set_xlabel("us per fwd+bwd iteration", fontsize=8)
-    ax_train.set_title("overhead: eager fwd+bwd", fontsize=8)
-    ax_train.legend(fontsize=6)

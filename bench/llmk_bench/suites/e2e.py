@@ -1,4 +1,4 @@
-"""The end-to-end case (issue 11), ``python -m llmk.bench --e2e``: whole Hugging Face models
+"""The end-to-end suite, ``python -m llmk_bench --e2e``: whole Hugging Face models
 (transformers 5.x) of each family, random weights from the architecture's config (nothing
 downloaded, random token ids), bf16, the first few decoder layers only (``--e2e-layers``,
 default 4). Each implementation gets a model built anew from one seed (the same weights:
@@ -45,7 +45,7 @@ Time on the H100: the uncompiled implementations of every family run first (abou
 family), then the compiled ones (compiling a 4-layer forward takes 30-90 s, a training
 step's fwd+bwd longer), by default only for the families and phases of
 ``--e2e-compile-families`` (llama qwen3) and ``--e2e-compile-phases`` (prefill): the one
-target against compile is the prefill's. A compiled implementation that would start past
+aim against compile is the prefill's. A compiled implementation that would start past
 ``--e2e-budget-s`` (450 s into the case) is skipped with a note, so that the default run
 ends in about 8 minutes. The CSV is rewritten after every implementation, so a run cut off
 keeps its rows.
@@ -54,9 +54,7 @@ Without a GPU: 2 layers of a tiny config of each family (hidden 256, 4 heads of 
 1024), 64 and 128 tokens, eager and llmk only (no torch.compile, Liger or CUDA graphs):
 the code path, not a measurement. perf_counter around each call there.
 
-The issue's targets, checked in the table: prefill 1 x 32768 at least 1.3x eager and 1.1x
-compile; the training step at least 1.2x eager and 1.0x Liger with a lower peak memory than
-both; decode at context 32768 at least 1.3x the SDPA model under the same CUDA graph.
+The table and plot, and the speedups aimed at (AIMS), are in views/e2e.py.
 """
 
 import argparse
@@ -72,10 +70,9 @@ import time
 import torch
 
 import llmk
-from . import timing
+from .. import timing
+from ..views.e2e import DECODE_HEADROOM, IMPLS, PHASES, is_e2e_row, markdown, plot  # noqa: F401
 
-PHASES = ("prefill", "decode", "train")
-IMPLS = ("eager", "compile", "liger", "llmk", "llmk_compile")
 COMPILED = ("compile", "llmk_compile")
 SIZES = {"cuda": {"prefill": (2048, 32768), "decode": (4096, 32768), "train": (2048,)},
          "cpu": {"prefill": (64, 128), "decode": (64, 128), "train": (64,)}}
@@ -84,7 +81,6 @@ LAYERS = {"cuda": 4, "cpu": 2}
 # (compilation, autotuning, allocation) is never timed.
 CALLS = {"cuda": {"prefill": {2048: (2, 10), 32768: (1, 5)}, "train": (2, 5)},
          "cpu": {"prefill": (1, 3), "train": (1, 3), "decode": (1, 5)}}  # GPU decode: DECODE_REPLAYS
-DECODE_HEADROOM = 128  # free slots after the context in the static cache
 DECODE_REPLAYS = 20  # graph replays, each timed
 LR = 1e-5
 # Seconds a compiled implementation is assumed to need per phase (compilation included):
@@ -132,16 +128,10 @@ TINY = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_k
 TINY_GEMMA = dict(query_pre_attn_scalar=64, sliding_window=32)
 GPU_ONLY = {"compile": "torch.compile (Inductor's CPU backend compiles C++: minutes)",
             "liger": "Liger-Kernel (Triton kernels: GPU only)", "llmk_compile": "torch.compile"}
-COLORS = dict(eager="tab:orange", compile="tab:red", liger="tab:green", llmk="tab:blue", llmk_compile="tab:purple")
-TARGETS = {"prefill": (32768, 1.3, 1.1), "train": (2048, 1.2, 1.0), "decode": (32768, 1.3)}
-
-
-def is_e2e_row(row) -> bool:
-    return row["op"].startswith("e2e_")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("end-to-end models (see llmk/bench/e2e_cases.py)")
+    g = parser.add_argument_group("end-to-end models (see bench/llmk_bench/suites/e2e.py)")
     g.add_argument("--e2e", action="store_true",
                    help="whole models: prefill, CUDA-graph decode and a training step per family (in --all on a GPU)")
     g.add_argument("--e2e-families", nargs="+", choices=list(FAMILIES), default=list(DEFAULT_FAMILIES),
@@ -566,160 +556,3 @@ def run(args, device, failures, checkpoint=lambda rows: None):
         print(f"{family} compiled: {time.perf_counter() - t0:.0f} s (run so far {state.elapsed():.0f} s)",
               flush=True)
     return state.rows
-
-
-# --------------------------------------------------------------------------------------
-# report
-
-
-def _f(value):
-    return float(value) if value not in (None, "") else None
-
-
-def _ms(row):
-    t = _f(row.get("time_us")) if row else None
-    return f"{t / 1e3:.2f}" if t else "-"
-
-
-def _ratio(num, den):
-    """num's time over den's: den's speedup over num (None when either is missing)."""
-    a, b = (_f(r.get("time_us")) if r else None for r in (num, den))
-    return a / b if a and b else None
-
-
-def _x(ratio):
-    return f"{ratio:.2f}x" if ratio else "-"
-
-
-def _verdict(ok) -> str:
-    return "yes" if ok else "**no**"
-
-
-def _left(rows):
-    """{part: reason} that llmk.patch left, from the llmk rows' reports."""
-    for r in rows:
-        if r.get("llmk_left"):
-            return json.loads(r["llmk_left"])
-    return {}
-
-
-def markdown(rows):
-    """One table per phase, the issue's targets below each; markdown lines."""
-    rows = [r for r in rows if is_e2e_row(r)]
-    if not rows:
-        return []
-    out = []
-    left = _left(rows)
-    first = rows[0]
-    on_cpu = not any(r.get("peak_mem_gb") not in (None, "") for r in rows)
-    captions = {
-        "prefill": "one forward of batch 1, no cache, logits of the last token (`logits_to_keep=1`)",
-        "decode": f"one one-token step over a StaticCache of context + {DECODE_HEADROOM} slots, "
-                  "replayed in a CUDA graph (timing `graph`; `events`: eager, the capture failed)",
-        "train": "forward, the model's cross-entropy loss, backward and torch.optim.AdamW step, bf16",
-    }
-    for phase in PHASES:
-        cases = {}
-        for r in rows:
-            if r["op"] == f"e2e_{phase}":
-                cases.setdefault((r["model"], int(r["tokens"])), {})[r["impl"]] = r
-        if not cases:
-            continue
-        impls = [i for i in IMPLS if any(i in c for c in cases.values())]
-        peers = [i for i in impls if i != "eager"]
-        out += [f"\n### e2e {phase}: {captions[phase]}; {first['layers']} layers"
-                + (" (CPU: tiny configs, eager calls, no peak memory: the code path only)" if on_cpu else "") + "\n",
-                "| model | tokens | " + " | ".join(f"{i} ms" for i in impls) + " | llmk tok/s | " +
-                ("" if on_cpu else "peak GB " + " / ".join(impls) + " | ") +
-                "llmk vs eager | llmk vs compile | llmk_compile vs compile | max rel err " + " / ".join(peers) + " |",
-                "|---|---:|" + "---:|" * len(impls) + "---:|" + ("" if on_cpu else "---|") + "---:|---:|---:|---|"]
-        notes = {}  # note -> the rows that have it
-        for (family, tokens), c in cases.items():
-            o = c.get("llmk")
-            peaks = " / ".join(str(c[i].get("peak_mem_gb") or "-") if i in c else "-" for i in impls)
-            errors = " / ".join((c[i].get("max_rel_err") or "-") if i in c else "-" for i in peers)
-            out.append(f"| {family} | {tokens} | " + " | ".join(_ms(c.get(i)) for i in impls) +
-                       f" | {(o.get('tokens_per_s') or '-') if o else '-'} | " + ("" if on_cpu else f"{peaks} | ") +
-                       f"{_x(_ratio(c.get('eager'), o))} | {_x(_ratio(c.get('compile'), o))} | "
-                       f"{_x(_ratio(c.get('compile'), c.get('llmk_compile')))} | {errors} |")
-            for i in impls:
-                if i in c and c[i].get("note"):
-                    notes.setdefault(c[i]["note"], []).append(f"{family} {tokens} {i}")
-                if i in c and c[i].get("logits") == "all":
-                    notes.setdefault("logits of every token (the model takes no logits_to_keep)", []).append(
-                        f"{family} {tokens} {i}")
-        out += _targets(phase, cases, left, on_cpu)
-        if notes:
-            out += ["", "Notes:"] + [f"- {', '.join(where)}: {note}" for note, where in notes.items()]
-    if left:
-        out.append("\nLeft by llmk.patch (its report): " + "; ".join(f"{k}: {v}" for k, v in left.items()) + ".")
-    return out
-
-
-def _targets(phase, cases, left, on_cpu):
-    target = TARGETS[phase]
-    size = target[0]
-    lines = []
-    for (family, tokens), c in cases.items():
-        if tokens != size or "llmk" not in c:
-            continue
-        o = c["llmk"]
-        vs_eager = _ratio(c.get("eager"), o)
-        if phase == "prefill":
-            best = max(filter(None, [_ratio(c.get("compile"), o), _ratio(c.get("compile"), c.get("llmk_compile"))]),
-                       default=None)
-            text = (f"{_x(vs_eager)} eager (>= {target[1]}x: {_verdict(vs_eager and vs_eager >= target[1])}), "
-                    f"best of llmk / llmk_compile {_x(best)} compile (>= {target[2]}x: "
-                    f"{_verdict(best and best >= target[2]) if best else 'not measured'})")
-        elif phase == "train":
-            vs_liger = _ratio(c.get("liger"), o)
-            peaks = {i: _f(c[i].get("peak_mem_gb")) for i in ("eager", "liger", "llmk") if i in c}
-            lower = peaks.get("llmk") is not None and all(
-                peaks.get(i) is not None and peaks["llmk"] < peaks[i] for i in ("eager", "liger"))
-            text = (f"{_x(vs_eager)} eager (>= {target[1]}x: {_verdict(vs_eager and vs_eager >= target[1])}), "
-                    f"{_x(vs_liger)} Liger (>= {target[2]}x: "
-                    f"{_verdict(vs_liger and vs_liger >= target[2]) if vs_liger else 'not measured'}), peak "
-                    + (f"{peaks.get('llmk')} GB vs eager {peaks.get('eager', '-')} / Liger {peaks.get('liger', '-')}"
-                       f" (lower than both: {_verdict(lower)})" if not on_cpu else "not measured on the CPU"))
-            if "cross_entropy" in left:
-                text += f"; llmk.patch left cross_entropy: {left['cross_entropy']}"
-        else:
-            graphs = all(c[i].get("timing") == "graph" for i in ("eager", "llmk") if i in c)
-            text = (f"{_x(vs_eager)} the SDPA model (>= {target[1]}x: {_verdict(vs_eager and vs_eager >= target[1])}"
-                    + ("" if graphs else ", not both in CUDA graphs") + ")")
-            if "decode" in left:
-                text += f"; llmk.patch left decode: {left['decode']}"
-        if "linear" in left:
-            text += f"; left linear (the GEMMs): {left['linear']}"
-        lines.append(f"- {family} {phase} {tokens}: llmk {text}.")
-    if lines:
-        lines.insert(0, f"\nTargets ({phase} at {size}):")
-    return lines
-
-
-def plot(rows, path):
-    """Speedup over the eager model of each impl, one panel per phase, a bar group per (model, size)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in rows if is_e2e_row(r)]
-    phases = [p for p in PHASES if any(r["op"] == f"e2e_{p}" for r in rows)]
-    fig, axes = plt.subplots(len(phases), 1, figsize=(10, 3.2 * len(phases)), squeeze=False)
-    for ax, phase in zip(axes[:, 0], phases):
-        cases = {}
-        for r in rows:
-            if r["op"] == f"e2e_{phase}":
-                cases.setdefault(f"{r['model']} {r['tokens']}", {})[r["impl"]] = r
-        impls = [i for i in IMPLS if any(i in c for c in cases.values())]
-        width = 0.8 / max(len(impls), 1)
-        for k, impl in enumerate(impls):
-            ys = [_ratio(c.get("eager"), c.get(impl)) or 0 for c in cases.values()]
-            ax.bar([j + k * width for j in range(len(cases))], ys, width=width, label=impl, color=COLORS[impl])
-        ax.axhline(1.0, color="gray", lw=0.8)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], list(cases), fontsize=7, rotation=20)
-        ax.set_ylabel("speedup over eager", fontsize=8)
-        ax.set_title(f"e2e {phase}", fontsize=9)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)

@@ -7,7 +7,7 @@ impls, reference).
 
 ``fused_linear_cross_entropy`` (GPU only; not a sweep of the harness: its rows have their own
 columns, peak memory beside time): :func:`run_fused_linear_cross_entropy`, run by
-``python -m llmk.bench.loss_cases [--csv F] [--table F]``. The LM head and its loss, forward +
+``python -m llmk_bench.suites.loss [--csv F] [--table F]``. The LM head and its loss, forward +
 backward (the gradients of hidden and weight) at 8192 tokens x H 4096 x V 128256 (Llama-3-8B)
 and 4096 x 3584 x 152064 (Qwen2.5-7B), bf16: ``llmk`` (llmk.fused_linear_cross_entropy: the
 default chunk, the weight's gradient summed in its dtype), ``llmk chunk N`` (Liger's chunk rule,
@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import llmk
+from ..views.loss import FLCE, is_fused_linear_cross_entropy_row, markdown_fused_linear_cross_entropy  # noqa: F401
 
 VOCABS = [32000, 128256]
 TOKENS = [1, 16, 2048, 8192]
@@ -83,13 +84,8 @@ CPU_SWEEPS = {"cross_entropy": ([1, 64], [4096, 32000])}
 
 # --- fused linear + cross-entropy (GPU only, its own rows) -------------------------------------
 
-FLCE = "fused_linear_cross_entropy"
 FLCE_SHAPES = {"llama3_8b": (8192, 4096, 128256), "qwen2.5_7b": (4096, 3584, 152064)}  # tokens, H, V
 FLCE_REPEATS = 5
-
-
-def is_fused_linear_cross_entropy_row(row) -> bool:
-    return row["op"] == FLCE
 
 
 def _first_of(out):
@@ -216,31 +212,8 @@ def _flce_rows(device, failures, shapes, dtype):
     return rows
 
 
-def _mib(value) -> str:
-    """A MiB cell; empty for rows of CSVs from before the column."""
-    return "" if value in (None, "") else f"{float(value):.0f}"
-
-
-def markdown_fused_linear_cross_entropy(rows):
-    rows = [r for r in rows if is_fused_linear_cross_entropy_row(r)]
-    out = []
-    for shape in dict.fromkeys(r["shape"] for r in rows):
-        case = [r for r in rows if r["shape"] == shape]
-        first = case[0]
-        out += [f"\n### {FLCE}: {shape}, {first['tokens']} tokens x H {first['hidden']} x V {first['vocab']} "
-                f"{first['dtype']}, forward + backward (dhidden, dweight); transient = peak less the returned "
-                "gradients\n",
-                "| impl | chunk | ms | peak MiB | transient MiB | fwd ms | fwd peak MiB | loss err | dhidden err "
-                "| dweight err |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        out += [f"| {r['impl']} | {r['chunk']} | {float(r['time_ms']):.2f} | {float(r['peak_mib']):.0f} | "
-                f"{_mib(r.get('transient_mib'))} | {float(r['fwd_ms']):.2f} | {float(r['fwd_peak_mib']):.0f} | "
-                f"{r['loss_rel_err']} | {r['dhidden_rel_err']} | {r['dweight_rel_err']} |" for r in case]
-    return out
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m llmk.bench.loss_cases",
+    parser = argparse.ArgumentParser(prog="python -m llmk_bench.suites.loss",
                                      description="the fused linear + cross-entropy case (GPU only)")
     parser.add_argument("--csv", help="write the rows here")
     parser.add_argument("--table", help="write the markdown table here")

@@ -1,1 +1,0 @@
-"""Benchmark harness: ``python -m llmk.bench --op rmsnorm [--csv F] [--plot F]``."""
