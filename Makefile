@@ -6,10 +6,10 @@
 
 BUILD ?= build
 LLMK_CUDA_ARCHS ?= 80;90a
-LLMK_HEAD_DIMS ?= 32;64;96;128;256
+# LLMK_HEAD_DIMS (unset: every head dim of src/common/head_dims.h) trims the attention kernels.
 PYTHON ?= python3
 VENV := .venv
-JOBS ?= 2
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 GTEST_SOURCE ?= $(wildcard $(CURDIR)/.deps/googletest)
 BENCH_ARGS ?= --all --csv $(BUILD)/bench.csv --table $(BUILD)/bench.md --plot $(BUILD)/bench.png
 
@@ -29,12 +29,16 @@ deps:
 # One configuration serves both commands (the C++ tests included), so `make bench` then
 # `make test` builds once.
 build: deps
-	cmake -S . -B $(BUILD) $(GENERATOR) -DLLMK_CUDA_ARCHS="$(LLMK_CUDA_ARCHS)" -DLLMK_HEAD_DIMS="$(LLMK_HEAD_DIMS)" \
+	cmake -S . -B $(BUILD) $(GENERATOR) -DLLMK_CUDA_ARCHS="$(LLMK_CUDA_ARCHS)" \
+	  $(if $(LLMK_HEAD_DIMS),-DLLMK_HEAD_DIMS="$(LLMK_HEAD_DIMS)") \
 	  -DLLMK_BUILD_PYTHON=ON -DLLMK_BUILD_TESTS=ON -DPython_EXECUTABLE=$(PY) \
 	  $(if $(GTEST_SOURCE),-DLLMK_GTEST_SOURCE=$(GTEST_SOURCE))
-	cmake --build $(BUILD) -j $(JOBS)
+	@start=$$(date +%s); cmake --build $(BUILD) -j $(JOBS) && \
+	  echo "build: $$(( $$(date +%s) - start )) s on $(JOBS) jobs (archs $(LLMK_CUDA_ARCHS))"
 
 test: build
+	@PYTHONPATH=$(CURDIR)/python $(PY) -c "from llmk import _C; i = _C.device_info(0); \
+	  print('GPU tests: run on ' + i['name'] if i['available'] else 'GPU tests: skipped (' + i['error'] + ')')"
 	ctest --test-dir $(BUILD) --output-on-failure
 	LLMK_BUILD_DIR=$(CURDIR)/$(BUILD) PYTHONPATH=$(CURDIR)/python $(PY) -m pytest python/tests -q -rs
 

@@ -25,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include <optional>
+#include <vector>
 
 #include "llmk/tensor.h"
 
@@ -109,8 +110,14 @@ void attention_varlen_backward(const TensorView& dq, const TensorView& dk, const
 // added to a zeroed accumulator).
 int64_t attention_backward_workspace_size(int64_t q_rows, int64_t heads_q, int64_t head_dim);
 
+// The head dims attention and its backward accept (32, 64, 96, 128, 256); the CPU backend
+// computes all of them.
+std::vector<int64_t> attention_head_dims();
 // Whether this build has CUDA kernels for `head_dim` (CMake option LLMK_HEAD_DIMS trims
-// the list; default 32, 64, 96, 128, 256). The CPU backend computes all five regardless.
+// the list; default all).
 bool attention_head_dim_compiled(int64_t head_dim);
+// The head dims the Hopper (sm_90a) kernels take, as far as this build compiled them; the
+// other compiled head dims run the sm_80 kernels.
+std::vector<int64_t> attention_sm90_head_dims();
 
 }  // namespace llmk

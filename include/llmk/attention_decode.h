@@ -52,6 +52,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "llmk/rope.h"
 #include "llmk/tensor.h"
@@ -69,6 +70,10 @@ struct DecodeAppend {
   std::optional<TensorView> rotary_cos_sin;       // float32 [max_pos, rot_dim], as rope_'s cache
   RopeStyle rotary_style = RopeStyle::neox;
 };
+
+// The head dims attention_decode accepts (64, 96, 128, 256; the GPU ones as far as
+// attention_head_dim_compiled says).
+std::vector<int64_t> attention_decode_head_dims();
 
 // float32 elements of workspace the call with these q and cache shapes may use on `device`
 // (0 when it runs unsplit).

@@ -36,5 +36,8 @@ namespace llmk {
 
 // The CUDA architectures this build of llmk carries machine code for, e.g. "80;90a".
 const char* build_cuda_archs();
+// The architecture whose PTX the build embeds ("80" by default; empty: none), which the
+// driver JIT-compiles on a newer GPU that has no machine code of the build (the sm_80 paths).
+const char* build_ptx_arch();
 
 }  // namespace llmk

@@ -4,10 +4,12 @@ import argparse
 import os
 import sys
 
-from . import _C
+from . import _C, attention_head_dims
 
-ATTENTION_HEAD_DIMS = (32, 64, 96, 128, 256)
-ATTENTION_SM90_HEAD_DIMS = (64, 96, 128, 256)  # what the Hopper attention forward and backward take (fp16/bf16)
+# From the C++ library's one list: what attention accepts (the CPU backend computes all of them),
+# and the head dims its Hopper (sm_90a) forward and backward take in fp16/bf16, as compiled.
+ATTENTION_HEAD_DIMS = attention_head_dims(compiled=False)
+ATTENTION_SM90_HEAD_DIMS = tuple(_C.attention_sm90_head_dims())
 
 
 def _runs_on(arch: str, major: int, minor: int) -> bool:
@@ -22,6 +24,8 @@ def _runs_on(arch: str, major: int, minor: int) -> bool:
 def _info() -> int:
     archs = _C.build_cuda_archs()
     print(f"llmk build: machine code for CUDA archs {archs}")
+    print(_head_dims_line("attention", decode=False))
+    print(_head_dims_line("attention_decode", decode=True))
     count = _C.cuda_device_count()
     if count == 0:
         print("no CUDA GPU found: every op runs on the CPU reference backend (host tensors)")
@@ -36,9 +40,16 @@ def _info() -> int:
               f" per block (opt-in), {i['max_threads_per_sm']} threads per SM")
         print(f"  tensor cores: ~{i['peak_bf16_tflops']:.0f} TFLOP/s bf16 dense (estimate at"
               f" {i['sm_clock_khz'] / 1e3:.0f} MHz)")
+        ptx = _C.build_ptx_arch()
         if not any(_runs_on(a, major, minor) for a in archs.split(";")):
-            print("  WARNING: this build has no machine code this GPU can run; rebuild with"
-                  f" LLMK_CUDA_ARCHS including {major}{minor}")
+            if ptx and int(ptx) <= major * 10 + minor:
+                print(f"  no machine code for sm_{major}{minor} in this build: the driver JIT-compiles its"
+                      f" compute_{ptx} PTX at first use, so every family takes its sm_{ptx} path here"
+                      " (mma.sync attention, decode and GEMM; no Hopper kernels); rebuild with"
+                      f" LLMK_CUDA_ARCHS including {major}{minor} for machine code")
+            else:
+                print("  WARNING: this build has no machine code this GPU can run; rebuild with"
+                      f" LLMK_CUDA_ARCHS including {major}{minor}")
         print("  code paths: rmsnorm/add_rmsnorm/rmsnorm_backward: row-in-registers kernels with"
               " 16-byte accesses for aligned rows (d up to 65536 bf16/fp16, 32768 fp32 forward),"
               " a scalar loop kernel otherwise")
@@ -52,11 +63,19 @@ def _info() -> int:
     return 0
 
 
+def _head_dims_line(op: str, decode: bool) -> str:
+    """The head dims `op` accepts (the CPU backend computes all of them) and those this build has
+    CUDA kernels for (LLMK_HEAD_DIMS trims them)."""
+    supported, compiled = attention_head_dims(compiled=False, decode=decode), attention_head_dims(decode=decode)
+    line = f"{op} head dims: {_join(supported)}; CUDA kernels in this build: {_join(compiled) or 'none'}"
+    return line + (" (LLMK_HEAD_DIMS)" if compiled != supported else "")
+
+
 def _attention_paths(hopper: bool, sm90_dims) -> str:
     """Which attention kernel (forward, or the backward's main kernel) takes which calls on a
     device (`hopper`: sm_90 and an sm_90a build; `sm90_dims`: the head dims its Hopper kernel
     takes), as far as this build's LLMK_HEAD_DIMS compiled the head dims."""
-    dims = [d for d in ATTENTION_HEAD_DIMS if _C.attention_head_dim_compiled(d)]
+    dims = attention_head_dims()
     wgmma = [d for d in dims if hopper and d in sm90_dims]
     mma = [d for d in dims if d not in wgmma]
     if wgmma:

@@ -19,11 +19,10 @@ What is replaced, each part only where llmk computes exactly what the model comp
   for calls it computes (fp16/bf16, no attention mask beyond causal, no dropout, no sliding
   window, no soft-capping, eval mode); every other call goes to SDPA, unchanged. A model in
   training mode keeps SDPA: llmk's attention backward exists, but a training step's forward +
-  backward runs at 0.96-1.12x cuDNN's on the H100 (behind at head dim 128 non-causal up to
-  seqlen 2048, and at 256 below seqlen 4096), and the sm_80 backward at 0.77-0.97x
-  FlashAttention 2's (docs/benchmarks.md). By default (``attention=None``) a model on a Hopper GPU keeps SDPA too:
-  there SDPA runs cuDNN's attention, which llmk's Hopper forward does not beat at every shape
-  yet (issue 13); ``attention=True`` patches it anyway.
+  backward is not ahead of cuDNN's (Hopper) and FlashAttention 2's (sm_80) at every shape
+  (docs/benchmarks.md has the numbers). By default (``attention=None``) a model on a Hopper GPU
+  keeps SDPA too: there SDPA runs cuDNN's attention, which llmk's Hopper forward does not beat at
+  every shape yet; ``attention=True`` patches it anyway.
 
 The report returned says what was replaced and what was left and why. Nothing is copied:
 the patched model shares its parameters and state dict with the original, and works under
@@ -38,7 +37,8 @@ from typing import Dict, Optional
 
 import torch
 
-from . import ops
+from . import _C, ops
+from .ops.activation import GATED_OPS, MODEL_ACTIVATIONS
 
 # model_type -> (family, norm offset, the decoder layer's norm that follows the first residual add)
 FAMILIES = {
@@ -51,9 +51,6 @@ FAMILIES = {
 }
 NOT_YET = {"decode": "routing transformers' static-cache decode steps through llmk.attention_decode (the "
                      "kernel exists; the patch does not use it yet)"}
-# The model's activation name -> (llmk gate op, its extra arguments)
-_GATES = {"silu": ("swiglu", ()), "swish": ("swiglu", ()), "gelu": ("geglu", ("none",)),
-          "gelu_pytorch_tanh": ("geglu", ("tanh",)), "gelu_new": ("geglu", ("tanh",))}
 _ATTENTION_NAME = "llmk"
 
 
@@ -76,8 +73,8 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
           decode: bool = False) -> PatchReport:
     """Runs `model` (a transformers causal LM of a supported family, on any device) on llmk
     kernels; returns the :class:`PatchReport`. ``linear=True`` runs every nn.Linear of the
-    model on llmk.linear (off by default: on the H100 it measured 0.87-1.02x cuBLAS at prefill
-    sizes, docs/benchmarks.md "GEMM"). ``decode`` is not built yet (llmk.attention_decode
+    model on llmk.linear (off by default: it is not ahead of cuBLAS at every prefill size,
+    docs/benchmarks.md "GEMM"). ``decode`` is not built yet (llmk.attention_decode
     exists; the patch does not route decode steps through it) and is rejected when asked for."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", type(model).__name__)
@@ -106,16 +103,16 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
     act = getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
     if not mlp:
         report.left["mlp"] = "mlp=False"
-    elif act in _GATES:
-        report.replaced[f"gated MLP ({_GATES[act][0]})"] = _patch_mlps(model, *_GATES[act])
+    elif act in MODEL_ACTIVATIONS:
+        gate_op, gate_args = _gate(act)
+        report.replaced[f"gated MLP ({gate_op})"] = _patch_mlps(model, gate_op, gate_args)
     else:
-        report.left["mlp"] = f"the {act!r} gate has no llmk kernel (silu, gelu, gelu_pytorch_tanh)"
+        report.left["mlp"] = f"the {act!r} gate has no llmk kernel ({', '.join(MODEL_ACTIVATIONS)})"
     if attention is None and _on_hopper(model):
-        report.left["attention"] = ("on Hopper, SDPA's cuDNN attention is still ahead of llmk's Hopper forward at "
-                                    "short and medium sequences (0.73-0.99x at seqlen 512-1024 and at some points "
-                                    "up to 4096, 1.01-1.16x at 16k; issue 13): attention=True patches it anyway")
+        report.left["attention"] = ("on Hopper, SDPA runs cuDNN's attention, which llmk's Hopper forward does not "
+                                    "beat at every sequence length yet: attention=True patches it anyway")
     elif attention is not False:
-        reason = _attention_unsupported(config, model.training)
+        reason = _attention_unsupported(config, model.training, next(model.parameters()).device)
         if reason:
             report.left["attention"] = reason
         else:
@@ -285,6 +282,13 @@ def _llmk_rotary(original):
 # -- gated MLP ----------------------------------------------------------------------------
 
 
+def _gate(act: str):
+    """The llmk gated op of a model's activation name, and its arguments after (gate, up):
+    swiglu(gate, up), or geglu(gate, up, approximate)."""
+    fn, approximate = MODEL_ACTIVATIONS[act]
+    return GATED_OPS[fn], (approximate,) if approximate is not None else ()
+
+
 def _patch_mlps(model: torch.nn.Module, gate_op: str, gate_args: tuple) -> int:
     def forward(self, x):
         return self.down_proj(getattr(ops, gate_op)(self.gate_proj(x), self.up_proj(x), *gate_args))
@@ -343,7 +347,6 @@ def _patch_loss(model: torch.nn.Module, state: dict) -> str:
 
 # -- attention ----------------------------------------------------------------------------
 
-_HEAD_DIMS = (32, 64, 96, 128, 256)
 _SDPA = []  # transformers' sdpa_attention_forward, once attention is first patched
 
 
@@ -352,16 +355,18 @@ def _on_hopper(model: torch.nn.Module) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
-def _attention_unsupported(config, training: bool) -> str:
+def _attention_unsupported(config, training: bool, device: torch.device) -> str:
     if training:
-        return ("the model is in training mode: SDPA stays (a training step's llmk attention, forward + "
-                "backward, measured 0.96-1.12x cuDNN's on the H100 at head dims 64, 128 and 256; the sm_80 "
-                "backward 0.77-0.97x FlashAttention 2's)")
+        return ("the model is in training mode: a training step's attention stays on SDPA (llmk's forward + "
+                "backward is not ahead of cuDNN's and FlashAttention 2's at every shape)")
     if getattr(config, "attn_logit_softcapping", None):
         return f"attention logit soft-capping ({config.attn_logit_softcapping}) has no llmk kernel"
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if head_dim not in _HEAD_DIMS:
-        return f"head_dim {head_dim} has no llmk kernel (32, 64, 96, 128, 256)"
+    supported = _C.attention_head_dims()
+    if head_dim not in supported:
+        return f"head_dim {head_dim} has no llmk kernel ({', '.join(map(str, supported))})"
+    if device.type == "cuda" and not _C.attention_head_dim_compiled(head_dim):
+        return f"head_dim {head_dim} has no CUDA kernel in this build (CMake's LLMK_HEAD_DIMS)"
     return ""
 
 

@@ -3,6 +3,7 @@
 // few plain functions that are not tensor ops: what GPU llmk sees and how it was built.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "llmk/llmk.h"
 
@@ -12,9 +13,16 @@ using namespace nb::literals;
 NB_MODULE(_C, m) {
   m.doc() = "llmk: fused GPU kernels for transformer language models (torch ops and build facts)";
 
+  // The attention head dims, from the C++ library's one list (llmk.attention_head_dims() and
+  // `llmk info` derive theirs from these): what attention accepts, whether this build has CUDA
+  // kernels for one (LLMK_HEAD_DIMS), the Hopper kernels' as compiled, and attention_decode's.
+  m.def("attention_head_dims", &llmk::attention_head_dims);
   m.def("attention_head_dim_compiled", &llmk::attention_head_dim_compiled, "head_dim"_a);
+  m.def("attention_sm90_head_dims", &llmk::attention_sm90_head_dims);
+  m.def("attention_decode_head_dims", &llmk::attention_decode_head_dims);
   m.def("cuda_device_count", &llmk::cuda_device_count);
   m.def("build_cuda_archs", &llmk::build_cuda_archs);
+  m.def("build_ptx_arch", &llmk::build_ptx_arch);
   m.def(
       "device_info",
       [](int index) {

@@ -8,17 +8,10 @@
 namespace llmk::torch_ops {
 namespace {
 
-// The GELU approximation, spelled as torch.nn.functional.gelu spells it.
-GeluApproximation gelu_approximation(const OpCall& op, const std::string& name) {
-  if (name == "none") return GeluApproximation::none;
-  if (name == "tanh") return GeluApproximation::tanh;
-  detail::throw_error(op.name(), ": approximate must be 'none' or 'tanh', got '", name, "'");
-}
-
 // [..., 2d] -> [..., d]: the output of a gated activation over a fused gate-and-up tensor.
 Tensor empty_half(const Tensor& x) {
   Shape shape = shape_of(x);
-  if (!shape.empty()) shape.back() /= 2;
+  if (!shape.empty()) shape.back() = gated_width(shape.back());
   return empty(x, shape, x.scalar_type());
 }
 

@@ -10,15 +10,6 @@
 namespace llmk::torch_ops {
 namespace {
 
-GemmActivation gemm_activation(const OpCall& op, const std::string& name) {
-  if (name == "none") return GemmActivation::none;
-  if (name == "silu_mul") return GemmActivation::silu_mul;
-  if (name == "gelu") return GemmActivation::gelu;
-  if (name == "gelu_tanh") return GemmActivation::gelu_tanh;
-  detail::throw_error(op.name(), ": activation must be 'none', 'silu_mul', 'gelu' or 'gelu_tanh', got '", name,
-                      "'");
-}
-
 // The leading dims of x with `n` columns: x [..., K] -> [..., n] (a 2-d transposed view
 // [M, K] -> [M, n] alike). The ranks are checked here, before anything is allocated, so that
 // a malformed call names its argument instead of failing in size().
@@ -45,7 +36,7 @@ Tensor linear(Tensor x, Tensor weight, std::optional<Tensor> bias, std::optional
   const TensorView a = op.view(x, "x"), b = op.view(weight, "weight");
   epilogue.bias = op.view(bias, "bias");
   epilogue.residual = op.view(residual, "residual");
-  Tensor out = empty_rows(op, x, epilogue.activation == GemmActivation::silu_mul ? n / 2 : n);
+  Tensor out = empty_rows(op, x, epilogue.activation == GemmActivation::silu_mul ? gated_width(n) : n);
   try {
     llmk::gemm(op.view(out, "out"), a, b, epilogue, op.stream());
   } catch (const CudaError&) {

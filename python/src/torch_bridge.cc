@@ -2,6 +2,9 @@
 
 #include <torch/csrc/stable/ops.h>
 
+#include <cstddef>
+#include <utility>
+
 namespace llmk::torch_ops {
 namespace {
 
@@ -37,6 +40,31 @@ DType llmk_dtype(ScalarType t, const char* op, const char* arg) {
                           "; llmk takes float32, float16, bfloat16 (and int32/int64 indices, float8_e4m3fn "
                           "KV caches)");
   }
+}
+
+// The schemas' activation names: one table per argument, in the order the error lists them.
+constexpr std::pair<const char*, GemmActivation> kGemmActivations[] = {
+    {"none", GemmActivation::none},
+    {"silu_mul", GemmActivation::silu_mul},
+    {"gelu", GemmActivation::gelu},
+    {"gelu_tanh", GemmActivation::gelu_tanh},
+};
+constexpr std::pair<const char*, GeluApproximation> kGeluApproximations[] = {
+    {"none", GeluApproximation::none},
+    {"tanh", GeluApproximation::tanh},
+};
+
+template <class Value, size_t N>
+Value parse_name(const OpCall& op, const char* arg, const std::string& name,
+                 const std::pair<const char*, Value> (&table)[N]) {
+  for (const auto& [spelling, value] : table)
+    if (name == spelling) return value;
+  std::string choices;
+  for (size_t i = 0; i < N; ++i) {
+    if (i > 0) choices += i + 1 == N ? " or " : ", ";
+    choices += std::string("'") + table[i].first + "'";
+  }
+  detail::throw_error(op.name(), ": ", arg, " must be ", choices, ", got '", name, "'");
 }
 
 int32_t device_type_of(const Tensor& t) {
@@ -80,6 +108,14 @@ std::optional<TensorView> OpCall::view(const std::optional<Tensor>& t, const cha
 std::optional<TensorView> OpCall::view_if(bool want, const Tensor& t, const char* arg) const {
   if (!want) return std::nullopt;
   return view(t, arg);
+}
+
+GemmActivation gemm_activation(const OpCall& op, const std::string& name) {
+  return parse_name(op, "activation", name, kGemmActivations);
+}
+
+GeluApproximation gelu_approximation(const OpCall& op, const std::string& name) {
+  return parse_name(op, "approximate", name, kGeluApproximations);
 }
 
 Tensor empty(const Tensor& like, const Shape& shape, ScalarType dtype) {

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "llmk/llmk.h"
@@ -50,6 +51,16 @@ Shape shape_of(const Tensor& t);
 // The f32 workspace a backward over x's rows needs on the GPU, `size_fn(rows, d, device)`
 // elements (one of llmk's *_workspace_size functions); empty on the CPU.
 Tensor row_workspace(const Tensor& x, int64_t (*size_fn)(int64_t rows, int64_t d, int device));
+// The activation names of the op schemas, parsed here only (python/llmk/ops/activation.py keeps
+// Python's table of the same strings): linear's `activation` ('none', 'silu_mul', 'gelu',
+// 'gelu_tanh') and the GELU ops' `approximate` ('none', 'tanh': torch.nn.functional.gelu's
+// spelling). An unknown name throws "<op>: <arg> must be 'a', 'b' or 'c', got '<name>'".
+GemmActivation gemm_activation(const OpCall& op, const std::string& name);
+GeluApproximation gelu_approximation(const OpCall& op, const std::string& name);
+// The output width of a gated activation over n fused columns, the gate's first and the up
+// projection's after them (silu_and_mul, gelu_and_mul, linear's 'silu_mul'): n / 2.
+inline int64_t gated_width(int64_t n) { return n / 2; }
+
 // Gradients arrive in any layout (expanded, transposed); kernels take rows with a
 // contiguous last dim. Returns t itself when it has one, else a contiguous copy.
 Tensor dense_rows(const Tensor& t);

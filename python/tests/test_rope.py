@@ -269,7 +269,7 @@ def test_bad_inputs(device):
         llmk.rope_(q, k, positions[:5])
     with pytest.raises(RuntimeError, match="rope_: style must be 'neox' or 'gptj'"):
         llmk.rope_(q, k, positions, style="llama")
-    with pytest.raises(ValueError, match="llama3_scaling lacks"):
+    with pytest.raises(ValueError, match="rope_: llama3_scaling lacks"):
         llmk.rope_(q, k, positions, llama3_scaling={"factor": 8.0})
     with pytest.raises(RuntimeError, match="rope_: cos_sin_cache has dtype float16, expected float32"):
         llmk.rope_(q, k, positions, llmk.rope_cos_sin_cache(8, 64, device=device).half())

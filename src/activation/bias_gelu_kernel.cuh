@@ -17,16 +17,15 @@
 // The order of every addition depends only on the shape, dtype, alignment and device, so
 // dbias is the same bits on every run. The bias vector is loaded once per thread. Two rows
 // are loaded before either is stored (64 registers under __launch_bounds__(256, 4), no
-// spills; the erf form wants 80 unbounded); four measured slower (112-128 registers halved
-// the resident threads: 416 vs 319 us at 8192 x 16384).
+// spills; the erf form wants 80 unbounded); four were slower (112-128 registers halved
+// the resident threads).
 //
 // Roofline (bf16, rows x d): forward reads x and writes out, 4 bytes per element; backward
 // reads dy and x and writes dx, 6 bytes, plus splits * d * 8 bytes of partial sums written
 // and read (at most 2.1% of the rows' traffic: 2048 x 3072, 22 splits: 0.54 MB against
 // 38 MB; 8192 x 16384, 4 splits: 0.5 MB against 805 MB). ~20 FLOPs and one erfc/exp per
 // element: bandwidth bound once the tanh form's sigmoid takes no IEEE division (~30 issued
-// instructions per bf16 element, from ~40 with its Newton steps and slow-path branches,
-// which held 8192 x 16384 at 80% of DRAM and 69% of the SM's issue in Nsight Compute).
+// instructions per bf16 element, from ~40 with its Newton steps and slow-path branches).
 // 8192 x 16384 backward: 805 MB, 270 us at the H100's 2.985 TB/s
 // copy rate; 16 rows: latency (one launch, one DRAM round trip for dy and x, the block's
 // sums, the stores of dx and dbias); split calls add a counter memset before the launch

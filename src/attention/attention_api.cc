@@ -20,7 +20,6 @@ namespace {
 
 constexpr int64_t kMaxGridDim = 65535;  // heads and batch are gridDim.y and gridDim.z
 
-bool supported_head_dim(int64_t d) { return d == 32 || d == 64 || d == 96 || d == 128 || d == 256; }
 
 // q, k, v or out: [batch, seq, heads, head_dim] (`packed`: [tokens, heads, head_dim]) in
 // fp16 or bf16, the head dim contiguous, every row 16-byte aligned (the kernel moves rows
@@ -32,8 +31,8 @@ AttentionTensor check_heads(const char* op, const char* arg, const TensorView& t
              detail::shape_string(t));
   LLMK_CHECK(t.dtype() == DType::f16 || t.dtype() == DType::bf16, op, ": ", arg,
              " must be float16 or bfloat16, got ", dtype_name(t.dtype()));
-  LLMK_CHECK(supported_head_dim(t.size(-1)), op, ": ", arg, " has head_dim ", t.size(-1),
-             "; supported head dims are 32, 64, 96, 128 and 256");
+  LLMK_CHECK(detail::head_dim_supported(t.size(-1)), op, ": ", arg, " has head_dim ", t.size(-1),
+             "; supported head dims are ", detail::head_dim_words(attention_head_dims()));
   LLMK_CHECK(t.stride(-1) == 1, op, ": ", arg, " must be contiguous in its last (head_dim) dim, got stride ",
              t.stride(-1));
   LLMK_CHECK(detail::is_aligned(t.data(), 16), op, ": ", arg, " data pointer ", t.data(),
@@ -265,7 +264,15 @@ void backward(const char* op, const TensorView& dq, const TensorView& dk, const 
 
 }  // namespace
 
+std::vector<int64_t> attention_head_dims() {
+  return detail::head_dims_where([](int64_t d) { return detail::head_dim_supported(d); });
+}
+
 bool attention_head_dim_compiled(int64_t head_dim) { return detail::head_dim_compiled(head_dim); }
+
+std::vector<int64_t> attention_sm90_head_dims() {
+  return detail::head_dims_where([](int64_t d) { return detail::attention_sm90_head_dim(d); });
+}
 
 void attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                bool causal, double scale, const std::optional<TensorView>& lse, cudaStream_t stream) {

@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "attention/attention_params.h"
-#include "attention/attention_row_host.h"
+#include "common/attention_row_host.h"
 #include "common/host_types.h"
 
 namespace llmk::detail {

@@ -8,18 +8,13 @@
 #include <functional>
 #include <type_traits>
 
+#include "common/attention_types.h"
+#include "common/head_dims.h"
 #include "common/host_device.h"
 #include "llmk/dtype.h"
 #include "llmk/error.h"
 
 namespace llmk::detail {
-
-// One of q, k, v, out: strides in elements, the head dim contiguous. A row is one token
-// of one head.
-struct AttentionTensor {
-  void* data = nullptr;
-  int64_t batch_stride = 0, row_stride = 0, head_stride = 0;
-};
 
 struct AttentionParams {
   AttentionTensor q, k, v, out;
@@ -81,29 +76,8 @@ LLMK_HOST_DEVICE inline int64_t visible_keys(const SequenceBounds& s, bool causa
   return end < 0 ? 0 : (end > s.seqlen_k ? s.seqlen_k : end);
 }
 
-// The head dims whose CUDA kernels this build compiled: CMake's LLMK_HEAD_DIMS (default
-// all), as bit i of LLMK_HEAD_DIM_BITS for kHeadDims[i]. The CPU reference computes every
-// head dim the API accepts.
-#ifndef LLMK_HEAD_DIM_BITS
-#define LLMK_HEAD_DIM_BITS 31
-#endif
-constexpr int kHeadDims[] = {32, 64, 96, 128, 256};
-
-constexpr bool head_dim_compiled(int64_t head_dim) {
-  for (int i = 0; i < 5; ++i)
-    if (kHeadDims[i] == head_dim) return (LLMK_HEAD_DIM_BITS >> i) & 1;
-  return false;
-}
-
-// The head dims the Hopper forward and backward kernels take (attention_forward_sm90.cu,
-// attention_backward_sm90.cu), as far as this build compiled them: 64, 96, 128 and 256. Head
-// dim 32 (rows of half a 128-byte swizzle chunk) stays on the sm_80 kernels.
-constexpr bool attention_sm90_head_dim(int64_t head_dim) {
-  return (head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256) && head_dim_compiled(head_dim);
-}
-
 // The head dims whose Hopper forward stores O through shared memory and TMA (96, 128 and 256;
-// 64 from registers): the kernel's AttentionSm90Tile::kTmaOut, whose note has the measurements,
+// 64 from registers): the kernel's AttentionSm90Tile::kTmaOut, whose note has the reasons,
 // and the launcher's attention_sm90_tma_out.
 constexpr bool attention_sm90_stages_output(int64_t head_dim) { return head_dim >= 96; }
 
@@ -134,26 +108,6 @@ struct AttentionBackwardParams {
   bool dq_first_store = false;
 };
 
-// Calls f(std::integral_constant<int, head_dim>) for a head dim this build compiled; throws
-// for one LLMK_HEAD_DIMS left out ("has no CUDA kernel in this build") or one not supported.
-template <class F>
-void for_compiled_head_dim(const char* op, int head_dim, F&& f) {
-  bool found = false;
-  auto one = [&](auto dim) {
-    constexpr int kDim = decltype(dim)::value;
-    if (kDim != head_dim) return;
-    found = true;
-    if constexpr (head_dim_compiled(kDim)) f(dim);
-    else throw_error(op, ": head_dim ", kDim, " has no CUDA kernel in this build");
-  };
-  one(std::integral_constant<int, 32>{});
-  one(std::integral_constant<int, 64>{});
-  one(std::integral_constant<int, 96>{});
-  one(std::integral_constant<int, 128>{});
-  one(std::integral_constant<int, 256>{});
-  LLMK_CHECK(found, op, ": head_dim ", head_dim, " is not supported");
-}
-
 // LLMK_ATTENTION_PATH, read on every forward and backward call: auto (or unset) runs the
 // Hopper kernel where it takes the call and the sm_80 kernel elsewhere; sm80 forces the
 // sm_80 kernel; sm90 the Hopper one (an error naming the reason where it cannot take the
@@ -168,8 +122,8 @@ bool attention_runs_sm90(const char* op, const std::function<bool(int device, co
 void attention_forward_cuda(const AttentionParams& p, DType dtype, cudaStream_t stream);
 void attention_forward_sm80(const AttentionParams& p, DType dtype, cudaStream_t stream);
 
-// The Hopper kernel (attention_forward_sm90.cu): an sm_90 device with an sm_90a build,
-// dense or varlen batches, head dims 64, 96, 128 and 256, 16-byte aligned strides. Returns false,
+// The Hopper kernel (sm90/forward.cu): an sm_90 device with an sm_90a build,
+// dense or varlen batches, attention_sm90_head_dim's head dims, 16-byte aligned strides. Returns false,
 // with the reason in `why`, for calls it does not take.
 bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, const char** why);
 // Its consumer warpgroups of 64 query rows for a call: 3 at head dim 64 (192-row tiles)
@@ -186,12 +140,12 @@ void attention_forward_cpu(const AttentionParams& p, DType dtype);
 // each tile's first dq share, the accumulator), the main kernel
 // (dk, dv and the dq reductions: the Hopper one when attention_backward_sm90_takes, else the
 // sm_80 one, as attention_runs_sm90 says), then the dq conversion or, deterministic on the
-// sm_80 path, the dq kernel (attention_backward.cu); the double reference
+// sm_80 path, the dq kernel (sm80/backward.cu); the double reference
 // (attention_backward_cpu.cc).
 void attention_backward_cuda(const AttentionBackwardParams& p, DType dtype, cudaStream_t stream);
 
-// The Hopper main kernel (attention_backward_sm90.cu): an sm_90 device with an sm_90a build,
-// head dims 64 and 128, q, k, v and dout TMA-addressable (16-byte strides). Returns false,
+// The Hopper main kernel (sm90/backward.cu): an sm_90 device with an sm_90a build,
+// attention_sm90_head_dim's head dims, q, k, v and dout TMA-addressable (16-byte strides). Returns false,
 // with the reason in `why`, for calls it does not take.
 bool attention_backward_sm90_takes(const AttentionBackwardParams& p, DType dtype, int device, const char** why);
 // Sets p.rotate_walk and p.dq_first_store for the Hopper kernel (before the rows kernel, which

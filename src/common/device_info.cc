@@ -8,7 +8,12 @@
 
 namespace llmk {
 
+#ifndef LLMK_PTX_ARCH_STRING
+#define LLMK_PTX_ARCH_STRING ""
+#endif
+
 const char* build_cuda_archs() { return LLMK_CUDA_ARCHS_STRING; }
+const char* build_ptx_arch() { return LLMK_PTX_ARCH_STRING; }
 
 int cuda_device_count() {
   int count = 0;

@@ -4,11 +4,11 @@
 // the environment variable LLMK_GEMM_PATH (auto | sm90 | small_m | sm80).
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "common/cuda_check.h"
+#include "common/dispatch.h"
+#include "common/env_path.h"
 #include "common/rows.h"
 #include "gemm/gemm.h"
 #include "llmk/gemm.h"
@@ -89,12 +89,7 @@ enum class Path { automatic, sm90, small_m, sm80 };
 
 // LLMK_GEMM_PATH, read on every call so that tests and benchmarks can switch paths.
 Path requested_path() {
-  const char* v = std::getenv("LLMK_GEMM_PATH");
-  if (v == nullptr || v[0] == '\0' || std::strcmp(v, "auto") == 0) return Path::automatic;
-  if (std::strcmp(v, "sm90") == 0) return Path::sm90;
-  if (std::strcmp(v, "small_m") == 0) return Path::small_m;
-  if (std::strcmp(v, "sm80") == 0) return Path::sm80;
-  detail::throw_error(kGemm, ": LLMK_GEMM_PATH=", v, " is not one of auto, sm90, small_m, sm80");
+  return static_cast<Path>(detail::env_path(kGemm, "LLMK_GEMM_PATH", {"auto", "sm90", "small_m", "sm80"}));
 }
 
 std::string describe(const detail::GemmParams& p) {
@@ -238,7 +233,7 @@ void rmsnorm_linear(const TensorView& out, const TensorView& x, const TensorView
   LLMK_CHECK(x.dtype() == DType::f16 || x.dtype() == DType::bf16, op, ": x has dtype ", dtype_name(x.dtype()),
              ", expected float16 or bfloat16");
   LLMK_CHECK(norm_weight.dtype() == x.dtype() || norm_weight.dtype() == DType::f32, op, ": norm_weight has dtype ",
-             dtype_name(norm_weight.dtype()), ", expected ", dtype_name(x.dtype()), " (x's) or float32");
+             dtype_name(norm_weight.dtype()), ", expected ", detail::act_or_f32(x.dtype(), "x's"));
   LLMK_CHECK(weight.dtype() == x.dtype(), op, ": weight has dtype ", dtype_name(weight.dtype()), ", expected ",
              dtype_name(x.dtype()), " (x's)");
   LLMK_CHECK(out.dtype() == x.dtype(), op, ": out has dtype ", dtype_name(out.dtype()), ", expected ",

@@ -24,7 +24,7 @@
 // ~700-750 on this box); per 128 x 256 x 64 stage the tensor cores need 4.2 M FLOPs =
 // ~520 cycles at 8 K FLOPs/cycle/SM and the ring brings 48 KB, i.e. ~92 B/cycle/SM from
 // L2, within what L2 sustains when the raster keeps panels resident. Versions and their
-// numbers: docs/kernels/gemm.md.
+// numbers: docs/history/gemm.md.
 #pragma once
 
 #include <cuda.h>

@@ -160,8 +160,8 @@ SmallMConfig make_small_m_config(const Problem& pr, int wr, int wk, int bodies_p
 // 3.5-4 MB in flight at most) take the shape with the best score of wave efficiency (one
 // wave preferred), coverage, bytes in flight (saturating at 3.5 MB) and cluster size.
 // Fitted to an H100 sweep of (wr, wk, k tile, C) on the Llama/Qwen decode shapes, where
-// the rule's picks land within a few % of the best measured shape; wk = 2 and 2-body k
-// tiles were never better by more than 1-2% there, so they serve only the fallback.
+// the rule's picks land near the best measured shape; wk = 2 and 2-body k tiles were
+// never better by more than noise there, so they serve only the fallback.
 SmallMConfig pick_small_m_config(const void* kernel, int device, DType in, const Problem& pr) {
   static std::mutex mutex;
   static std::map<std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, bool>, SmallMConfig> cache;

@@ -20,9 +20,9 @@
 
 #include "common/device_types.cuh"
 #include "common/ptx.cuh"
+#include "common/softmax_rows.cuh"
 #include "common/vec.cuh"
 #include "loss/cross_entropy.h"
-#include "softmax/softmax_kernel.cuh"
 
 namespace llmk::detail {
 

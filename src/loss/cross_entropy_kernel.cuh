@@ -5,7 +5,7 @@
 //   dlogits_j = grad_scale * (softmax_j (1 + 2 z_loss lse) - (1 - eps) [j == t] - eps / V)
 //
 // Algorithm. One block per row (grid-strided over rows), softmax's machinery with the
-// scale fixed at 1 (softmax/softmax_kernel.cuh): each thread folds its columns into a pair
+// scale fixed at 1 (common/softmax_rows.cuh): each thread folds its columns into a pair
 // (max, sum of exp(z - max)) with one ex2.approx per element, formed from x - max (exact
 // near the max), plus the plain sum of z when eps != 0; one block reduction merges the
 // pairs and the sums. z_t is one broadcast load of the row's target column, issued before
@@ -42,9 +42,9 @@
 #include "common/device_types.cuh"
 #include "common/ptx.cuh"
 #include "common/reduce.cuh"
+#include "common/softmax_rows.cuh"
 #include "common/vec.cuh"
 #include "loss/cross_entropy.h"
-#include "softmax/softmax_kernel.cuh"
 
 namespace llmk::detail {
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/cuda_check.h"
+#include "common/dispatch.h"
 #include "common/occupancy.h"
 #include "common/rows.h"
 #include "llmk/norm.h"
@@ -31,7 +32,7 @@ void check_column_param(const char* op, const char* arg, const TensorView& t, co
   detail::check_same_device(op, arg, t, "x", x);
   detail::check_vector(op, arg, t, d);
   LLMK_CHECK(t.dtype() == x.dtype() || t.dtype() == DType::f32, op, ": ", arg, " has dtype ",
-             dtype_name(t.dtype()), ", expected ", dtype_name(x.dtype()), " (x's) or float32");
+             dtype_name(t.dtype()), ", expected ", detail::act_or_f32(x.dtype(), "x's"));
 }
 
 // A tensor that must match x in shape, dtype and device.

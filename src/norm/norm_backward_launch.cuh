@@ -1,5 +1,5 @@
 // Host-side launch of the normalization backward (RMSNorm and LayerNorm): the warp path for
-// LayerNorm's rows of 33-128 vectors, the vector path for other aligned rows that fit in
+// LayerNorm's rows of 33-128 vectors (LayerNorm's alone), the vector path for other aligned rows that fit in
 // registers, else the loop path; then the deterministic column reductions of the partial
 // sums into dweight (and dbias).
 #pragma once
@@ -34,14 +34,22 @@ inline int norm_backward_vectors_per_thread(int64_t n) {
   return 0;
 }
 
-// Whether the warp path takes the call: 33-128 vectors, no gate; LayerNorm over many rows
-// by the rule (RMSNorm only when LLMK_NORM_PATH=warp asks), few rows never (one row per
-// block of the vector path gives the shortest latency).
+// The backward's warp path: LayerNorm's (the forward's norm_has_warp), the only op whose rule
+// takes it.
+template <bool kCentered, bool kGate>
+constexpr bool norm_backward_has_warp() {
+  return kCentered && !kGate;
+}
+
+// Whether the warp path takes the call: LayerNorm, 33-128 vectors, over many rows by the
+// rule or when LLMK_NORM_PATH=warp asks; few rows never by the rule (one row per block of
+// the vector path gives the shortest latency).
 template <bool kCentered, bool kGate>
 bool norm_backward_takes_warp(NormPath asked, int64_t rows, int64_t vectors, int sm_count) {
-  if (kGate || vectors < kWarpMinVectors || vectors > kWarpMaxVectors) return false;
+  if (!norm_backward_has_warp<kCentered, kGate>() || vectors < kWarpMinVectors || vectors > kWarpMaxVectors)
+    return false;
   if (asked == NormPath::warp) return true;
-  return asked == NormPath::automatic && kCentered && !few_rows(rows, sm_count);
+  return asked == NormPath::automatic && !few_rows(rows, sm_count);
 }
 
 template <bool kCentered, bool kGate = false>
@@ -60,7 +68,7 @@ void launch_norm_backward(const char* op, const NormBackwardParams& params, DTyp
     const int64_t capacity = norm_backward_capacity(p.rows, sm_count);
     const NormWorkspace ws = norm_workspace(p.partial, capacity, p.d, p.rows, kCentered);
     bool launched = false;
-    if constexpr (!kGate) {
+    if constexpr (norm_backward_has_warp<kCentered, kGate>()) {
       if (vector_ok && norm_backward_takes_warp<kCentered, kGate>(asked, p.rows, vectors, sm_count)) {
         auto launch = [&](auto vpl) {
           constexpr int kVpl = decltype(vpl)::value;

@@ -108,9 +108,9 @@ __device__ __forceinline__ float norm_sum(float v) {
 // of the row (cp.async), and the output pass reads them back from there. Loaded in the output
 // pass (the other lean kernels), each vector's weight and gate loads come after the previous
 // vector's store, which may alias them: VPT dependent memory round trips per row (8 at
-// Llama-3-8B's 14336 columns, where the kernel ran at 86% of the copy rate; H100: 276 -> 258 us
-// there, 211 -> 193 us at 11008). Registers (bf16): VPT 4 52 (was 50), VPT 8 95 (was 70), so
-// rows of 1025-2048 vectors take VPT 4, two 448-512-thread blocks per SM. VPT 16 (rows of
+// Llama-3-8B's 14336 columns), which kept the kernel well off the copy rate. Registers
+// (bf16): VPT 4 52, VPT 8 95, so rows of 1025-2048 vectors take VPT 4, two 448-512-thread
+// blocks per SM. VPT 16 (rows of
 // 32k-64k bf16 columns) is not staged: 128 KB per block at 512 threads.
 template <bool kLean, bool kGate, int VPT>
 inline constexpr bool kNormStagesOperands = kLean && kGate && (VPT == 4 || VPT == 8);
@@ -124,10 +124,10 @@ inline constexpr bool kNormStagesOperands = kLean && kGate && (VPT == 4 || VPT =
 //    256-512 threads (norm_launch.cuh);
 //  - the warp kernel loads the weight and bias with the row (kAffine): in the output pass each
 //    vector's loads came after the previous vector's store, which may alias them, VPL dependent
-//    L1/L2 round trips per row (bf16: VPL 4 40 -> 76 registers, 6 -> 3 blocks per SM, faster).
-// H200, bf16, same-run A/B (docs/kernels/layernorm.md): 8192 x 1024 10.43 -> 10.13 us, 8192 x 4096
-// 43.6 -> 37.1, 8192 x 8192 86.2 -> 68.7, 4096 x 1024 7.38 -> 6.19; 2048 x 2048 6.21 -> 6.62 (the
-// one loss: 12 blocks per SM of 128 threads instead of 16 leave 2048 rows two waves).
+//    L1/L2 round trips per row (bf16: VPL 4 takes more registers and half the blocks per SM,
+//    and is still faster).
+// Faster on the shapes measured but the small 2048 x 2048, where 12 blocks per SM of 128
+// threads instead of 16 leave 2048 rows two waves (docs/history/layernorm.md).
 template <class T, class W, bool kLean, bool kCentered>
 inline constexpr bool kNormLoadsFirst = kLean && kCentered && sizeof(W) <= sizeof(T);
 

@@ -7,12 +7,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "common/cuda_check.h"
 #include "common/occupancy.h"
 #include "common/device_types.cuh"
+#include "common/env_path.h"
 #include "common/pdl_launch.h"
 #include "common/row_shape.h"
 #include "norm/norm_kernel.cuh"
@@ -21,23 +20,17 @@ namespace llmk::detail {
 
 // LLMK_NORM_PATH, a test and benchmark switch read on every forward call (and by the
 // backward): which kernel takes 16-byte aligned rows. auto (or unset) follows the launch
-// rule below; warp: the warp kernel for rows of 33-128 vectors; lean: the lean register
-// kernel (LayerNorm and the gated form) for rows of more than 32 vectors; vec: the register
-// kernel with the weight prefetched, shaped as before the warp and lean kernels (the rule
-// for few rows, rows of at most 32 vectors, and RMSNorm and add_rmsnorm under 512
-// vectors); stream: the streaming kernel. Each at any row count; a call that the named
-// kernel cannot take follows auto. Another value is an error naming the op.
+// rule below; warp: the warp kernel (LayerNorm) for rows of 33-128 vectors; lean: the lean
+// register kernel (LayerNorm and the gated form) for rows of more than 32 vectors; vec: the
+// register kernel with the weight prefetched, shaped as before the warp and lean kernels
+// (the rule for few rows, rows of at most 32 vectors, and RMSNorm and add_rmsnorm under 512
+// vectors); stream: the streaming kernel (RMSNorm and add_rmsnorm). Each at any row count;
+// a call that the named kernel cannot take, or an op without it, follows auto. Another value
+// is an error naming the op.
 enum class NormPath { automatic, warp, lean, vec, stream };
 
 inline NormPath norm_path(const char* op) {
-  const char* env = std::getenv("LLMK_NORM_PATH");
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return NormPath::automatic;
-  if (std::strcmp(env, "warp") == 0) return NormPath::warp;
-  if (std::strcmp(env, "lean") == 0) return NormPath::lean;
-  if (std::strcmp(env, "vec") == 0) return NormPath::vec;
-  if (std::strcmp(env, "stream") == 0) return NormPath::stream;
-  LLMK_CHECK(false, op, ": LLMK_NORM_PATH=", env, " is not one of auto, warp, lean, vec, stream");
-  return NormPath::automatic;
+  return static_cast<NormPath>(env_path(op, "LLMK_NORM_PATH", {"auto", "warp", "lean", "vec", "stream"}));
 }
 
 template <bool kAdd, bool kCentered, bool kGate, bool kLean, bool kAffine, class T, class W>
@@ -62,11 +55,10 @@ RowShape norm_shape(int64_t rows, int64_t n) {
 // 16-byte vectors takes the streaming kernel (norm_loop_kernel with vectors): holding no
 // row it runs 2048 threads per SM at 32 registers and re-reads the row from L2, where the
 // register kernel's 40-62 registers leave a quarter to half of the SM's threads (and their
-// loads) out. Measured (H200, bf16, 8192 rows): 4% faster at 4096 columns, 9-13% at 5120
-// and 8192, 17-28% for add_rmsnorm at 8192-16384; from 64 vectors the gains at 896-2048
-// columns were 3-4% for rmsnorm and 1-3% losses for add_rmsnorm. LayerNorm (a third pass
-// for the centered sum) and the gated form (a third input) lost 0-26% this way and keep
-// the register kernel, as do few rows (decode): one memory round trip.
+// loads) out; it pays from 512 vectors (4096 bf16 columns), more the longer the row, and
+// not below, where add_rmsnorm lost. LayerNorm (a third pass for the centered sum) and the
+// gated form (a third input) lost this way and keep the register kernel, as do few rows
+// (decode): one memory round trip.
 inline constexpr int64_t kStreamMinVectors = 512;
 
 // The ops that have the lean register kernel (and take the warp kernel by the rule):
@@ -76,6 +68,18 @@ inline constexpr int64_t kStreamMinVectors = 512;
 template <bool kAdd, bool kCentered, bool kGate>
 constexpr bool norm_has_lean() {
   return !kAdd && (kCentered || kGate);
+}
+
+// The ops that have the warp kernel: LayerNorm, the one whose rule takes it. The streaming
+// kernel: RMSNorm and add_rmsnorm, the ones whose rule takes it. LLMK_NORM_PATH naming a
+// kernel the op does not have follows the rule (kernels no rule picks are not built).
+template <bool kAdd, bool kCentered, bool kGate>
+constexpr bool norm_has_warp() {
+  return kCentered && !kGate;
+}
+template <bool kAdd, bool kCentered, bool kGate>
+constexpr bool norm_has_stream() {
+  return !kCentered && !kGate;
 }
 
 // Rows the warp kernel takes: 33..kWarpMaxVectors 16-byte vectors (up to 4 per lane).
@@ -91,7 +95,7 @@ inline int stream_threads(int64_t vectors) {
 // LayerNorm and the gated form over many rows (at least two per SM): the warp kernel for
 // 33-128 vectors (the register kernel gave such a row one vector per thread of a 128-thread
 // block, two barriers per reduction, and 56-64 registers: 50% occupancy, where Triton's one
-// warp per row at 32 registers ran 1.5x faster on LayerNorm), the lean register kernel for
+// warp per row at 32 registers ran faster on LayerNorm), the lean register kernel for
 // longer rows (the prefetched weight, the prefetched gate and an fp32 copy of the row held
 // across the reductions cost it 20-40 registers: the gated kernel at 4096 bf16 columns
 // held 1024 threads per SM at 56 registers, the lean one 2048 at 32). RMSNorm and
@@ -101,13 +105,14 @@ inline int stream_threads(int64_t vectors) {
 template <bool kAdd, bool kCentered, bool kGate>
 NormPath norm_rule(NormPath asked, int64_t rows, int64_t vectors) {
   constexpr bool kLean = norm_has_lean<kAdd, kCentered, kGate>();
-  const bool warp_takes = vectors >= kWarpMinVectors && vectors <= kWarpMaxVectors;
+  constexpr bool kWarp = norm_has_warp<kAdd, kCentered, kGate>();
+  const bool warp_takes = kWarp && vectors >= kWarpMinVectors && vectors <= kWarpMaxVectors;
   const bool lean_takes = kLean && vectors >= kWarpMinVectors;
   switch (asked) {
     case NormPath::warp: if (warp_takes) return asked; break;
     case NormPath::lean: if (lean_takes) return asked; break;
-    case NormPath::vec:
-    case NormPath::stream: return asked;
+    case NormPath::stream: if (norm_has_stream<kAdd, kCentered, kGate>()) return asked; break;
+    case NormPath::vec: return asked;
     case NormPath::automatic: break;
   }
   const bool rmsnorm_stream = !kCentered && !kGate && vectors >= kStreamMinVectors;
@@ -116,17 +121,17 @@ NormPath norm_rule(NormPath asked, int64_t rows, int64_t vectors) {
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
   if (few_rows(rows, sm_count_of(device))) return NormPath::vec;
   if (rmsnorm_stream) return NormPath::stream;
-  // The gated form takes the lean kernel at 33-128 vectors too (H100, 8192 x 1024 bf16:
-  // 18.4 us lean against 20.4 us warp).
-  return warp_takes && !kGate ? NormPath::warp : NormPath::lean;
+  // The gated form takes the lean kernel at 33-128 vectors too (faster there than the warp
+  // kernel), so only LayerNorm has the warp kernel.
+  return warp_takes ? NormPath::warp : NormPath::lean;
 }
 
 // The grid of a staged lean kernel (norm_stage_bytes > 0): its resident blocks, at most
 // `blocks`, each staging the weight once and walking many rows. Its shared memory may pass the
 // default 48 KB (4 KB per 1024 columns of a bf16 gate and weight: 57 KB at 14336 columns),
 // allowed once per device. No carveout preference: the driver sizes shared memory for the
-// blocks the occupancy query counts (H100: the same time as with the maximum carveout asked
-// for, which would leave less L1 to the kernels run after it).
+// blocks the occupancy query counts (as fast as the maximum carveout asked for, which would
+// leave less L1 to the kernels run after it).
 template <class T, class W, int N, int VPT, bool kGate>
 int staged_norm_grid(const char* op, const void* kernel, int threads, size_t smem, int blocks) {
   static std::atomic<uint64_t> allowed_on{0};  // a bit per device
@@ -159,25 +164,29 @@ void launch_norm(const char* op, const NormParams& p, DType act, DType affine, b
     constexpr int N = kVec16<T>;
     const int64_t vectors = p.d / N;
     const NormPath path = vector_ok ? norm_rule<kAdd, kCentered, kGate>(asked, p.rows, vectors) : NormPath::vec;
-    if (path == NormPath::stream) {
-      launch_pdl(norm_loop_kernel<T, W, N, kAdd, kCentered, kGate>, dim3(blocks), dim3(stream_threads(vectors)), 0,
-                 stream, p);
-      return;
+    if constexpr (norm_has_stream<kAdd, kCentered, kGate>()) {
+      if (path == NormPath::stream) {
+        launch_pdl(norm_loop_kernel<T, W, N, kAdd, kCentered, kGate>, dim3(blocks), dim3(stream_threads(vectors)), 0,
+                   stream, p);
+        return;
+      }
     }
-    if (path == NormPath::warp) {
-      const dim3 grid(static_cast<unsigned>(std::min((p.rows + kNormWarpRows - 1) / kNormWarpRows, kMaxRowBlocks)));
-      const dim3 block(kNormWarpRows * 32);
-      auto launch = [&](auto vpl) {
-        constexpr int kVpl = decltype(vpl)::value;
-        if (kCentered && affine_both)
-          launch_pdl(norm_warp_kernel<T, W, N, kVpl, kAdd, kCentered, kGate, kCentered>, grid, block, 0, stream, p);
-        else
-          launch_pdl(norm_warp_kernel<T, W, N, kVpl, kAdd, kCentered, kGate, false>, grid, block, 0, stream, p);
-      };
-      if (vectors <= 64) launch(std::integral_constant<int, 2>{});
-      else if (vectors <= 96) launch(std::integral_constant<int, 3>{});
-      else launch(std::integral_constant<int, 4>{});
-      return;
+    if constexpr (norm_has_warp<kAdd, kCentered, kGate>()) {
+      if (path == NormPath::warp) {
+        const dim3 grid(static_cast<unsigned>(std::min((p.rows + kNormWarpRows - 1) / kNormWarpRows, kMaxRowBlocks)));
+        const dim3 block(kNormWarpRows * 32);
+        auto launch = [&](auto vpl) {
+          constexpr int kVpl = decltype(vpl)::value;
+          if (kCentered && affine_both)
+            launch_pdl(norm_warp_kernel<T, W, N, kVpl, kAdd, kCentered, kGate, kCentered>, grid, block, 0, stream, p);
+          else
+            launch_pdl(norm_warp_kernel<T, W, N, kVpl, kAdd, kCentered, kGate, false>, grid, block, 0, stream, p);
+        };
+        if (vectors <= 64) launch(std::integral_constant<int, 2>{});
+        else if (vectors <= 96) launch(std::integral_constant<int, 3>{});
+        else launch(std::integral_constant<int, 4>{});
+        return;
+      }
     }
     if constexpr (norm_has_lean<kAdd, kCentered, kGate>()) {
       if (path == NormPath::lean) {
@@ -187,8 +196,7 @@ void launch_norm(const char* op, const NormParams& p, DType act, DType affine, b
           constexpr bool kAffine = decltype(affine_tag)::value;
           // Rows of 256+ vectors with loads first (kNormLoadsFirst) take VPT 2 or more: VPT 1's
           // blocks of 256-512 threads, picked where they hold more threads per SM (a build at 31
-          // registers), ran slower at 8192 x 4096 bf16 (by 17% in an H100 run of an uncommitted
-          // try that chose this rule; not repeated since).
+          // registers), ran slower at 8192 x 4096 bf16.
           const bool skip_vpt1 = kNormLoadsFirst<T, W, true, kCentered> && vectors >= 256;
           const RowShape shape = pick_row_shape(p.rows, vectors, [&](int vpt) {
             return skip_vpt1 && vpt == 1 ? nullptr

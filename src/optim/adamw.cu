@@ -111,7 +111,7 @@ __device__ __forceinline__ void adamw_chunk(const AdamWLaunch& L, int t, const A
 }
 
 // One block per chunk left a launch of just over a wave of chunks with a second, nearly
-// empty wave (docs/kernels/adamw.md); the block-strided walk does not.
+// empty wave (docs/history/adamw.md); the block-strided walk does not.
 template <class T>
 __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__ AdamWLaunch L) {
   ptx::pdl_start();

@@ -160,8 +160,10 @@ void check_positions(const RopeOp& op, RopeParams& p, const TensorView& q, const
   p.positions_batch_stride = positions.ndim() == 2 && positions.size(0) > 1 ? p.seq : 0;
 }
 
-// rot_dim 0: the whole head_dim.
-Validated validate(const RopeOp& op, const RopeArgs& t, const TensorView& positions, int64_t rot_dim) {
+// rot_dim 0: the whole head_dim. `rot_dim_from` names where rot_dim came from in errors
+// ("rot_dim", or the cos_sin_cache's width).
+Validated validate(const RopeOp& op, const RopeArgs& t, const TensorView& positions, int64_t rot_dim,
+                   const char* rot_dim_from) {
   const char* name = op.name;
   const TensorView& q = t.q;
   const std::optional<TensorView>& k = t.k;
@@ -197,7 +199,7 @@ Validated validate(const RopeOp& op, const RopeArgs& t, const TensorView& positi
   if (rot_dim == 0) rot_dim = head_dim;
 
   LLMK_CHECK(rot_dim >= 2 && rot_dim % 2 == 0 && rot_dim <= head_dim && rot_dim <= kMaxRotDim,
-             name, ": rot_dim must be even, in [2, min(head_dim = ", head_dim, ", ", kMaxRotDim,
+             name, ": ", rot_dim_from, " must be even, in [2, min(head_dim = ", head_dim, ", ", kMaxRotDim,
              ")], got ", rot_dim);
   p.rot_dim = static_cast<int>(rot_dim);
 
@@ -277,7 +279,7 @@ void rope_with_cache(const RopeOp& op, const RopeArgs& t, const TensorView& posi
   LLMK_CHECK(cache.ndim() == 2 && cache.size(1) > 0, op.name,
              ": cos_sin_cache must be [max_pos, rot_dim] with rot_dim > 0, got ",
              detail::shape_string(cache));
-  Validated v = validate(op, t, positions, cache.size(1));
+  Validated v = validate(op, t, positions, cache.size(1), "cos_sin_cache's width (rot_dim)");
   check_cache(op, v, t.q, positions, cache);
   v.p.sin_sign = op.sin_sign;
   run(op, v, style, t.q, stream);
@@ -286,7 +288,7 @@ void rope_with_cache(const RopeOp& op, const RopeArgs& t, const TensorView& posi
 void rope_with_theta(const RopeOp& op, const RopeArgs& t, const TensorView& positions, const RopeTheta& freqs,
                      RopeStyle style, cudaStream_t stream) {
   LLMK_CHECK(freqs.rot_dim >= 0, op.name, ": rot_dim must be >= 0 (0: head_dim), got ", freqs.rot_dim);
-  Validated v = validate(op, t, positions, freqs.rot_dim);
+  Validated v = validate(op, t, positions, freqs.rot_dim, "rot_dim");
   check_theta(op.name, v, freqs);
   v.p.sin_sign = op.sin_sign;
   run(op, v, style, t.q, stream);

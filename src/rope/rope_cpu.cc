@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "common/host_types.h"
-#include "rope/rope_host.h"
+#include "common/rope_host.h"
 #include "rope/rope_params.h"
 
 namespace llmk::detail {

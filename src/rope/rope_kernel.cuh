@@ -24,9 +24,8 @@
 // 2x that at full rotary); plus per token its position and rot_dim cache floats (~3% more
 // at 40 heads of 128); ~6 FLOPs per pair. Memory-bound: at 8192 tokens, 32 + 8 heads of
 // 128 bf16, 168 MB move in ~56 us at 3.0 TB/s, in place or out of place. Bytes in flight
-// decide how close it gets (docs/kernels/rope.md, "Two heads in flight"): with one head in
-// flight and 58 registers Nsight Compute measured 47% occupancy and DRAM at 70% of peak;
-// with two at 56 registers, 55% and 78% (61 us, 91% of the copy rate).
+// decide how close it gets, hence two heads in flight per thread (docs/history/rope.md,
+// "Two heads in flight"): 61 us, 91% of the copy rate.
 #pragma once
 
 #include <cmath>
@@ -174,8 +173,7 @@ __global__ void __maxnreg__(kCache ? 56 : 64) rope_kernel(const RopeParams p) {
   float2 cs[P];
   if constexpr (kCache) {
     // Cache rows are read by each thread directly (L1/L2 hits after the first head lane):
-    // a shared-memory staging step with its barrier measured slower (65 vs 63 us at 8192 x
-    // 40 heads of 128).
+    // a shared-memory staging step with its barrier was slower.
     if (!active) return;
     if (rotates) {
       const int64_t pos = rope_position(p, b, s);

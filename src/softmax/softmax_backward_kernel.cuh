@@ -6,8 +6,8 @@
 // the row's y and dy in registers (VPT <= 8 16-byte vectors of each per thread: rows up to
 // 4096 vectors): each is read once. softmax_backward_loop_kernel (longer rows, or
 // unaligned with N = 1) re-reads both on its second pass. At VPT 8 only one block fits
-// per SM, with nothing to overlap its load phase: 76% of copy at 32000 bf16 columns (the
-// loop kernel measured 62% there). On sm_90 long rows split over a thread-block cluster
+// per SM, with nothing to overlap its load phase, still faster than the loop kernel's two
+// reads. On sm_90 long rows split over a thread-block cluster
 // instead (softmax_backward_cluster_kernel in softmax_cluster_kernel.cuh, the rule in
 // softmax_cluster_launch.cuh), with this file's row helpers.
 //

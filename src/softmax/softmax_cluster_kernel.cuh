@@ -1,7 +1,7 @@
 // Softmax / log-softmax forward and backward of long rows, each row [n] split over a
 // thread-block cluster of C <= 8 blocks (sm_90): grid (C, rows), cluster (C, 1, 1). At small
 // batch it spreads a few rows over the SMs; at many rows it shortens each thread's serial
-// work (softmax_cluster_launch.cuh has the rule and the measurements).
+// work (softmax_cluster_launch.cuh has the rule and its reasons).
 //
 // Algorithm. Block r of a row's cluster holds columns [r * slice, (r + 1) * slice) in
 // registers (VPT 16-byte vectors per thread, load_row as in softmax_vec_kernel) and reduces
@@ -25,14 +25,11 @@
 // the floor is launch and latency, not bandwidth. Per SM (C = 8): 16k elements, 32 KB in and
 // out (~0.3 us each at one SM's ~100 GB/s), 32k ex2 at 16 per clock (~1.1 us at 1.75 GHz),
 // one DRAM round trip (~1 us), block reduction + cluster barrier + DSMEM read (~0.5 us):
-// expected ~5 us of kernel time in a CUDA graph (the one-block two-pass kernel: 19-23 us;
-// torch.compile 8.4 us). 16 x 151936 bf16: 9.7 MB, 3.2 us at 3 TB/s over 128 of 132 SMs;
-// expected ~7 us (two-pass: ~25 us; compile ~14 us at 16 x 128256).
+// expected ~5 us of kernel time in a CUDA graph. 16 x 151936 bf16: 9.7 MB, 3.2 us at 3 TB/s
+// over 128 of 132 SMs; expected ~7 us.
 // Cluster size 16 (non-portable) would halve the per-SM work at 1-8 rows again (~1 us less
 // at 1 x 128256) but needs 16 co-resident SMs of one GPC: not tried.
-// Many rows (bf16, H100, f924001 with the packed max key): 8192 x 32000 over 2 blocks 91.8% of
-// copy (one block per row 78% before the packed max, Liger-Kernel's one block of 1024 threads
-// 95%); 8192 x 128256 over 8 blocks 91.9% (the two-pass kernel 65%).
+// Many rows (bf16, H100): ~92% of copy at 8192 x 32000 over 2 blocks and 8192 x 128256 over 8.
 #pragma once
 
 #include <cuda/ptx>
@@ -76,8 +73,7 @@ __device__ __forceinline__ void cluster_merge_done() { cuda::ptx::barrier_cluste
 // p: the whole rows; slice: columns per block (a multiple of N; the last block's slice may
 // be shorter). Launched with gridDim = (C, rows) and cluster dims (C, 1, 1). At VPT 4, the
 // many-rows shape, the launch bounds keep 4 blocks of 512 threads per SM (32 registers, 4
-// bytes of spill): at 3 blocks (38-40 registers) 8192 x 32000 bf16 measured 77.6% of copy
-// against 89%.
+// bytes of spill): 3 blocks (38-40 registers) were slower.
 template <class T, int N, int VPT, bool kLog>
 __global__ void __launch_bounds__(512, VPT <= 4 ? 4 : 1) softmax_cluster_kernel(SoftmaxParams p, int slice) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

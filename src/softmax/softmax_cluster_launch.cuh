@@ -21,10 +21,9 @@
 //     cluster barriers and the DSMEM round trip (~0.5 us) cost about what the split saves.
 //   - ceil(V / L), many rows: at most 4 vectors of data per thread. A thread that holds 8 or
 //     16 runs a long serial chain (max, exponentials, sum, outputs) between its loads and
-//     its stores: the forward at one block per row of 32000 bf16 reached 78% of copy, over
-//     2 blocks 89% (8192 x 32000), and 8192 x 128256 over 8 blocks 81% where the two-pass
-//     kernel reads the row twice (65%); clusters of 3-4 at 128256 (8 or 16 vectors per
-//     thread) were slower than the two-pass kernel.
+//     its stores, far off the copy rate; split over 2-8 blocks the rows come close to it
+//     (the two-pass kernel reads the row twice); clusters of 3-4 at 128256 (8 or 16 vectors
+//     per thread) were slower than the two-pass kernel.
 // So, forward: 1 and 16 rows of 128256 or 151936 bf16 columns take C = 8, 1 x 32000 bf16
 // C = 3, 8192 x 32000 bf16 C = 2, 8192 x 128256 bf16 C = 8; 1 x 8192 bf16 (1024 vectors),
 // and many rows of up to 16384 bf16 columns, keep the one-block kernels. Backward: 8192 x
@@ -34,7 +33,7 @@
 // the kernels' launch bounds keep 4 blocks of 512 threads per SM (backward at VPT 4: 3).
 // (Ranking shapes by resident threads, as the one-block kernels do, picked 8 vectors per
 // thread for kernels whose VPT 4 spilled 4 bytes, and 3 blocks per SM at 38-40 registers
-// measured 77.6% of copy at 8192 x 32000 where 4 blocks at 32 reached 89%.) A device without
+// were slower than 4 blocks at 32.) A device without
 // sm_90 code in this build, or one that cannot hold the cluster
 // (cudaOccupancyMaxActiveClusters = 0), keeps the one-block kernels.
 #pragma once

@@ -1,22 +1,13 @@
 // Kernel parameter blocks of the softmax family, shared by the launchers, the kernels and
-// the CPU references. Rows are [rows, n] with their own row strides.
+// the CPU references. Rows are [rows, n] with their own row strides. The forward's
+// (SoftmaxParams) is in common/softmax_params.h, beside RowScale, which is built from it.
 #pragma once
 
 #include <cstdint>
 
-namespace llmk::detail {
+#include "common/softmax_params.h"
 
-struct SoftmaxParams {
-  void* out;
-  const void* x;
-  int64_t rows;
-  int64_t n;
-  int64_t out_stride;
-  int64_t x_stride;
-  float scale;
-  float sign;         // of scale: +1 or -1
-  float scale_log2e;  // scale * log2(e), rounded once
-};
+namespace llmk::detail {
 
 struct SoftmaxBackwardParams {
   void* dx;

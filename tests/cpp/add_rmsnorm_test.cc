@@ -87,8 +87,9 @@ TEST(AddRMSNormGpu, ManyLongRowsTakeTheStreamingKernel) {
   }
 }
 
-// Every forward path LLMK_NORM_PATH names (the warp kernel only when asked): warp-sized
-// rows, few and many rows, in place, strided, an fp32 weight.
+// Every forward path LLMK_NORM_PATH names (warp and lean follow the rule: add_rmsnorm has the
+// register and streaming kernels): warp-sized rows, few and many rows, in place, strided, an
+// fp32 weight.
 TEST(AddRMSNormGpu, EveryNormPathMatchesCpuReference) {
   LLMK_REQUIRE_GPU();
   for_each_norm_path({"auto", "warp", "vec", "stream"}, [](DType dt, int64_t vec) {

@@ -703,7 +703,7 @@ TEST(AttentionBackwardGpu, SequenceLengths) {
 }
 
 // Walks of at least 16 query tiles (32 causal) at head dim 64 take the kernel that issues each
-// tile's dQ during the next tile (attention_backward_sm90.cu, dq_of_previous_tile): 5 tiles (the
+// tile's dQ during the next tile (attention/sm90/backward.cu, dq_of_previous_tile): 5 tiles (the
 // last partial) x group 8, one query head of 33 tiles, causal 9 x 8 across the diagonal; default
 // and deterministic against the oracle.
 TEST(AttentionBackwardGpu, LongWalksAtHeadDim64) {

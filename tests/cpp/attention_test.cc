@@ -19,7 +19,7 @@
 #include <limits>
 #include <string>
 
-#include "attention/attention_sm90_maps.h"
+#include "attention/sm90/maps.h"
 #include "attention_test_util.h"
 
 namespace llmk::test {

@@ -114,8 +114,8 @@ TEST(RMSNormBackwardGpu, ManyRowsStridedDresidualWeightDtypes) {
 
 // dx past element 2^31 (int64 indexing). dweight sums every row, so it is not compared here:
 // the smaller shapes above check it.
-// Every path LLMK_NORM_PATH names: the warp path (RMSNorm only when asked) with and
-// without dresidual, the vector path with and without the resident-block limit.
+// Every path LLMK_NORM_PATH names: warp follows the rule (the warp path is LayerNorm's),
+// with and without dresidual; the vector path with and without the resident-block limit.
 TEST(RMSNormBackwardGpu, EveryNormPathMatchesCpuReference) {
   LLMK_REQUIRE_GPU();
   for_each_norm_path({"auto", "warp", "vec"}, [](DType dt, int64_t vec) {

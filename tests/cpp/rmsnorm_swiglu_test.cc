@@ -124,10 +124,9 @@ TEST(RMSNormSwigluGpu, MatchesCpuReference) {
   }
 }
 
-// Every forward path LLMK_NORM_PATH names: the warp kernel (auto: many rows of 33-128
-// vectors), the lean register kernel (auto: many longer rows), the register kernel with the
-// weight and gate prefetched (vec, and auto for few rows) and the streaming kernel (only
-// when asked). The backward has no warp path for the gate: its vector path keeps one row in
+// Every forward path LLMK_NORM_PATH names: the lean register kernel (auto: many rows of 33
+// or more vectors), the register kernel with the weight and gate prefetched (vec, and auto
+// for few rows); warp and stream follow the rule (the gated form has neither kernel). The backward has no warp path for the gate: its vector path keeps one row in
 // flight at VPT 1 except under vec (two, as before).
 TEST(RMSNormSwigluGpu, EveryNormPathMatchesCpuReference) {
   LLMK_REQUIRE_GPU();

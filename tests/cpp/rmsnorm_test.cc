@@ -119,9 +119,9 @@ TEST(RMSNormGpu, ManyLongRowsTakeTheStreamingKernel) {
   }
 }
 
-// Every forward path LLMK_NORM_PATH names (RMSNorm's rule keeps the register and streaming
-// kernels; the warp kernel runs only when asked): warp-sized rows (33-128 vectors: 896 and
-// 1024 in 16-bit types), rows it does not take, few and many rows, strided, in place.
+// Every forward path LLMK_NORM_PATH names (RMSNorm has the register and streaming kernels;
+// warp and lean follow the rule): warp-sized rows (33-128 vectors: 896 and 1024 in 16-bit
+// types), rows it does not take, few and many rows, strided, in place.
 TEST(RMSNormGpu, EveryNormPathMatchesCpuReference) {
   LLMK_REQUIRE_GPU();
   for_each_norm_path({"auto", "warp", "lean", "vec", "stream"}, [](DType dt, int64_t vec) {

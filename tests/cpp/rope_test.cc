@@ -631,7 +631,7 @@ TEST_F(RopeBadInput, ShapesDtypesAndFrequencies) {
                "cos_sin_cache has dtype float16, expected float32");
   HostTensor cache_wide(DType::f32, 16, 12);
   expect_error([&] { rope_(q(), k(), pos.view(false), cache_wide.view(), RopeStyle::neox); },
-               "rot_dim must be even, in [2, min(head_dim = 8");
+               "rope_: cos_sin_cache's width (rot_dim) must be even, in [2, min(head_dim = 8");
   expect_error([&] { rope_(q(), k(), pos.view(false), cache.view(true), RopeStyle::neox); },
                "rope_: cos_sin_cache must be [max_pos, rot_dim] with rot_dim > 0, got [8]");
   // Position 16 lies past the cache's 16 rows: the CPU backend rejects the call.

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "attention/attention_schedule.h"
+#include "attention/sm90/schedule.h"
 #include "common/sm90/tile_scheduler.h"
 #include "common/sm90/tma.h"
 #include "test_util.h"

@@ -31,7 +31,7 @@ inline std::mt19937_64& rng() {
 inline bool has_gpu() { return cuda_device_count() > 0; }
 
 #define LLMK_REQUIRE_GPU() \
-  if (!::llmk::test::has_gpu()) GTEST_SKIP() << "no CUDA device: GPU test skipped"
+  if (!::llmk::test::has_gpu()) GTEST_SKIP() << "no CUDA device (" << ::llmk::device_info(0).error << "): GPU test skipped"
 
 // A host tensor with its own storage: `rows` rows of `d` elements, `row_stride` apart.
 struct HostTensor {

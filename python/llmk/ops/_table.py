@@ -17,8 +17,8 @@ something (an optional output, a dict converted to a list, argument checks).
 Per call, the fast call runs a few lines of Python: with no gradient to track it calls the
 op below autograd, straight into its C++ kernel; with one, it applies the op's
 autograd.Function directly. A direct ``torch.ops.llmk.<op>`` call reaches
-the same Function through the op's Autograd kernel (a Python round trip of ~9 us on the H100
-box, which the public function skips). Under ``torch.compile`` the public function calls the
+the same Function through the op's Autograd kernel (a round trip through Python, which the
+public function skips). Under ``torch.compile`` the public function calls the
 op itself, so that AOTAutograd traces the registered autograd formula.
 """
 

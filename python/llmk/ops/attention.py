@@ -84,8 +84,9 @@ attention_backward = define(
         "q, k, v, out and float32 lse ``[batch, heads_q, seq_q]`` (``return_lse=True``), causal and scale. dk and dv "
         "sum each kv head's query group (GQA). Rows whose lse is -inf (they see no key) get dq = 0 and add nothing. "
         "``deterministic``: bitwise-identical results run to run (on Hopper the key blocks add dq in a fixed order, on "
-        "the sm_80 path dq comes from its own kernel instead of fp32 atomics; slower). On Hopper, head dims 64, 96, 128 and 256 run the TMA + wgmma kernels, the rest the sm_80 one "
-        "(LLMK_ATTENTION_PATH forces one, as for the forward).")
+        "the sm_80 path dq comes from its own kernel instead of fp32 atomics; slower). On Hopper the head dims of the "
+        "TMA + wgmma kernels (``llmk info`` lists them) run those, the rest the sm_80 one (LLMK_ATTENTION_PATH forces "
+        "one, as for the forward).")
 
 attention_varlen_backward = define(
     "attention_varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
@@ -100,7 +101,8 @@ attention_varlen_backward = define(
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None,
               return_lse: bool = False, deterministic: bool = False):
     """softmax(scale * q k^T) v over ``[batch, seq, heads, head_dim]`` q and k/v (FlashAttention's
-    layout; heads_q a multiple of heads_kv for GQA/MQA), fp16 or bf16, head_dim 32/64/96/128/256.
+    layout; heads_q a multiple of heads_kv for GQA/MQA), fp16 or bf16, head_dim one of
+    :func:`llmk.attention_head_dims` (``compiled=False``: all of them on the CPU).
     ``causal`` aligns the mask to the bottom-right corner when seq_q != seq_k (FlashAttention 2);
     rows that see no key give 0 (lse -inf). ``scale`` defaults to 1/sqrt(head_dim). Returns out,
     or ``(out, lse)`` with lse float32 ``[batch, heads_q, seq_q]`` (not differentiable).

@@ -19,22 +19,29 @@ of 16 bytes, which makes the transposed views' rows misaligned) go to torch.matm
 import torch
 
 from ._table import define
-from .activation import bias_gelu_backward, silu_and_mul_backward
+from .activation import ACTIVATIONS, LINEAR_ACTIVATIONS, bias_gelu_backward, gated_width, one_of, silu_and_mul_backward
 from .norm import _rmsnorm, rmsnorm_backward
 
-ACTIVATIONS = ("none", "silu_mul", "gelu", "gelu_tanh")
-_GELU = {"gelu": "none", "gelu_tanh": "tanh"}
 
-
-def _check_activation(activation):
-    if activation not in ACTIVATIONS:
-        raise RuntimeError(f"linear: activation must be 'none', 'silu_mul', 'gelu' or 'gelu_tanh', "
-                           f"got '{activation}'")
+def linear_out_features(n, activation: str):
+    """linear's output width over a weight of n rows: n, or for 'silu_mul' (gate rows, then as
+    many up rows) the gated width n / 2. Raises linear's errors for an unknown activation or an
+    odd n with 'silu_mul', as the C++ op does (shapes only: it runs on fake and meta tensors)."""
+    if activation not in LINEAR_ACTIVATIONS:
+        raise RuntimeError(f"linear: activation must be {one_of(LINEAR_ACTIVATIONS)}, got '{activation}'")
+    if activation != "silu_mul":
+        return n
+    torch._check(n % 2 == 0, lambda: "linear: activation 'silu_mul' needs an even number of weight rows (gate then "
+                                     f"up), got {n}")
+    return gated_width(n)
 
 
 def _linear_fake(x, weight, bias, residual, activation):
-    _check_activation(activation)
-    n = weight.shape[0] // 2 if activation == "silu_mul" else weight.shape[0]
+    if weight.dim() != 2:  # the C++ op's checks, in its order, so that a meta tensor gets its errors
+        raise RuntimeError(f"linear: weight has {weight.dim()} dims; expected [N, K]")
+    n = linear_out_features(weight.shape[0], activation)
+    if x.dim() < 1:
+        raise RuntimeError("linear: x is a 0-d tensor; expected [..., K]")
     return x.new_empty((*x.shape[:-1], n))
 
 
@@ -74,7 +81,7 @@ def _linear_dz(ctx, dy, x, weight, bias):
     # gelu: bias_gelu_backward over z (biased, rounded once as PyTorch's F.linear rounds it) and a
     # zero bias gives dZ and its row sum, the bias's gradient, in one pass.
     z = linear(x, weight, bias, None, "none")
-    dz, dbias = bias_gelu_backward(dy, z, z.new_zeros(z.shape[-1]), _GELU[ctx.activation])
+    dz, dbias = bias_gelu_backward(dy, z, z.new_zeros(z.shape[-1]), ACTIVATIONS[ctx.activation].approximate)
     return dz, dbias if need_dbias else None
 
 

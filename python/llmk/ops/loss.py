@@ -191,7 +191,7 @@ def _flce_chunk_size(tokens: int, hidden: int, vocab: int, weight_grad: bool, ac
       accumulator_bytes x hidden / 16 tokens (a power of 2: H / 8 and H / 4). Each chunk's dW
       product reads and writes the accumulator in its epilogue (2 x accumulator_bytes x V x H
       bytes) for 2 x chunk x V x H FLOPs, chunk / accumulator_bytes FLOPs per byte: H / 16 at this
-      floor, 256 at H 4096, near the H100's ~300 (tensor rate over bandwidth), so that traffic
+      floor, 256 at H 4096, near a current GPU's tensor rate over its bandwidth, so that traffic
       mostly hides behind the multiply; and the chunk's logits (chunk x V x 2 bytes) are then an
       eighth of the accumulator, which is in memory anyway;
     - at most the token count."""
@@ -221,8 +221,8 @@ def _product_into(out: Tensor, a: Tensor, b: Tensor):
     """``out = a · b`` (a [M, K], b [K, N]; out [M, N], rows of a larger buffer), rounded once.
     GPU: cuBLAS writes out in place (torch.mm(out=)). The registered llmk.linear allocates its
     output, which would then be copied in, and its Hopper kernel has M / 128 x N / 256 tiles and
-    no split-K: dhidden's chunk of 512 rows x H 4096 (K = V = 128256) is 64 tiles on 132 SMs (a
-    chunk of 256: 171 ms for the whole call, against 64 ms at 1024). CPU: llmk's reference GEMM
+    no split-K: dhidden's chunk of 512 rows x H 4096 (K = V = 128256) is 64 tiles, fewer than a
+    large GPU's SMs, and a smaller chunk leaves more of them idle. CPU: llmk's reference GEMM
     (double sums), copied in."""
     if out.is_cuda:
         torch.mm(a, b, out=out)
@@ -247,9 +247,9 @@ class _WeightGrad:
 
     Why cuBLAS on the GPU: the registered llmk.linear allocates its output, so the sum through it
     (the running sum as its residual) wrote a product slice and copied it back, 4 V H bytes more
-    per chunk (13 of 77 ms at Llama-3-8B's head, chunk 512, on the H100). llmk's C++ GEMM can
-    write in place (residual = out) but no in-place op is registered; its Hopper kernel runs at
-    0.88-1.00x cuBLAS where it has the tiles, so that op would be for ownership, not speed."""
+    per chunk. llmk's C++ GEMM can write in place (residual = out) but no in-place op is
+    registered; its Hopper kernel is not ahead of cuBLAS at these shapes, so that op would be for
+    ownership, not speed."""
 
     def __init__(self, weight: Tensor, chunk: int, dtype: torch.dtype):
         vocab, hidden = weight.shape
@@ -467,9 +467,9 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, b
       runs), so it runs once per loss: a second backward (``retain_graph=True``) raises. Rounding
       error: at most u Σ_c |S_c| (u the dtype's unit roundoff, 2^-8 bf16, 2^-11 fp16; S_c the sum
       after chunk c, the last one dweight): up to n u |dweight| over n chunks where the products
-      agree in sign, about sqrt(n) u |dweight| where their roundings are independent (measured at
-      Llama-3-8B's head: 4.9e-3 of max|dweight| against 4.4e-3 with float32 and Liger's 4.8e-3).
-      A smaller ``chunk_size`` means more chunks, more roundings.
+      agree in sign, about sqrt(n) u |dweight| where their roundings are independent (at an LM
+      head's sizes close to the float32 accumulator's error). A smaller ``chunk_size`` means more
+      chunks, more roundings.
     - ``torch.float32``: a float32 accumulator, 4 x V x H bytes (2.0 GiB at V 128256, H 4096)
       beyond the gradient, rounded to the weight's dtype once at the end (the products are added
       unrounded): the unfused GEMM's one rounding. A second backward is allowed.

@@ -114,7 +114,7 @@ def _layernorm_setup(ctx, inputs, output):
     if stats:
         ctx.mark_non_differentiable(*stats)
         # The statistics' gradients stay None: materialized, they were two zero-fill kernels per
-        # backward (~2.3 us of a 45 us train step at 8192 x 1024, H100).
+        # backward.
         ctx.set_materialize_grads(False)
 
 

@@ -16,18 +16,18 @@ _ANGLES = ("Tensor positions, Tensor? cos_sin_cache=None, float? theta=None, int
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
-def _llama3_list(llama3_scaling: Optional[dict]) -> Optional[List[float]]:
+def _llama3_list(op: str, llama3_scaling: Optional[dict]) -> Optional[List[float]]:
     if llama3_scaling is None:
         return None
     missing = [key for key in _LLAMA3_KEYS if key not in llama3_scaling]
     if missing:
-        raise ValueError(f"llama3_scaling lacks {missing} (Hugging Face's rope_scaling keys)")
+        raise ValueError(f"{op}: llama3_scaling lacks {missing} (Hugging Face's rope_scaling keys)")
     return [float(llama3_scaling[key]) for key in _LLAMA3_KEYS]
 
 
-def _angles(cos_sin_cache, theta, rot_dim, style, llama3_scaling) -> tuple:
+def _angles(op, cos_sin_cache, theta, rot_dim, style, llama3_scaling) -> tuple:
     """The public keywords as the ops' trailing arguments (rot_dim None -> 0: the whole head)."""
-    return cos_sin_cache, theta, rot_dim or 0, style, _llama3_list(llama3_scaling)
+    return cos_sin_cache, theta, rot_dim or 0, style, _llama3_list(op, llama3_scaling)
 
 
 def _functional_fake(q, k, *angles):
@@ -71,7 +71,7 @@ def rope_(q: Tensor, k: Optional[Tensor], positions: Tensor, cos_sin_cache: Opti
     given with a cache are rejected unless rot_dim equals the cache's width. style: ``"neox"``
     (rotate halves) or ``"gptj"`` (interleaved pairs). On the GPU a position outside the
     cache gives NaN for that token; on the CPU it raises."""
-    _rope_inplace(q, k, positions, *_angles(cos_sin_cache, theta, rot_dim, style, llama3_scaling))
+    _rope_inplace(q, k, positions, *_angles("rope_", cos_sin_cache, theta, rot_dim, style, llama3_scaling))
 
 
 @public
@@ -80,7 +80,7 @@ def rope_backward_(dq: Tensor, dk: Optional[Tensor], positions: Tensor, cos_sin_
                    llama3_scaling: Optional[dict] = None) -> None:
     """The backward of :func:`rope_`, in place: the inverse rotation of the gradients ``dq``
     and ``dk`` (the same arguments as rope_)."""
-    _rope_backward_inplace(dq, dk, positions, *_angles(cos_sin_cache, theta, rot_dim, style, llama3_scaling))
+    _rope_backward_inplace(dq, dk, positions, *_angles("rope_backward_", cos_sin_cache, theta, rot_dim, style, llama3_scaling))
 
 
 @public
@@ -89,7 +89,7 @@ def rope(q: Tensor, k: Optional[Tensor], positions: Tensor, cos_sin_cache: Optio
          llama3_scaling: Optional[dict] = None):
     """Out-of-place, differentiable :func:`rope_`: returns the rotated ``(q, k)`` (k None when
     not given) as new contiguous tensors, in one launch; their gradient is the inverse rotation."""
-    q_out, k_out = _rope(q, k, positions, *_angles(cos_sin_cache, theta, rot_dim, style, llama3_scaling))
+    q_out, k_out = _rope(q, k, positions, *_angles("rope", cos_sin_cache, theta, rot_dim, style, llama3_scaling))
     return q_out, (k_out if k is not None else None)
 
 
@@ -99,7 +99,7 @@ def rope_backward(dq: Tensor, dk: Optional[Tensor], positions: Tensor, cos_sin_c
                   llama3_scaling: Optional[dict] = None):
     """Out-of-place backward of :func:`rope`: the gradients of its inputs ``(dq, dk)`` as new
     contiguous tensors (dk None when not given)."""
-    dq_out, dk_out = _rope_backward(dq, dk, positions, *_angles(cos_sin_cache, theta, rot_dim, style, llama3_scaling))
+    dq_out, dk_out = _rope_backward(dq, dk, positions, *_angles("rope_backward", cos_sin_cache, theta, rot_dim, style, llama3_scaling))
     return dq_out, (dk_out if dk is not None else None)
 
 
@@ -110,7 +110,7 @@ def rope_cos_sin_cache(max_position: int, rot_dim: int, theta: float = 10000.0,
     i = torch.arange(0, rot_dim // 2, dtype=torch.float64)
     inv_freq = theta ** (-2.0 * i / rot_dim)
     if llama3_scaling is not None:
-        factor, low, high, original = _llama3_list(llama3_scaling)
+        factor, low, high, original = _llama3_list("rope_cos_sin_cache", llama3_scaling)
         wavelen = 2 * math.pi / inv_freq
         smooth = (original / wavelen - low) / (high - low)
         scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)

@@ -1,14 +1,14 @@
-// What the Hopper attention backward kernels share (attention_backward_sm90_kernel.cuh at head
-// dims 64 and 128, attention_backward_sm90_hd256_kernel.cuh at 256): the TMA maps, a key
+// What the Hopper attention backward kernels share (sm90/backward_kernel.cuh at head
+// dims 64 and 128, sm90/backward_hd256_kernel.cuh at 256): the TMA maps, a key
 // block's walk over the query tiles that see it with the dq turns, and the producer
 // warpgroup's warps 1-3 (lse and D beside each Q stage; the dq reduce-adds). The turns and
-// the first store are described in attention_backward_sm90_kernel.cuh.
+// the first store are described in sm90/backward_kernel.cuh.
 #pragma once
 
 #include <cuda.h>
 
-#include "attention/attention_backward_kernel.cuh"
 #include "attention/attention_params.h"
+#include "attention/backward_common.cuh"
 #include "common/ptx.cuh"
 #include "common/sm90/mbarrier.cuh"
 #include "common/sm90/store_tile.cuh"
@@ -186,22 +186,20 @@ __device__ __forceinline__ void write_row_stats(const Walk& walk, const Attentio
 // wait until that store has completed and the counter reads 1; with dq_ordered
 // (deterministic) the key blocks of a tile add in the fixed order of Walk::turn. The turn is
 // waited for before the first round and passed after the last has completed. One round, each
-// consumer passing its own turn (head dim 64): the boxes are freed after the pass (1-7% faster
+// consumer passing its own turn (head dim 64): the boxes are freed after the pass (faster
 // than before the wait for completion). Two rounds (head dim 256, whose consumer writes the
 // last round only during the next tile): the boxes are freed once read, before that wait, so
-// that the consumer's next round does not wait for the pass (deterministic +3-8%, the default
-// unchanged; a turn per round instead, each passed after its round completed, was 5-7% slower
-// than one).
+// that the consumer's next round does not wait for the pass; one turn per tile, as a turn per
+// round, each passed after its round completed, was slower.
 // A box wholly past the accumulator's rows (head dim 96: consumer 1's columns 96-127, zeros)
 // is not issued: its reduce-add wrote nothing but took its time to complete, which the turns
-// wait for (H100, same run: deterministic +2.5-6% at head dim 96 without it).
+// wait for.
 // kJointPass: the two consumers' warps share one counter per tile (consumer 0's). Each waits
 // for its own reduce-adds' completion and frees its boxes, the pair meets at named barrier
 // kJointPassBarrier (64 threads: a CTA-scope ordering of both warps' completed writes), and
-// consumer 0's warp passes the turn once: one release (MEMBAR.GPU) per tile instead of two
-// (H100, same run, deterministic: head dim 256 +4-7.5% non-causal and +1-4.5% causal from 4096
-// keys, -1.5-4% causal at 1024-2048; head dim 128 causal +3-5.5%; head dim 64 causal -6-8% at
-// 1024-4096 keys, whose consumers own separate rows and do not meet otherwise).
+// consumer 0's warp passes the turn once: one release (MEMBAR.GPU) per tile instead of two.
+// It pays at head dims 128 and 256 and not at 64, whose consumers own separate rows and do
+// not meet otherwise.
 inline constexpr int kJointPassBarrier = 6;
 template <int kRounds, bool kJointPass, class Walk>
 __device__ __forceinline__ void reduce_dq_shares(const Walk& walk, const AttentionBackwardParams& bp,

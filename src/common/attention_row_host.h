@@ -1,5 +1,6 @@
 // The attention of one query row in double: the algorithm of the CPU references of the
-// prefill and decode attention (attention_cpu.cc, attention_decode_cpu.cc).
+// prefill and decode attention (attention/attention_cpu.cc,
+// decode/attention_decode_cpu.cc).
 #pragma once
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // Attention backward main kernel on Hopper (sm_90a) for head dim 256: the algorithm and the
-// producer of attention_backward_sm90_kernel.cuh (its walk, dq turns and first store through
-// attention_backward_sm90_walk.cuh), with the work split between the two consumers by
+// producer of sm90/backward_kernel.cuh (its walk, dq turns and first store through
+// sm90/backward_walk.cuh), with the work split between the two consumers by
 // columns of D instead of by keys. At D = 256 a consumer's dK + dV over 64 keys and all of D
 // would take 256 registers per thread; here each consumer owns the block's 64 keys x 128
 // columns of dK and dV (128 registers), so the scores are computed once and shared through
@@ -30,8 +30,7 @@
 // after the barrier of tile it - 1, which the other consumer passes after its wait for its
 // tile it - 2 GEMMs (dK at the start of tile it - 1).
 //
-// Descriptors advanced per k-step as in the other kernel: loop 1149 -> 905 SASS instructions,
-// +1-3% (causal 512 -4% in one of two repeats; H100, same runs).
+// Descriptors advanced per k-step as in the other kernel (fewer SASS instructions in the loop).
 // Registers per consumer thread: dK + dV 128, dQ 64 (from its GEMM to its first round's
 // stores; its second round, 32, lives on over the next tile's S^T and dP^T), S^T + dP^T 32.
 // Shared memory: K, V 64 KB; Q 2 x 32 KB; dO 32 KB; P^T, dS^T 2 x 16 KB; dQ boxes 32 KB; lse2,
@@ -43,7 +42,7 @@
 
 #include <type_traits>
 
-#include "attention/attention_backward_sm90_walk.cuh"
+#include "attention/sm90/backward_walk.cuh"
 #include "common/ptx.cuh"
 #include "common/sm90/store_tile.cuh"
 #include "common/sm90/wgmma.cuh"
@@ -64,7 +63,7 @@ struct AttentionBackwardSm90Hd256Tile {
   static constexpr uint32_t kRows = kDq + kConsumers * 2 * kDqBoxBytes;
   static constexpr int kDqRounds = kHeadDim / kConsumers / 64;
   // Named barriers as in AttentionBackwardSm90Tile: 1 both consumers, kDqFull + c, kDqEmpty + c;
-  // kJointPassBarrier (attention_backward_sm90_walk.cuh) the two dq warps.
+  // kJointPassBarrier (sm90/backward_walk.cuh) the two dq warps.
   static constexpr int kDqFull = 2, kDqEmpty = 2 + kConsumers;
   static_assert(kDqEmpty + kConsumers <= kJointPassBarrier, "named barriers apart");
   static constexpr uint32_t kBarriers = kRows + 2 * kStages * kBlockM * 4;  // float lse2, D [kStages][kBlockM]
@@ -163,7 +162,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Hd256Tile::kThreads, 1)
   // exact zeros, their P and dS are 0; past the tensor's rows TMA skips them). A tile's first
   // round is written while its dK runs; the second waits in dq_next and is written while the
   // next tile's S^T and dP^T run, so that the consumer does not wait for the reduction to read
-  // the first (Nsight Compute, writing both at once: 17% of all stall samples on that wait).
+  // the first (writing both at once, the consumers stalled on that wait).
   static_assert(Tile::kDqRounds == 2, "one round written at once, one held over");
   const uint32_t boxes = smem + Tile::kDq + consumer * 2 * Tile::kDqBoxBytes + warp * 2048;
   int dq_writes = 0;

@@ -9,16 +9,16 @@
 //      decode_cache_row (fp8 dequantized as value * scale), their max, the exponentials and
 //      the weighted sum of V; one rounding per output; lse in natural log, and out 0 /
 //      lse -inf for a query that sees no key.
-// The caller (attention_decode_api.cc) has checked the contract: lengths within the capacity,
+// The caller (decode_api.cc) has checked the contract: lengths within the capacity,
 // the pages a sequence uses within the cache, rotary positions within the cos/sin cache.
 #include <algorithm>
 #include <type_traits>
 #include <vector>
 
-#include "attention/attention_decode_params.h"
-#include "attention/attention_row_host.h"
+#include "common/attention_row_host.h"
 #include "common/host_types.h"
-#include "rope/rope_host.h"
+#include "common/rope_host.h"
+#include "decode/attention_decode_params.h"
 
 namespace llmk::detail {
 

@@ -1,5 +1,5 @@
 // Attention backward main kernel on Hopper (sm_90a): TMA + wgmma, warp-specialized. The
-// algorithm is the sm_80 main kernel's (attention_backward_kernel.cuh: the same rows kernel
+// algorithm is the sm_80 main kernel's (sm80/backward_kernel.cuh: the same rows kernel
 // before it for D = rowsum(dO * O), the same dq conversion after it); one block owns
 // kBlockN = 128 keys of one (kv head, batch entry) and walks the query tiles of every query
 // head of the kv head's group that see them:
@@ -32,22 +32,21 @@
 //     a dS^T buffer for its next use), and the last tile's dQ after the walk;
 //   dK (times scale) and dV rounded and stored from registers at the end.
 // Every GEMM forms its wgmma descriptors once and moves them on by a 32-bit add per k-step
-// (descriptor_advanced), where ptxas rebuilt them from the address each step: key-block loop
-// 1058 -> 916 SASS instructions at D = 128 (persistent 830 -> 694), 4-11% fewer at D = 64;
-// H100, same runs: D = 64 +2-5% from seqlen 4096, D = 128 even (-2% to +2%).
+// (descriptor_advanced), where ptxas rebuilt them from the address each step: fewer SASS
+// instructions in the key-block loop; faster at D = 64 on long walks, even at D = 128.
 // The key block's K and V stay in shared memory for the whole walk; Q_i/dO_i of the next
 // tile load while this one computes. The consumers run ahead by one tile (the dQ boxes'
 // empty barrier).
 //
 // Persistent grid (kPersistent: dense non-causal calls at D = 64, 96 and 128, as
-// attention_backward_sm90.cu's persistent_grid picks them): one CTA per SM walks units (a key
+// sm90/backward.cu's persistent_grid picks them): one CTA per SM walks units (a key
 // block of a kv head and batch entry) at a stride. Each role walks the same units; the Q/dO ring
 // and the dS^T buffers' phases go on across units, a kv_empty mbarrier passes K and V to the
 // next unit once the last GEMMs of the unit before completed, and the dQ boxes' last wait runs
 // once after the CTA's last unit. It hides the stores, the next unit's first Q/dO loads and the
-// launch of a block (~14 us per block at D = 64 beyond 2.2 us per tile). The next unit's K/V
-// load waits for those GEMMs; a second K buffer that hid it measured within noise
-// (docs/kernels/attention.md).
+// launch of a block (a fixed cost per block, large beside a tile's). The next unit's K/V
+// load waits for those GEMMs; a second K buffer that hid it did not pay
+// (docs/history/attention.md).
 //
 // Deterministic (bp.dq_ordered): the producer warps add each tile's dQ in a fixed order of
 // its key blocks, with a turn counter per (tile, consumer half) in the workspace (one per tile,
@@ -56,8 +55,8 @@
 //     sequence's key blocks fit the SMs (rotate_walk), each block's walk starts at its own
 //     share of the tiles and wraps around, and the turns follow the order in which the blocks
 //     reach a tile. Unrotated, every block waits on the same tile at the start and block n
-//     stays n turns behind for the whole walk (H100, same run: 0.86-0.98x the default at hd 64
-//     and 0.90-0.96x at hd 128 unrotated, 0.93-1.00x rotated);
+//     stays n turns behind for the whole walk (rotated, the walk comes closer to the
+//     default path's speed);
 //   causal, from the tile's last key block down, with the grid's key blocks dispatched last
 //     first.
 // Unrotated, a block only waits on blocks dispatched before it (running or done), provided
@@ -65,7 +64,7 @@
 // FlashAttention 3's deterministic backward relies on too; rotated, it may wait on a block of
 // its sequence dispatched after it, which the same order dispatches as long as the
 // sequence's key blocks fit the SMs. The default path rotates its non-causal walks only
-// with the first store (below; rotation alone measured -2% to +2%), so that each tile's first
+// with the first store (below; rotation alone does not pay), so that each tile's first
 // block is a step ahead of the next.
 //
 // First store (bp.dq_first_store, attention_backward_sm90_plan): where every row of the
@@ -80,7 +79,7 @@
 // (release by mbarrier arrive, acquire by its wait; every consumer warp arrives on `empty`).
 // compute-sanitizer racecheck does not follow mbarrier ordering and reports these accesses as
 // hazards; staging them in the consumers instead, ordered by __syncwarp or a named barrier
-// that racecheck follows, measured 8% slower (hd 128, 16k tokens: 347 against 378 TFLOP/s).
+// that racecheck follows, was slower.
 //
 // Tiles: kBlockM = 128 query rows at D = 64, 64 at D = 96 and 128 (FlashAttention 3's shapes).
 // D = 96 runs D = 128's tile on rows of two 64-column swizzle chunks, the second's columns
@@ -94,7 +93,7 @@
 // and dS on every S^T element and 4 D bytes of dq reductions per (query row, key block).
 #pragma once
 
-#include "attention/attention_backward_sm90_walk.cuh"
+#include "attention/sm90/backward_walk.cuh"
 #include "common/ptx.cuh"
 #include "common/sm90/store_tile.cuh"
 #include "common/sm90/wgmma.cuh"
@@ -105,12 +104,12 @@ template <int kHeadDim_, bool kPersistent_ = false>
 struct AttentionBackwardSm90Tile {
   static constexpr int kHeadDim = kHeadDim_;
   // kPersistent: one CTA per SM walks units (key blocks) at a stride (persistent_ctas in
-  // attention_backward_sm90.cu), dense non-causal calls at head dims 64, 96 and 128. At 64 its
+  // sm90/backward.cu), dense non-causal calls at head dims 64, 96 and 128. At 64 its
   // producer warps hold the unit's walk in registers (40; 24 spilled ~200 bytes) and the
   // consumers fit 232 (kWideProducer). Else the producer keeps 24 and the consumers 240: head
   // dim 128's consumers need them (its persistent producer spills ~220 bytes, outside the GEMM
-  // loop; 96's alike), and the wide producer cost head dim 64's one-block-per-unit causal calls
-  // 3-9%.
+  // loop; 96's alike), and the wide producer slowed head dim 64's one-block-per-unit causal
+  // calls.
   static constexpr bool kPersistent = kPersistent_;
   static constexpr int kBlockN = 128, kBlockM = kHeadDim <= 64 ? 128 : 64, kStages = 2, kConsumers = 2;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
@@ -148,7 +147,7 @@ struct AttentionBackwardSm90Tile {
 // keys (0 for keys no query row sees) and adds its share of dq to bp.dq_accum.
 // kDqOfPreviousTile: each tile's dQ GEMM is issued during the next tile, after the consumer's
 // dV, behind an mbarrier on the other consumer's half of that tile's dS^T, so the consumers
-// never meet (head dim 64, long walks: dq_of_previous_tile in attention_backward_sm90.cu); else
+// never meet (head dim 64, long walks: dq_of_previous_tile in sm90/backward.cu); else
 // the consumers meet at a named barrier before this tile's dQ.
 template <class T, int kHeadDim, bool kDqOfPreviousTile, bool kPersistent>
 __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim, kPersistent>::kThreads, 1)
@@ -350,7 +349,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim, kPersisten
 
       // dS^T = P^T (dP^T - D); P^T and dS^T rounded and packed as the A fragments of dV += P^T
       // dO and dK += dS^T Q (B = dO, Q [kBlockM rows][D], MN-major). Issuing dV before the wait
-      // for dP^T keeps P^T's fragments live beside S^T, dP^T, dK and dV: it spilled and ran 22%
+      // for dP^T keeps P^T's fragments live beside S^T, dP^T, dK and dV: it spilled and ran
       // slower.
       auto add_product = [&](float(&acc)[D / 2], const uint32_t(&a)[M / 16][4], uint32_t b_addr) {
         wgmma_fence();
@@ -445,9 +444,9 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim, kPersisten
     wgmma_fence_operands(dsa);
     if (n_iters > 0) {
       // The last reduction has read the boxes (every arrival of the producer warp is matched);
-      // persistent: once after the last unit, so that the CTA goes on to the next unit (H100:
-      // deterministic +3-4% at seqlen 512-4096). One block per unit waits here: at head dim 128
-      // the wait after the dk and dv stores ran 10-14% slower.
+      // persistent: once after the last unit, so that the CTA goes on to the next unit without
+      // waiting (it pays deterministic). One block per unit waits here: at head dim 128 the
+      // wait after the dk and dv stores ran slower.
       if constexpr (kPersistent) earlier_units_wrote_dq = true;
       else named_barrier_sync(Tile::kDqEmpty + consumer, kDqBarrierThreads);
     }

@@ -1,14 +1,14 @@
 // Launcher of the attention backward: the sm_80 kernels' tile shapes of each head dim and the
 // dispatch over path, dtype and head dim. Per call: the rows kernel (D, the accumulator zeroed
 // unless the Hopper kernel stores each tile's first dq share, the counters zeroed), the main
-// kernel (dk, dv, dq reductions: the Hopper one, attention_backward_sm90.cu, where it takes
+// kernel (dk, dv, dq reductions: the Hopper one, sm90/backward.cu, where it takes
 // the call, else the sm_80 one), the rows kernel again (dq converted). Deterministic, the
 // Hopper kernel adds dq in a fixed order of key blocks (turn counters) and the rest is the same; the
 // sm_80 path runs the rows kernel (D), the main kernel without dq and the dq kernel. Causal,
 // varlen and GQA are run-time parameters of each kernel.
 #include <type_traits>
 
-#include "attention/attention_backward_kernel.cuh"
+#include "attention/sm80/backward_kernel.cuh"
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
 #include "common/dispatch.h"
@@ -18,12 +18,12 @@ namespace llmk::detail {
 namespace {
 
 // Main kernel: 8 warps, one block per SM (the dK/dV accumulators take most registers).
-// BackwardTile<D, kBlockM, kBlockN, kAcross, kQWarpsD, kStages> (attention_backward_kernel.cuh):
+// BackwardTile<D, kBlockM, kBlockN, kAcross, kQWarpsD, kStages> (sm80/backward_kernel.cuh):
 //   D = 32: every warp owns 16 whole key rows (S^T, dP^T, dK, dV), P^T and dS^T stay in
 //   registers for dV and dK.
 //   D = 64 .. 256: the warps of a band of 32 keys split the columns of S^T, dP^T, dK and
 //   dV 2 (D = 256: 4) ways, P^T and dS^T pass through shared memory (FlashAttention 2's sm_80
-//   warp grids; the whole-key-row grid measured 4-7% slower at D = 64 and 128 on the H100).
+//   warp grids; the whole-key-row grid was slower at D = 64 and 128).
 //   128 x 128 at D <= 64, 64 query rows x 128 keys at D = 96, 128; D = 256: 64 x 64, one
 //   Q_i/dO_i buffer in swizzled rows (kSwizzleQ). Shared memory fits the A100's 163 KB.
 // fp32 registers per thread for dK + dV / S^T + dP^T / dQ: D = 32: 32 / 128 / 16;

@@ -14,7 +14,7 @@
 //                          (K-major), issued before ...
 //     O += P_{j-1} V_{j-1} wgmma m64nDk16, P from registers, V MN-major (D contiguous),
 //     then, while both run: mask S_j where the block crosses the sequence end or the causal
-//     diagonal, the online softmax of S_j (attention_softmax.cuh: a warp's accumulator is
+//     diagonal, the online softmax of S_j (common/online_softmax.cuh: a warp's accumulator is
 //     the mma.sync fragment of its 16 rows); after O's wgmma: P_j = S_j rounded to 16
 //     bits, O rescaled where a row max grew.
 //   O /= row sum; lse = max + log(sum). O goes by stmatrix into shared memory and a TMA
@@ -39,15 +39,15 @@
 // the second's last 32 columns zeros, AttentionSm90Tile::kChunks) and D = 128: 2 x 32 + 2 x 64
 // + 32 = 224 KB; D = 256 (64-key blocks): 64 + 2 x 64 + 32 = 224 KB.
 // Registers per consumer thread: O D/2, S_j kBlockN/2, P_{j-1} kBlockN/4 (D = 128: 160).
-// Roofline as the sm_80 kernel's (attention_forward_kernel.cuh): 4 seq_q seq_k D FLOPs per
+// Roofline as the sm_80 kernel's (sm80/forward_kernel.cuh): 4 seq_q seq_k D FLOPs per
 // (batch, head), tensor-bound; wgmma's dense bf16 peak is ~990 TFLOP/s.
 #pragma once
 
 #include <cuda.h>
 
 #include "attention/attention_params.h"
-#include "attention/attention_schedule.h"
-#include "attention/attention_softmax.cuh"
+#include "attention/sm90/schedule.h"
+#include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
 #include "common/sm90/mbarrier.cuh"
 #include "common/sm90/store_tile.cuh"
@@ -58,20 +58,19 @@
 namespace llmk::detail::sm90 {
 
 // kBlockN keys per block: 128 for D <= 128; 64 for D = 256, whose O accumulators take 128
-// registers per thread and whose Q tile takes 64 KB. FA3's 176-key blocks at D = 128 (one Q
-// buffer to fit 208 KB) measured +1-3% non-causal at 16k and -6-13% causal at 512-2048
-// (H100, same run), so one kernel of 128 serves both.
+// registers per thread and whose Q tile takes 64 KB. One kernel of 128 serves causal and
+// non-causal at D = 128: FA3's 176-key blocks (one Q buffer to fit 208 KB) gain little on
+// long non-causal rows and lose on short causal ones.
 template <int kHeadDim_, int kConsumers_>
 struct AttentionSm90Tile {
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 256, "head dims 64, 96, 128, 256");
   // Consumers of 64 query rows each. 3 at D = 64 (tiles of 192 rows, as FlashAttention 3
   // and ThunderKittens take there), where the softmax's MUFU work per key block equals the
-  // tensor work, so a third warpgroup's softmax fills the tensor pipe's gaps: non-causal
-  // +2-16% at seqlen 512-16384 over 2 consumers (H100, same run), causal +7-10% at 8192
-  // and 16384 but 2-39% slower at 512-4096, where the 192-row tiles compute key blocks
-  // wholly above a consumer's diagonal and overhang short sequences (the launcher's rule,
-  // attention_forward_sm90.cu). 2 at D = 128 and 256, whose O accumulators need the
+  // tensor work, so a third warpgroup's softmax fills the tensor pipe's gaps; but 2 for
+  // causal calls below 8192 query rows, where the 192-row tiles compute key blocks wholly
+  // above a consumer's diagonal and overhang short sequences (the launcher's rule,
+  // sm90/forward.cu). 2 at D = 128 and 256, whose O accumulators need the
   // registers of 240 per thread.
   static constexpr int kConsumers = kConsumers_;
   static_assert(kConsumers == 2 || (kConsumers == 3 && kHeadDim == 64), "3 consumers fit D = 64 only");
@@ -80,22 +79,16 @@ struct AttentionSm90Tile {
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = kConsumers == 3 ? 160 : 240;
   static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 65536,
                 "setmaxnreg counts over the register file");
-  // Pingpong over the ring of consumers; measured with 3 too (without it 1-11% slower).
+  // Pingpong over the ring of consumers, with 3 as with 2: it pays for both.
   static constexpr bool kPingpong = kHeadDim <= 128;
-  // A tile's last P V issued with the next tile's S_0 (H100, same runs, over the
-  // tile-by-tile loop): D = 64 with 2 consumers +5-7% non-causal, +1-5% causal; D = 128
-  // (with the staged store below) +4-6% non-causal at seqlen 512-16384 but 2048 (+2%),
-  // causal +3-9% from 1024 and -1.5% at 512; D = 256 +1.5% (geometric mean of 12 points,
-  // causal 512 +6.6%, no point more than 1% slower; then with register stores, 68 bytes of
-  // spills of per-tile values outside the key-block loop, now 4). With 3 consumers the
-  // pending tile's state spilled 100 bytes within 160 registers and measured 0-5% slower.
+  // A tile's last P V issued with the next tile's S_0, with 2 consumers: it beats the
+  // tile-by-tile loop at every head dim. With 3 the pending tile's state spills within 160
+  // registers and the step loses.
   static constexpr bool kCrossTile = kConsumers == 2;
   // Every kExp2FmaEvery-th n-tile's exponentials on the FMA pipe (exp2_fma) instead of the
-  // special-function unit, where the tensor work per score is smallest (D = 64). H100, same
-  // run, two alternated repeats: with 2 consumers (causal below 8192 query rows) 1 in 8
-  // n-tiles gave +1.4-5.3% at seqlen 512-4096, 1 in 4 -1% to +3%, 1 in 2 -10 to -12%; with 3
-  // every fraction lost (1 in 8: -3 to -7%, non-causal and causal 16k), whose issue slots
-  // are the tighter limit (docs/kernels/attention.md v12).
+  // special-function unit, where the tensor work per score is smallest (D = 64), with 2
+  // consumers only: 1 in 8 n-tiles pays, more moved to the FMA pipe lose; with 3, whose issue
+  // slots are the tighter limit, every fraction lost (docs/history/attention.md, v12).
   static constexpr int kExp2FmaEvery = kHeadDim == 64 && kConsumers == 2 ? 8 : 0;
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   // 64-column swizzle chunks. At D = 96 the second holds columns 64-95 and zeros: the maps'
@@ -112,18 +105,14 @@ struct AttentionSm90Tile {
   static constexpr uint32_t kKvBytes = kChunks * kKvChunkBytes;  // one key block of K (or V)
   static constexpr uint32_t kStageBytes = 2 * kKvBytes;
   static constexpr uint32_t kRingOffset = kQBuffers * kQBytes;
-  // O leaves through shared memory (stmatrix) and TMA stores at D = 128 (+12-18% at seqlen
-  // 512-4096 over register stores, H100 same run): per consumer two boxes of 64 rows x 64
-  // columns, each warp storing its 16 rows. At D = 256 the same 32 KB of boxes take O in two
-  // rounds of 128 columns (224 KB in all): +6-19% at seqlen 512-1024 over register stores,
-  // even at 2048-4096; it lost 1-9% from 8192 keys until its S descriptors were advanced
-  // instead of rebuilt (kAdvanceDescriptors), and is since even with the register-store
-  // kernel at 16k and ahead at every other length (docs/kernels/attention.md v10). D = 96
+  // O leaves through shared memory (stmatrix) and TMA stores at D = 128, where it beats
+  // register stores: per consumer two boxes of 64 rows x 64 columns, each warp storing its
+  // 16 rows. At D = 256 the same 32 KB of boxes take O in two rounds of 128 columns (224 KB
+  // in all); it beats register stores there once the S descriptors are advanced instead of
+  // rebuilt (kAdvanceDescriptors; docs/history/attention.md, v10). D = 96
   // takes D = 128's boxes and stores the second from its first 32 columns: its out map's rows
   // are 96 wide, so the TMA store skips the box's columns past them. D = 64 stays on register
-  // stores: staged, with TMA stores, it measured 1-7% slower with the cross-tile step and 2-8%
-  // without (H100, same runs); re-measured with 3 consumers, +5.6% at seqlen 512 and -4% at
-  // 2048, with 2 (causal) -2-3% at 1024-2048. With the cross-tile step the staging
+  // stores: staging lost there, with 2 consumers or 3. With the cross-tile step the staging
   // must not sit in a branch of its own (a TMA path and a register path): ptxas then
   // serialized every wgmma of the kernel (C7520, a compiler-inserted warpgroup.arrive in a
   // divergent path); every warp stages its rows and only the stores branch (store_output).
@@ -131,13 +120,10 @@ struct AttentionSm90Tile {
   // The wgmma descriptors of S and P V formed once per GEMM and moved on by a 32-bit add per
   // k-step (descriptor_advanced), not rebuilt from the address each step, at D = 256 only;
   // there the shared addresses are broadcast from lane 0 first (warp_uniform), so that ptxas
-  // keeps the adds in uniform registers (no R2UR per wgmma operand; key-block loop 671 -> 582
-  // SASS instructions with the adds, 538 with them uniform). H100, same runs: advancing gave
-  // +3-9% non-causal at seqlen 512-8192, causal +1-5%, GQA 32/8 +7% / +2% at 4096 / 8192;
-  // the uniform form a further +1-3.5% (causal 1024 +7%, GQA +1-2%). At D = 64 advancing
-  // lost 2-8% in vector registers and 0.4-1.1% non-causal in uniform ones (causal -4% to
-  // +4%); at D = 128 it spilled (20-28 B). Both rebuild, where ptxas already does the
-  // descriptor math on the uniform datapath (docs/kernels/attention.md v10, v11).
+  // keeps the adds in uniform registers (no R2UR per wgmma operand; fewer SASS instructions
+  // in the key-block loop). At D = 64 advancing lost and at D = 128 it spilled: both rebuild,
+  // where ptxas already does the descriptor math on the uniform datapath
+  // (docs/history/attention.md, v10, v11).
   static constexpr bool kAdvanceDescriptors = kHeadDim == 256;
   static constexpr uint32_t kOutOffset = kRingOffset + kStages * kStageBytes;
   // Per consumer kOutBoxes boxes of 64 rows x 64 columns (8 KB): at D = 256 O leaves through
@@ -159,7 +145,7 @@ struct AttentionSm90Maps {
   bool tma_out;
 };
 
-// Calls body(tile, next_tile) for each tile of the block's units (attention_schedule.h), in
+// Calls body(tile, next_tile) for each tile of the block's units (sm90/schedule.h), in
 // order; next_tile() is the tile after it in the block's walk, computed only when called
 // (m_block -1 where there is none, or where the next unit has no tiles: a varlen pair past
 // its sequence's end).
@@ -250,11 +236,9 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
       q_ring.advance();
       // One Q buffer (D = 256): the next tile's Q loads only once this tile's last S GEMM is
       // done, so in dense non-causal calls it goes to the L2 halfway through this tile (tiles
-      // of two or more key blocks; H100, same run, over no prefetch: +1-2% at seqlen
-      // 4096-16384, GQA 32/8 +1-2.5%, within the run's noise at 512-2048). Causal and varlen
-      // walks do not prefetch: computing their next tile spilled the producer's 24 registers,
-      // which alone cost seqlen 512-1024 3-5% (CSV
-      // bench/results/h100/2026-11-24_ae4594a_attention_hd256_q_prefetch_ab.csv). Dense
+      // of two or more key blocks; it pays on long sequences). Causal and varlen walks do not
+      // prefetch: computing their next tile spills the producer's 24 registers, which costs
+      // short sequences more than the prefetch gains. Dense
       // coordinates: a tile's rows start at m_block * kBlockM, its map batch is its batch.
       auto prefetch_next_q = [&]() {
         const AttentionTileCoord next = next_tile();
@@ -471,7 +455,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
     // (a pingpong turn, as in the loop below), that tile's output stored once its P V is
     // done; without a pending tile a stand-in P V takes its place: ptxas tracks wgmma groups
     // without branch conditions, and a P V issued or waited for on one path only made it
-    // serialize every wgmma of the kernel (C7513, C7519; 0.72x at D = 128 on the H100).
+    // serialize every wgmma of the kernel (C7513, C7519).
     // Without the step, S_0 alone.
     mbarrier_wait(&q_full[q_buffer], q_ring.phase);
     {

@@ -1,7 +1,8 @@
 // The register-level pieces of attention that do not depend on how the scores were
-// computed (an sm_80 mma.sync mainloop today, a Hopper wgmma one later): the causal and
+// computed (the sm_80 mma.sync mainloops and the Hopper wgmma one): the causal and
 // sequence-end mask, the online softmax, and the final normalization with the
-// log-sum-exp.
+// log-sum-exp. Shared by attention's sm_80 and Hopper forwards (attention/sm80/,
+// attention/sm90/) and decode (decode/).
 //
 // Scores live in mma accumulator fragments: a warp owns kMTiles tiles of 16 rows, each
 // thread two rows of each (group and group + 8, group = lane / 4) and, for every 8-column

@@ -1,12 +1,12 @@
-// Launcher of the Hopper attention forward (kernel in attention_forward_sm90_kernel.cuh):
+// Launcher of the Hopper attention forward (kernel in sm90/forward_kernel.cuh):
 // which calls it takes, which tile, the TMA maps over q, k, v, the grid.
 //
 // Instantiations (the only list): {bf16, fp16} x {head dim 64 with 2 and 3 consumers, 96,
 // 128, 256}. Head dim 32 (rows of half a 128-byte swizzle chunk), head dims LLMK_HEAD_DIMS
-// leaves out, and strides TMA cannot address take the sm_80 kernel (attention_forward.cu).
-#include "attention/attention_forward_sm90_kernel.cuh"
+// leaves out, and strides TMA cannot address take the sm_80 kernel (sm80/forward.cu).
 #include "attention/attention_params.h"
-#include "attention/attention_sm90_maps.h"
+#include "attention/sm90/forward_kernel.cuh"
+#include "attention/sm90/maps.h"
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
 #include "common/occupancy.h"
@@ -41,14 +41,12 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
   // Persistent: one block per SM walks the work units (AttentionSchedule). Causal tiles
   // go in pairs of equal total work (within one key block for 192-row tiles): a static
-  // stride over single causal tiles left some SMs with twice the work (16k tokens at hd 128
-  // fell from 638 to 424 TFLOP/s), and an order of all heads' longest tiles first, dealt in
-  // rounds of alternating direction, was balanced but lost the L2 sharing of K and V
-  // between the blocks running at once (hd 128, seqlen 2048: 338 against 469 TFLOP/s with
-  // one block per tile). The pairs against one block per tile (H100, same run): causal
-  // +12-46% at seqlen 512-2048 (the next tile's Q and first keys load during this one), -2%
-  // at 16k with hd 128 (units in the last round: 1024 on 132 SMs leave 3% idle where the
-  // hardware balanced single tiles).
+  // stride over single causal tiles left some SMs with twice the work, and an order of all
+  // heads' longest tiles first, dealt in rounds of alternating direction, was balanced but
+  // lost the L2 sharing of K and V between the blocks running at once. The pairs beat one
+  // block per tile on short causal sequences (the next tile's Q and first keys load during
+  // this one) and lose a little on long ones (the last round's units leave SMs idle where
+  // the hardware balanced single tiles).
   const int m_blocks = (p.seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;
   const sm90::AttentionSchedule schedule = sm90::attention_schedule(m_blocks, Tile::kBlockM, p.heads_q, p.batch, p.causal);
   int device = 0;
@@ -59,19 +57,25 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
       <<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(maps, p, schedule);
 }
 
+// A compiled kernel, to ask whether the device runs this build's sm_90a code.
+template <int kDim = first_sm90_head_dim()>
+const void* any_kernel() {
+  if constexpr (kDim == 0) return nullptr;
+  else return kernel_for<__nv_bfloat16, kDim, 2>();
+}
+
 }  // namespace
 
 bool attention_sm90_takes(const AttentionParams& p, DType dtype, int device, const char** why) {
   const bool varlen = p.cu_seqlens_q != nullptr;
   if (dtype != DType::f16 && dtype != DType::bf16) return *why = "the dtype is not float16 or bfloat16", false;
   if (!attention_sm90_head_dim(p.head_dim))
-    return *why = "the Hopper kernel is built for head dims 64, 96, 128 and 256 (as far as LLMK_HEAD_DIMS builds them)",
-           false;
+    return *why = "this build's Hopper kernel does not take the head dim (llmk::attention_sm90_head_dims)", false;
   if (!attention_tma_ok(p.q, varlen) || !attention_tma_ok(p.k, varlen) || !attention_tma_ok(p.v, varlen))
     return *why = "q, k and v need 16-byte aligned data pointers and strides for TMA", false;
   if (reinterpret_cast<uintptr_t>(p.out.data) % 4 != 0 || p.out.row_stride % 2 != 0)
     return *why = "out needs 4-byte aligned rows", false;
-  if (!sm90::sm90a_kernel_runs(kernel_for<__nv_bfloat16, 128, 2>(), device)) return *why = "the device is not sm_90 or this build has no sm_90a code", false;
+  if (!sm90::sm90a_kernel_runs(any_kernel<>(), device)) return *why = "the device is not sm_90 or this build has no sm_90a code", false;
   return true;
 }
 
@@ -80,9 +84,8 @@ bool attention_sm90_tma_out(const AttentionParams& p) {
   return attention_sm90_stages_output(p.head_dim) && attention_tma_ok(p.out, p.cu_seqlens_q != nullptr);
 }
 
-// Causal calls at head dim 64 take 192-row tiles from 8192 query rows: below, they lost
-// 2-39% to 128-row tiles at seqlen 512-4096 (and won 7-10% at 8192 and 16384; H100, same
-// run), computing key blocks wholly above a consumer's diagonal.
+// Causal calls at head dim 64 take 192-row tiles from 8192 query rows: below, they lose to
+// 128-row tiles, computing key blocks wholly above a consumer's diagonal.
 int attention_sm90_consumers(const AttentionParams& p) {
   return p.head_dim == 64 && (!p.causal || p.seqlen_q >= 8192) ? 3 : 2;
 }
@@ -91,14 +94,15 @@ void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t 
   const char* op = "attention_forward_sm90_kernel";
   auto with_type = [&](auto tag) {
     using T = device_type_t<decltype(tag)>;
-    switch (p.head_dim) {
-      case 64:
-        if (attention_sm90_consumers(p) == 3) return launch<T, 64, 3>(p, dtype, stream);
-        return launch<T, 64, 2>(p, dtype, stream);
-      case 96: return launch<T, 96, 2>(p, dtype, stream);
-      case 128: return launch<T, 128, 2>(p, dtype, stream);
-      default: return launch<T, 256, 2>(p, dtype, stream);
-    }
+    // The head dims LLMK_HEAD_DIMS builds (attention_sm90_takes turned the others away).
+    for_compiled_head_dim("attention", p.head_dim, [&](auto dim) {
+      constexpr int D = decltype(dim)::value;
+      if constexpr (attention_sm90_head_dim(D)) {
+        if constexpr (D == 64)
+          if (attention_sm90_consumers(p) == 3) return launch<T, D, 3>(p, dtype, stream);
+        launch<T, D, 2>(p, dtype, stream);
+      }
+    });
   };
   if (dtype == DType::bf16) with_type(DTypeTag<DType::bf16>{});
   else with_type(DTypeTag<DType::f16>{});

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "attention/attention_params.h"
+#include "common/attention_types.h"
 #include "common/host_device.h"
 #include "llmk/dtype.h"
 

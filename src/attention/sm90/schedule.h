@@ -1,4 +1,4 @@
-// The persistent schedule of the Hopper attention forward (attention_forward_sm90_kernel.cuh):
+// The persistent schedule of the Hopper attention forward (sm90/forward_kernel.cuh):
 // which tiles of block_m query rows (128, or 192 at head dim 64 except causal calls below
 // 8192 query rows) a block walks. Host and device code (tests/cpp/sm90_test.cc checks it on
 // the host).

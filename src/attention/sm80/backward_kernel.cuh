@@ -47,26 +47,25 @@
 // tensor-core work per head, ~1 TB/s, which the L2 sustains (FlashAttention 2 does the
 // same); the kernel is compute-bound, with more non-GEMM work per FLOP than the forward
 // (exp2 and dS on every S^T element, and the atomics). Smaller key tiles would double them.
-// Registers and shared memory per head dim: the tile table in attention_backward.cu.
+// Registers and shared memory per head dim: the tile table in sm80/backward.cu.
 // Measured on the H100 (bf16, hd 128, 16k tokens): 269 TFLOP/s, about 0.86x FlashAttention
-// 2's 311 (timed in earlier runs of the same session). Nsight Compute of the rolled k-loops
-// beside FlashAttention 2's kernel (same tile and warp grids): theirs spends 53% of its stall
-// samples on HMMA and 4% on IMAD, ours spent 40% and 16% (with branches and the rest of the
-// address arithmetic a third of the samples), which the unrolled mma_ss below removes;
-// ours also stalled on the red.global queue (the dq reductions drain at the next tile's
-// start, 16% of the samples; 8-byte reductions of one L2 sector each, now 16-byte ones:
-// pack_row_tiles) and has 7% excess shared-memory wavefronts where theirs has none (the
+// 2's 311. Beside FlashAttention 2's kernel (same tile and warp grids) the rolled k-loops
+// stalled on address arithmetic, which the unrolled mma_ss below removes; ours also stalls on
+// the red.global queue (the dq reductions drain at the next tile's start; 16-byte reductions:
+// pack_row_tiles) and has excess shared-memory wavefronts where theirs has none (the
 // cp.async of Q_i, dO_i into padded rows; swizzled at head dim 256: BackwardTile).
-// Issuing dQ and its reductions before dK, to drain them during dK's GEMM, measured 1-2%
-// slower.
+// dQ and its reductions go after dK: issued before it, to drain them during dK's GEMM, they
+// were slower.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
-#include "attention/attention_forward_kernel.cuh"
 #include "attention/attention_params.h"
+#include "attention/backward_common.cuh"
 #include "common/ptx.cuh"
+#include "common/sm80/attention_tiles.cuh"
+#include "common/sm80/mma_tiles.cuh"
 #include "common/vec.cuh"
 
 namespace llmk::detail {
@@ -95,11 +94,10 @@ struct BackwardTile {
   static constexpr int kSPitch = kBlockM + 8;  // P^T, dS^T rows: [kBlockN][kBlockM]
   // Q_i, dO_i rows: swizzled (load_rows) at head dim 256, else padded as K, V. Every tile
   // reloads them, and cp.async into rows padded by 16 bytes writes each 128-byte line of
-  // global memory into two lines of shared memory (Nsight Compute, head dim 128: 62% more
-  // wavefronts than ideal on those instructions, 7% of all); the swizzle keeps a line whole
-  // and ldmatrix conflict-free, for a few more registers (its column steps' XOR-ed
-  // addresses). H100, same run (2026-11-27): head dim 256 +4-5%; 64 +0-1% with 28 bytes of
-  // spills; 128 -1% to -1.6% with 36 bytes of spills (reloaded on every tile's dQ reduction).
+  // global memory into two lines of shared memory; the swizzle keeps a line whole and
+  // ldmatrix conflict-free, for a few more registers (its column steps' XOR-ed addresses).
+  // It pays at head dim 256; at 64 and 128 those registers spill (reloaded on every tile's dQ
+  // reduction) and it gains nothing.
   // The layout holds for any head dim of whole 128-byte lines on the kAcross > 1 path.
   static constexpr bool kSwizzleQ = kHeadDim == 256;
   static constexpr int kQPitch = kSwizzleQ ? kHeadDim : kPitch;
@@ -160,162 +158,6 @@ struct RowsOf {
 
 namespace bwd {
 
-// ldmatrix_x4 row addresses (element offsets) for a 16 x 16 block of 2 x 2 8x8 matrices
-// stored with `pitch` elements per row, the four matrices taken in column-major order
-// ((0,0), (1,0), (0,1), (1,1) in 8-row, 8-column blocks) or in row-major order.
-__device__ __forceinline__ int lane_blocks_col_major(int lane, int pitch) {
-  return ((lane & 7) + ((lane >> 3) & 1) * 8) * pitch + (lane >> 4) * 8;
-}
-__device__ __forceinline__ int lane_blocks_row_major(int lane, int pitch) {
-  return ((lane & 7) + (lane >> 4) * 8) * pitch + ((lane >> 3) & 1) * 8;
-}
-
-template <bool kTrans>
-__device__ __forceinline__ void ldmatrix(uint32_t (&r)[4], uint32_t addr) {
-  if constexpr (kTrans) ptx::ldmatrix_x4_trans(r, addr);
-  else ptx::ldmatrix_x4(r, addr);
-}
-
-// A lane's ldmatrix address in a [rows][cols] tile of kRowBytes per row, stepped by 16-row and
-// 16-column (32-byte) blocks. kSwizzled (load_rows' layout; the tile 128-byte aligned, the
-// lane's row r at a multiple of 8 rows from it): the chunk c of row r is stored at c ^ (r % 8),
-// so the lane's address is XOR-ed with (r % 8) * 16 once and each column step j XOR-s its
-// low two bits (j % 4) * 32 and adds whole lines (j / 4) * 128. That is the swizzled address
-// of chunk c + 2j as long as the lane's own chunk and 2 (j % 4) share no bit (the lane's
-// chunk is 0 or 1 past a column offset that is a multiple of the steps' span: BackwardTile).
-// The 8 rows of an 8x8 matrix then read 8 different 16-byte bank groups.
-template <uint32_t kRowBytes, bool kSwizzled>
-struct LaneAddress {
-  uint32_t base;
-  __device__ __forceinline__ LaneAddress(uint32_t address, int row)
-      : base(kSwizzled ? address ^ ((row % 8) << 4) : address) {}
-  __device__ __forceinline__ uint32_t at(int rows16, int cols16) const {
-    if constexpr (kSwizzled) return (base ^ ((cols16 % 4) << 5)) + rows16 * 16 * kRowBytes + (cols16 / 4) * 128;
-    else return base + rows16 * 16 * kRowBytes + cols16 * 32;
-  }
-};
-
-// The B operand's lane address (a pair of 8-column tiles per ldmatrix_x4): `b` points at
-// B(0, 0), stored [n][k] (Q of K Q^T), or, kBTrans, [k][n] (dO of P^T dO); a pair of B
-// fragments is the blocks of [n][k] in row-major order, of [k][n] transposed in column-major
-// order.
-template <class T, bool kBTrans, int kBPitch, bool kBSwizzled>
-__device__ __forceinline__ LaneAddress<kBPitch * sizeof(T), kBSwizzled> b_lane_address(const T* b, int lane) {
-  const int offset = kBTrans ? lane_blocks_col_major(lane, kBPitch) : lane_blocks_row_major(lane, kBPitch);
-  return {ptx::smem_address(b + offset), lane % 8};  // both orders put the lane in row lane % 8 of 8
-}
-
-// acc += A B over k-step ks of 16: A as kMT fragments, B as kNT / 2 fragment pairs read by
-// ldmatrix at `b` (b_lane_address: B [n][k] steps n by rows, [k][n] by columns).
-template <class T, bool kBTrans, int kMT, int kNT, class BLane>
-__device__ __forceinline__ void mma_k_step(float (&acc)[kMT][kNT][4], const uint32_t (&af)[kMT][4], const BLane& b,
-                                           int ks) {
-#pragma unroll
-  for (int np = 0; np < kNT / 2; ++np) {
-    uint32_t bf[4];
-    ldmatrix<kBTrans>(bf, kBTrans ? b.at(ks, np) : b.at(np, ks));
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-      ptx::mma_16x8x16<T>(acc[mt][2 * np], af[mt], bf[0], bf[1]);
-      ptx::mma_16x8x16<T>(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
-    }
-  }
-}
-
-// One warp's share of a GEMM: acc (kMT 16-row x kNT 8-column tiles) += A B over kK steps of
-// 16, both operands by ldmatrix from shared memory. `a` points at A(0, 0), A stored [rows][k]
-// (kATrans false: K of S^T = K Q^T) or [k][rows] (kATrans: dS^T read as dS); `b` at B(0, 0)
-// (b_lane_address; kBSwizzled: load_rows' swizzled layout). An A fragment (a0..a3 = rows
-// 0-7 | 8-15 x k 0-7 | 8-15) is the blocks of [rows][k] in column-major order, of [k][rows]
-// transposed in row-major order.
-template <class T, int kMT, int kNT, int kK, bool kATrans, int kAPitch, bool kBTrans, int kBPitch, bool kBSwizzled>
-__device__ __forceinline__ void mma_ss(float (&acc)[kMT][kNT][4], const T* a, const T* b, int lane) {
-  static_assert(kNT % 2 == 0, "B fragments come in pairs of 8-column tiles");
-  constexpr uint32_t kARow = kAPitch * sizeof(T);
-  constexpr uint32_t kAStepM = kATrans ? 32 : 16 * kARow, kAStepK = kATrans ? 16 * kARow : 32;
-  const uint32_t a_lane = ptx::smem_address(
-      a + (kATrans ? lane_blocks_row_major(lane, kAPitch) : lane_blocks_col_major(lane, kAPitch)));
-  const auto b_lane = b_lane_address<T, kBTrans, kBPitch, kBSwizzled>(b, lane);
-  // Unrolled, with the A fragments of step ks + 1 loaded before step ks's mmas (two fragment
-  // sets, the B pairs loaded inside each step): every address is an immediate offset and the
-  // loads run one step ahead. A loop left rolled spent a third of the issue slots on address
-  // arithmetic and branches and waited on each step's ldmatrix (2-9% slower on the H100); a
-  // plain unrolled one let ptxas hoist every step's fragments and spill 8-52 B. Spills left:
-  // the dq kernel at D = 64 (48 B) and 96 (8 B) on sm_90a; on sm_80 the main kernel at D = 64
-  // (32 B) and the dq kernel at D = 32 (8 B) and 64 (48 B), not measured on an A100.
-  static_assert(kK % 2 == 0, "k-steps in pairs");
-  auto load_a = [&](uint32_t(&af)[kMT][4], int ks) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) ldmatrix<kATrans>(af[mt], a_lane + mt * kAStepM + ks * kAStepK);
-  };
-  uint32_t af0[kMT][4], af1[kMT][4];
-  load_a(af0, 0);
-#pragma unroll
-  for (int ks = 0; ks < kK; ks += 2) {
-    load_a(af1, ks + 1);
-    mma_k_step<T, kBTrans>(acc, af0, b_lane, ks);
-    if (ks + 2 < kK) load_a(af0, ks + 2);
-    mma_k_step<T, kBTrans>(acc, af1, b_lane, ks + 1);
-  }
-}
-
-// As mma_ss with A from the fp32 accumulators `p` of an earlier GEMM of this warp
-// (16 kMT rows x 16 kK columns: the accumulators of two adjacent 8-column tiles, rounded to
-// T and packed in pairs, are an A fragment), B in padded rows.
-template <class T, int kMT, int kNT, int kK, bool kBTrans, int kBPitch>
-__device__ __forceinline__ void mma_rs(float (&acc)[kMT][kNT][4], const float (&p)[kMT][2 * kK][4], const T* b,
-                                       int lane) {
-  static_assert(kNT % 2 == 0, "B fragments come in pairs of 8-column tiles");
-  const auto b_lane = b_lane_address<T, kBTrans, kBPitch, false>(b, lane);
-#pragma unroll
-  for (int ks = 0; ks < kK; ++ks) {
-    uint32_t af[kMT][4];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-      af[mt][0] = ptx::pack2<T>(p[mt][2 * ks][0], p[mt][2 * ks][1]);
-      af[mt][1] = ptx::pack2<T>(p[mt][2 * ks][2], p[mt][2 * ks][3]);
-      af[mt][2] = ptx::pack2<T>(p[mt][2 * ks + 1][0], p[mt][2 * ks + 1][1]);
-      af[mt][3] = ptx::pack2<T>(p[mt][2 * ks + 1][2], p[mt][2 * ks + 1][3]);
-    }
-    mma_k_step<T, kBTrans>(acc, af, b_lane, ks);
-  }
-}
-
-// Accumulators times `scale`, rounded to T, into shared memory at `smem` (the warp's tile
-// origin), `kPitch` elements per row: 4-byte stores, conflict-free for pitches of 16k + 8.
-template <class T, int kPitch, int kMT, int kNT>
-__device__ __forceinline__ void store_acc(T* smem, const float (&acc)[kMT][kNT][4], float scale, int lane) {
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      T* row = smem + (mt * 16 + half * 8 + lane / 4) * kPitch + 2 * (lane % 4);
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-        *reinterpret_cast<uint32_t*>(row + nt * 8) =
-            ptx::pack2<T>(acc[mt][nt][2 * half] * scale, acc[mt][nt][2 * half + 1] * scale);
-    }
-}
-
-template <int kMT, int kNT>
-__device__ __forceinline__ void zero(float (&acc)[kMT][kNT][4]) {
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
-}
-
-// The forward's lse as the exponent offset of exp2: lse * log2(e), with -inf (a row that
-// sees no key) read as +inf so that every probability of the row is exp2(-inf) = 0.
-__device__ __forceinline__ float lse_log2(float lse) {
-  return lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
-}
-
-// 4 bytes global -> shared; `valid` false writes 0 and reads nothing.
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
-}
-
 // The dQ reductions of a row's values of two adjacent 8-column accumulator tiles (a: columns
 // 2q, 2q + 1 of the first, b: of the second, q = lane % 4): pack_row_tiles arranges them in
 // v and returns the column of the lane's first one (from the first tile's column 0), then
@@ -351,54 +193,6 @@ __device__ __forceinline__ void add_row_tiles(float* p, const float (&v)[4]) {
   atomicAdd(p + 8, v[2]);
   atomicAdd(p + 9, v[3]);
 #endif
-}
-
-// The probabilities of one tile of scores in place: s = exp2(s * scale_log2 - lse2[col]) (the
-// accumulators of S^T, rows = keys, or of S, rows = queries), 0 where `masked(row, col)`
-// (row, col: the element's indices in the warp's tile); lse2_of(mt, nt, i) gives the row's
-// exponent offset. need_mask false skips the mask: the loop is compiled twice so that such a
-// tile runs no mask arithmetic (one copy computed the mask on every tile and selected per
-// element).
-template <int kMT, int kNT, class Offset, class Masked>
-__device__ __forceinline__ void probabilities(float (&s)[kMT][kNT][4], float scale_log2, int lane, Offset&& lse2_of,
-                                              bool need_mask, Masked&& masked) {
-  auto run = [&](auto with_mask) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int row = mt * 16 + (i >> 1) * 8 + lane / 4, col = nt * 8 + 2 * (lane % 4) + (i & 1);
-          const float p = ptx::exp2_approx(fmaf(s[mt][nt][i], scale_log2, -lse2_of(mt, nt, i)));
-          s[mt][nt][i] = decltype(with_mask)::value && masked(row, col) ? 0.0f : p;
-        }
-  };
-  if (need_mask) run(std::true_type{});
-  else run(std::false_type{});
-}
-
-// The query tiles of `block_m` rows that see a key of the key block starting at n0:
-// [begin, end), causal from the tile holding row n0 - shift (empty when none does).
-struct QueryTiles {
-  int begin, end;
-  __device__ int count() const { return max(0, end - begin); }
-};
-__device__ __forceinline__ QueryTiles query_tiles_seeing(const SequenceBounds& seq, bool causal, int n0, int block_m) {
-  const int shift = seq.seqlen_k - seq.seqlen_q;  // causal: row i sees key j <= i + shift
-  return {causal ? max(0, n0 - shift) / block_m : 0, (seq.seqlen_q + block_m - 1) / block_m};
-}
-
-// dS = P * (dP - D), in place of dP.
-template <int kMT, int kNT, class Delta>
-__device__ __forceinline__ void score_gradients(float (&dp)[kMT][kNT][4], const float (&p)[kMT][kNT][4],
-                                                Delta&& delta_of) {
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) dp[mt][nt][i] = p[mt][nt][i] * (dp[mt][nt][i] - delta_of(mt, nt, i));
 }
 
 }  // namespace bwd
@@ -611,9 +405,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       zero(dq);
       mma_ss<T, Tile::kQMTiles, Tile::kQNTiles, N / 16, true, kSPitch, true, kPitch, false>(dq, sdS + q_row0,
                                                                                             sK + q_col0, lane);
-      // Two tiles per reduction (pack_row_tiles). With 8-byte ones, Nsight Compute at head dim
-      // 256 had 4 times FlashAttention 2's L2 reduction requests for the same sectors and the
-      // LSU queue full (lg_throttle) on 17% of the issue cycles.
+      // Two tiles per reduction (pack_row_tiles). With 8-byte ones the kernel made several
+      // times FlashAttention 2's L2 reduction requests for the same sectors and filled the LSU
+      // queue (lg_throttle).
       float* accum = bp.dq_accum + D * (p.lse_offset(batch, head) + seq.q_start + m0);
 #pragma unroll
       for (int mt = 0; mt < Tile::kQMTiles; ++mt)

@@ -6,13 +6,13 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "attention/attention_decode_kernel.cuh"
-#include "attention/attention_params.h"
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
 #include "common/dispatch.h"
+#include "common/head_dims.h"
 #include "common/occupancy.h"
 #include "common/pdl_launch.h"
+#include "decode/attention_decode_kernel.cuh"
 
 namespace llmk::detail {
 
@@ -88,8 +88,9 @@ void attention_decode_cuda(const DecodeParams& p, DType dtype, DType cache_dtype
         for_compiled_head_dim("attention_decode", p.head_dim, [&](auto dim) {
           constexpr int D = decltype(dim)::value;
           constexpr int kWide = wide_mtiles(D);
-          if constexpr (D == 32) {
-            throw_error("attention_decode: head_dim 32 is not supported (64, 96, 128, 256)");
+          if constexpr (!head_dim_from_64(D)) {
+            throw_error("attention_decode: head_dim ", D, " is not supported (",
+                        head_dim_words(head_dims_where(head_dim_from_64)), ")");
           } else {
             if (mtiles == 1) return launch<T, TileFor<T, Cache, D, 1>>(p, row_blocks, stream);
             if constexpr (kWide > 1) return launch<T, TileFor<T, Cache, D, kWide>>(p, row_blocks, stream);

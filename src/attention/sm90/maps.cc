@@ -1,5 +1,5 @@
-// TMA maps over attention tensors (attention_sm90_maps.h).
-#include "attention/attention_sm90_maps.h"
+// TMA maps over attention tensors (sm90/maps.h).
+#include "attention/sm90/maps.h"
 
 #include "common/sm90/tma.h"
 

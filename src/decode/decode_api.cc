@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "attention/attention_decode_params.h"
-#include "attention/attention_params.h"  // head_dim_compiled: the LLMK_HEAD_DIMS of the build
 #include "common/cuda_check.h"
+#include "common/head_dims.h"
 #include "common/rows.h"
+#include "decode/attention_decode_params.h"
 #include "llmk/attention_decode.h"
 
 namespace llmk {
@@ -28,7 +28,6 @@ namespace {
 constexpr const char* kOp = "attention_decode";
 constexpr int64_t kMaxGridDim = 65535;
 
-bool supported_head_dim(int64_t d) { return d == 64 || d == 96 || d == 128 || d == 256; }
 
 void check_size(const char* what, int64_t value, int64_t limit) {
   LLMK_CHECK(value >= 0 && value <= limit, kOp, ": ", what, " is ", value, ", at most ", limit, " is supported");
@@ -54,8 +53,8 @@ AttentionTensor check_tokens(const char* arg, const TensorView& t) {
              detail::shape_string(t));
   LLMK_CHECK(t.dtype() == DType::f16 || t.dtype() == DType::bf16, kOp, ": ", arg,
              " must be float16 or bfloat16, got ", dtype_name(t.dtype()));
-  LLMK_CHECK(supported_head_dim(t.size(3)), kOp, ": ", arg, " has head_dim ", t.size(3),
-             "; supported head dims are 64, 96, 128 and 256");
+  LLMK_CHECK(detail::head_dim_from_64(t.size(3)), kOp, ": ", arg, " has head_dim ", t.size(3),
+             "; supported head dims are ", detail::head_dim_words(attention_decode_head_dims()));
   check_rows_aligned(arg, t);
   AttentionTensor r;
   r.data = t.data();
@@ -259,6 +258,10 @@ int splits_for(const Validated& r, int device) {
 }
 
 }  // namespace
+
+std::vector<int64_t> attention_decode_head_dims() {
+  return detail::head_dims_where([](int64_t d) { return detail::head_dim_from_64(d); });
+}
 
 int64_t attention_decode_workspace_size(const TensorView& q, const DecodeCache& cache, int device) {
   const Validated r = validate_shapes(q, cache);

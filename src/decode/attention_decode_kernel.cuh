@@ -32,11 +32,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "attention/attention_decode_params.h"
-#include "attention/attention_forward_kernel.cuh"
-#include "attention/attention_softmax.cuh"
 #include "common/device_types.cuh"
+#include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
+#include "common/sm80/attention_tiles.cuh"
+#include "decode/attention_decode_params.h"
 
 namespace llmk::detail {
 

@@ -1,7 +1,7 @@
-// Launcher of the Hopper attention backward main kernels (attention_backward_sm90_kernel.cuh at
-// head dims 64, 96 and 128, attention_backward_sm90_hd256_kernel.cuh at 256): which calls they
+// Launcher of the Hopper attention backward main kernels (sm90/backward_kernel.cuh at
+// head dims 64, 96 and 128, sm90/backward_hd256_kernel.cuh at 256): which calls they
 // take, the TMA maps over q, k, v, dout and the dq accumulator, the grid. The rows kernels
-// before and after them are the sm_80 path's (attention_backward.cu); the deterministic path
+// before and after them are the sm_80 path's (sm80/backward.cu); the deterministic path
 // is the same kernels with their dq reductions in key-block order.
 //
 // Instantiations (the only list): {bf16, fp16} x head dim {64 (both dQ orders), 96, 128, each
@@ -12,10 +12,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "attention/attention_backward_sm90_hd256_kernel.cuh"
-#include "attention/attention_backward_sm90_kernel.cuh"
 #include "attention/attention_params.h"
-#include "attention/attention_sm90_maps.h"
+#include "attention/sm90/backward_hd256_kernel.cuh"
+#include "attention/sm90/backward_kernel.cuh"
+#include "attention/sm90/maps.h"
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
 #include "common/occupancy.h"
@@ -41,10 +41,9 @@ const void* kernel_for() {
 }
 
 // Head dim 64 issues each tile's dQ during the next tile (the consumers never meet) where the
-// longest walk has at least 16 query tiles (32 causal, whose walks average half of it): H100,
-// same runs, +2.5-5% non-causal from seqlen 2048 and causal from 8192 (16k 475 -> 497 TFLOP/s,
-// causal 461 -> 483), even at causal 4096, but -3-6% at 512-1024, where the first tile's
-// dropped stand-in GEMM is 2.5-5% of a walk's. At head dim 128 it measured 0.94-1.01x.
+// longest walk has at least 16 query tiles (32 causal, whose walks average half of it): the
+// overlap pays on long walks and costs on short ones, where the first tile's stand-in GEMM is
+// a large share. At head dim 128 it does not pay.
 bool dq_of_previous_tile(const AttentionBackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   if (p.head_dim != 64) return false;
@@ -54,13 +53,11 @@ bool dq_of_previous_tile(const AttentionBackwardParams& bp) {
 
 // Dense non-causal calls at head dims 64, 96 and 128 run on a persistent grid: one CTA per SM
 // walking units (key blocks) at a stride, so that a unit's K, V and first Q and dO load while
-// the unit before finishes and stores dk, dv. H100 (33 heads, 8 waves of blocks, one block per
-// unit): each wave cost ~15 us beyond its tiles' ~2.2 us each, 30% of a 512-key walk. Causal
-// units differ (a static stride would give the longest to the same CTAs), varlen ones too; head
-// dim 256's kernel walks one unit per block. Head dim 128 (H100): 512 keys +5%, 2048 even, 16k
-// -0.6%. Head dim 96 (H100, two alternated repeats): 512 / 1024 keys +6% / +2%, deterministic
-// +10% / +6% / +4% at 512 / 1024 / 2048 and +0-2% from 4096; the default path -3% at 8192 keys
-// (two runs) and within noise elsewhere, so from 8192 keys it persists only when deterministic.
+// the unit before finishes and stores dk, dv: with one block per unit each wave of blocks
+// costs a fixed start beyond its tiles, a large share of a short walk. Causal units differ (a
+// static stride would give the longest to the same CTAs), varlen ones too; head dim 256's
+// kernel walks one unit per block. At head dim 96 the default path loses from 8192 keys, so
+// there it persists only when deterministic.
 bool persistent_grid(const AttentionBackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   const bool long_walk_at_96 = p.head_dim == 96 && !bp.dq_ordered && p.seqlen_k > 4096;
@@ -142,6 +139,13 @@ void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream)
   LLMK_CUDA_CHECK(cudaLaunchKernel(kernel, grid, dim3(Tile::kThreads), args, shared_bytes, stream));
 }
 
+// A compiled kernel, to ask whether the device runs this build's sm_90a code.
+template <int kDim = first_sm90_head_dim()>
+const void* any_kernel() {
+  if constexpr (kDim == 0) return nullptr;
+  else return kernel_for<__nv_bfloat16, kDim>();
+}
+
 }  // namespace
 
 bool attention_backward_sm90_takes(const AttentionBackwardParams& bp, DType dtype, int device, const char** why) {
@@ -149,8 +153,7 @@ bool attention_backward_sm90_takes(const AttentionBackwardParams& bp, DType dtyp
   const bool varlen = p.cu_seqlens_q != nullptr;
   if (dtype != DType::f16 && dtype != DType::bf16) return *why = "the dtype is not float16 or bfloat16", false;
   if (!attention_sm90_head_dim(p.head_dim))
-    return *why = "the Hopper backward is built for head dims 64, 96, 128 and 256 (as far as LLMK_HEAD_DIMS builds them)",
-           false;
+    return *why = "this build's Hopper backward does not take the head dim (llmk::attention_sm90_head_dims)", false;
   if (!attention_tma_ok(p.q, varlen) || !attention_tma_ok(p.k, varlen) || !attention_tma_ok(p.v, varlen) ||
       !attention_tma_ok(bp.dout, varlen))
     return *why = "q, k, v and dout need 16-byte aligned data pointers and strides for TMA", false;
@@ -159,8 +162,7 @@ bool attention_backward_sm90_takes(const AttentionBackwardParams& bp, DType dtyp
   for (const AttentionTensor* t : {&bp.dk, &bp.dv})
     if (reinterpret_cast<uintptr_t>(t->data) % 4 != 0 || t->row_stride % 2 != 0)
       return *why = "dk and dv need 4-byte aligned rows", false;
-  if (!sm90::sm90a_kernel_runs(
-          kernel_for<__nv_bfloat16, head_dim_compiled(128) ? 128 : head_dim_compiled(64) ? 64 : 256>(), device))
+  if (!sm90::sm90a_kernel_runs(any_kernel<>(), device))
     return *why = "the device is not sm_90 or this build has no sm_90a code", false;
   return true;
 }
@@ -179,12 +181,9 @@ void attention_backward_sm90_plan(AttentionBackwardParams& bp) {
   // Every row of the dq accumulator is in some key block's tiles (dense, so no box of a tile
   // reaches into another sequence's rows; with keys; causal, no row without keys).
   const bool covered = p.cu_seqlens_q == nullptr && p.seqlen_k > 0 && (!p.causal || p.seqlen_q <= p.seqlen_k);
-  // Where the first store pays: the zeroing it saves is a fixed ~45 us per 16k tokens x 2048,
-  // its waits grow with the walk. H100, three alternated runs against zeroing (16k tokens,
-  // hidden 2048): causal +5-13% at seqlen 512-1024, +2-4% at 2048-4096 (deterministic; the
-  // default -1% to +1% at 4096), -0.5% at 16k; non-causal +2-8% at 512 (hd 64 1024), then
-  // -2% to +2% at 2048-4096 and down to -4% at 16k (deterministic hd 128).
-  // (Measured with 128-key blocks, as 32 and 8 key blocks: the same key counts at head dim 256.)
+  // Where the first store pays: the zeroing it saves is a fixed cost per token, its waits grow
+  // with the walk, so it takes short walks (up to 4096 keys causal, 1024 non-causal; the same
+  // key counts at head dim 256, whose key blocks are 64).
   const bool short_walks = p.seqlen_k <= (p.causal ? 4096 : 1024);
   // The first store: rank 0 reaches its tile no later than any other block (causal, the
   // tile's highest key block; non-causal, the rotated walk's first arrival), but may be
@@ -192,9 +191,8 @@ void attention_backward_sm90_plan(AttentionBackwardParams& bp) {
   // hence `resident`; deterministic non-causal short walks are rotated, so resident too.
   bp.dq_first_store = bp.dq_counters != nullptr && covered && short_walks && (bp.dq_ordered || resident);
   // Non-causal walks rotated where resident: deterministic, its turns then follow the order
-  // in which the blocks reach a tile (0.93-1.00x of the default, from 0.86-0.98x); the default
-  // path only with the first store (its first block then reaches each tile a step before the
-  // next), since alone it measured -2% to +2%.
+  // in which the blocks reach a tile; the default path only with the first store (its first
+  // block then reaches each tile a step before the next), since alone it does not pay.
   bp.rotate_walk = !p.causal && resident && (bp.dq_ordered || bp.dq_first_store);
 }
 

@@ -1,11 +1,10 @@
-// Launcher of the attention forward: the tile shape of each head dim and the dispatch
+// Launcher of the attention forward's sm_80 kernel (the choice between it and the Hopper
+// kernel: attention_path.cc): the tile shape of each head dim and the dispatch
 // over dtype (fp16, bf16) and head dim. Every (dtype, head dim) pair is one kernel;
 // causal, varlen and GQA are run-time parameters of it.
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 
-#include "attention/attention_forward_kernel.cuh"
+#include "attention/sm80/forward_kernel.cuh"
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
 #include "common/dispatch.h"
@@ -17,7 +16,7 @@ namespace {
 // 128 query rows per block as 4 warps of 2 x 16 rows: each K and V fragment loaded from
 // shared memory feeds two mma tiles. D = 256 keeps its 128 fp32 O registers per thread
 // with 64-row blocks of 4 warps x 16 rows (two blocks per SM; 8 warps x 16 rows of 128 was
-// 4-18% slower). Key-block widths as measured on the H100 (docs/kernels/attention.md):
+// slower). Key-block widths the fastest measured (docs/history/attention.md):
 // 128 keys at D <= 64 and 64 at D >= 96, without spills since the tile loads walk their
 // rows by pointer increments; 8-warp and 64-row shapes were slower at D = 64 and 128.
 // Shared memory: (kBlockM + 2 kBlockN) rows of D + 8 elements, 30 KB (D = 32) to 101 KB
@@ -39,28 +38,6 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
 }
 
 }  // namespace
-
-bool attention_runs_sm90(const char* op, const std::function<bool(int device, const char** why)>& takes) {
-  const char* env = std::getenv("LLMK_ATTENTION_PATH");
-  const std::string path = env ? env : "auto";
-  LLMK_CHECK(path == "auto" || path == "sm80" || path == "sm90", op, ": LLMK_ATTENTION_PATH=", path,
-             " is not one of auto, sm80, sm90");
-  if (path == "sm80") return false;
-  int device = 0;
-  LLMK_CUDA_CHECK(cudaGetDevice(&device));
-  const char* why = "";
-  const bool hopper = takes(device, &why);
-  LLMK_CHECK(hopper || path == "auto", op, ": LLMK_ATTENTION_PATH=sm90 cannot take this call: ", why);
-  return hopper;
-}
-
-void attention_forward_cuda(const AttentionParams& p, DType dtype, cudaStream_t stream) {
-  if (attention_runs_sm90("attention", [&](int device, const char** why) {
-        return attention_sm90_takes(p, dtype, device, why);
-      }))
-    return attention_forward_sm90(p, dtype, stream);
-  attention_forward_sm80(p, dtype, stream);
-}
 
 void attention_forward_sm80(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   const char* op = "attention_forward_kernel";

@@ -1,0 +1,31 @@
+// The attention family's path choice: LLMK_ATTENTION_PATH and whether a call runs the Hopper
+// kernels (attention_runs_sm90, asked by the forward below and by the backward's launcher,
+// sm80/backward.cu), and the forward's dispatch to the Hopper kernel (sm90/forward.cu) or the
+// sm_80 one (sm80/forward.cu).
+#include "attention/attention_params.h"
+#include "common/cuda_check.h"
+#include "common/env_path.h"
+
+namespace llmk::detail {
+
+bool attention_runs_sm90(const char* op, const std::function<bool(int device, const char** why)>& takes) {
+  enum Path { automatic, sm80, sm90 };
+  const int path = env_path(op, "LLMK_ATTENTION_PATH", {"auto", "sm80", "sm90"});
+  if (path == sm80) return false;
+  int device = 0;
+  LLMK_CUDA_CHECK(cudaGetDevice(&device));
+  const char* why = "";
+  const bool hopper = takes(device, &why);
+  LLMK_CHECK(hopper || path == automatic, op, ": LLMK_ATTENTION_PATH=sm90 cannot take this call: ", why);
+  return hopper;
+}
+
+void attention_forward_cuda(const AttentionParams& p, DType dtype, cudaStream_t stream) {
+  if (attention_runs_sm90("attention", [&](int device, const char** why) {
+        return attention_sm90_takes(p, dtype, device, why);
+      }))
+    return attention_forward_sm90(p, dtype, stream);
+  attention_forward_sm80(p, dtype, stream);
+}
+
+}  // namespace llmk::detail
