@@ -15,6 +15,8 @@ import sys
 from collections import defaultdict
 
 ADDRESS = re.compile(r"/\*[0-9a-f]{4,}\*/")
+# An anonymous namespace's mangled name carries hashes of its file, which any edit changes.
+ANONYMOUS = re.compile(r"_GLOBAL__N__[0-9a-f]+_(\d+_\w+?)_[0-9a-f]{8}")
 ENCODING = re.compile(r"/\* 0x[0-9a-f]+ \*/")
 
 
@@ -26,7 +28,7 @@ def kernels(path: str) -> dict:
         if line.strip().startswith("arch = "):
             arch = line.split("=", 1)[1].strip()
         elif line.strip().startswith("Function : "):
-            name = (arch, line.split(":", 1)[1].strip())
+            name = (arch, ANONYMOUS.sub(r"_GLOBAL__N_\1", line.split(":", 1)[1].strip()))
         elif name is not None and ADDRESS.search(line):
             instruction = ENCODING.sub("", ADDRESS.sub("", line)).strip()
             if instruction:
