@@ -201,6 +201,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Hd256Tile::kThreads, 1)
     wgmma_fence();
     scores(s_flat, k_addr, q_addr);
     mbarrier_wait(do_full, do_ring.phase);
+    wgmma_fence();  // dP^T's accumulators: else ptxas injects the fence itself (C7519)
     scores(dp_flat, v_addr, do_addr);
     if (it > 0) write_dq(dq_next);
     // The previous tile's dK and this S^T are done: that tile's Q stage is free.

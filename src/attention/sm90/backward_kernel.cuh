@@ -326,6 +326,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim, kPersisten
       wgmma_fence();
       scores(s_flat, k_addr, q_addr);
       mbarrier_wait(&do_full[ring.stage], ring.phase);
+      wgmma_fence();  // dP^T's accumulators: else ptxas injects the fence itself (C7519)
       scores(dp_flat, v_addr, do_addr);
       // The previous tile's dK and this S^T are done: that tile's stage (Q read by dK) is free.
       wgmma_wait<1>();

@@ -310,6 +310,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
     const uint32_t q_at = descriptor_address(q_addr);
     const uint32_t k_addr = descriptor_address(static_cast<uint32_t>(__cvta_generic_to_shared(kv_smem(k_ring.stage, 0))));
     mbarrier_wait(&k_full[k_ring.stage], k_ring.phase);
+    wgmma_fence();  // after the wait: else ptxas injects the fence itself (C7519)
     const uint64_t a0 = smem_descriptor(q_at, 16, 1024), b0 = smem_descriptor(k_addr, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -328,6 +329,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
     const uint32_t v_addr = descriptor_address(static_cast<uint32_t>(
         __cvta_generic_to_shared(stand_in ? kv_smem(k_ring.stage, 0) : kv_smem(v_ring.stage, 1))));
     if (!stand_in) mbarrier_wait(&v_full[v_ring.stage], v_ring.phase);
+    wgmma_fence();  // after the wait: else ptxas injects the fence itself (C7519)
     const uint64_t b0 = smem_descriptor(v_addr, Tile::kKvChunkBytes, 1024);
 #pragma unroll
     for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
