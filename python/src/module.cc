@@ -6,6 +6,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "llmk/llmk.h"
+#include "torch_bridge.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -23,6 +24,10 @@ NB_MODULE(_C, m) {
   m.def("cuda_device_count", &llmk::cuda_device_count);
   m.def("build_cuda_archs", &llmk::build_cuda_archs);
   m.def("build_ptx_arch", &llmk::build_ptx_arch);
+  // The op schemas' activation names as the C++ side parses them (python/llmk/ops/activation.py
+  // keeps the same table; test_op_table.py holds the two equal).
+  m.def("gemm_activation_names", &llmk::torch_ops::gemm_activation_names);
+  m.def("gelu_approximation_names", &llmk::torch_ops::gelu_approximation_names);
   m.def(
       "device_info",
       [](int index) {

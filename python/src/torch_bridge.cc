@@ -118,6 +118,18 @@ GeluApproximation gelu_approximation(const OpCall& op, const std::string& name) 
   return parse_name(op, "approximate", name, kGeluApproximations);
 }
 
+std::vector<std::string> gemm_activation_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : kGemmActivations) names.emplace_back(entry.first);
+  return names;
+}
+
+std::vector<std::string> gelu_approximation_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : kGeluApproximations) names.emplace_back(entry.first);
+  return names;
+}
+
 Tensor empty(const Tensor& like, const Shape& shape, ScalarType dtype) {
   Shape strides(shape.size());
   int64_t stride = 1;

@@ -57,6 +57,10 @@ Tensor row_workspace(const Tensor& x, int64_t (*size_fn)(int64_t rows, int64_t d
 // spelling). An unknown name throws "<op>: <arg> must be 'a', 'b' or 'c', got '<name>'".
 GemmActivation gemm_activation(const OpCall& op, const std::string& name);
 GeluApproximation gelu_approximation(const OpCall& op, const std::string& name);
+// The names those two accept, in the tables' order (llmk._C exposes them; a test holds
+// Python's table to them).
+std::vector<std::string> gemm_activation_names();
+std::vector<std::string> gelu_approximation_names();
 // The output width of a gated activation over n fused columns, the gate's first and the up
 // projection's after them (silu_and_mul, gelu_and_mul, linear's 'silu_mul'): n / 2.
 inline int64_t gated_width(int64_t n) { return n / 2; }

@@ -176,3 +176,12 @@ def test_public_api_is_the_table():
 def test_generated_wrapper_has_the_schema_signature(name):
     params = list(inspect.signature(PUBLIC[name]).parameters)
     assert params == [a.name for a in OPS[name]._schema.arguments]
+
+
+def test_activation_names_are_the_cpp_tables():
+    """Python's activation table (ops/activation.py) and the C++ op layer's parser
+    (python/src/torch_bridge.cc) name the same strings in the same order."""
+    from llmk import _C
+    from llmk.ops.activation import GELU_APPROXIMATIONS, LINEAR_ACTIVATIONS
+    assert LINEAR_ACTIVATIONS == tuple(_C.gemm_activation_names())
+    assert GELU_APPROXIMATIONS == tuple(_C.gelu_approximation_names())
