@@ -26,17 +26,18 @@ inline constexpr int kHeadDims[] = {32, 64, 96, 128, 256};
 inline constexpr int kHeadDimCount = static_cast<int>(sizeof(kHeadDims) / sizeof(kHeadDims[0]));
 inline constexpr int kSm90MinHeadDim = 64;  // the Hopper attention kernels and decode
 
-constexpr bool head_dim_supported(int64_t head_dim) {
+// head_dim's place in kHeadDims, -1 when it is not there.
+constexpr int head_dim_index(int64_t head_dim) {
   for (int i = 0; i < kHeadDimCount; ++i)
-    if (kHeadDims[i] == head_dim) return true;
-  return false;
+    if (kHeadDims[i] == head_dim) return i;
+  return -1;
 }
+
+constexpr bool head_dim_supported(int64_t head_dim) { return head_dim_index(head_dim) >= 0; }
 
 // Whether this build compiled the CUDA kernels of `head_dim` (LLMK_HEAD_DIMS).
 constexpr bool head_dim_compiled(int64_t head_dim) {
-  for (int i = 0; i < kHeadDimCount; ++i)
-    if (kHeadDims[i] == head_dim) return (LLMK_HEAD_DIM_BITS >> i) & 1;
-  return false;
+  return head_dim_supported(head_dim) && ((LLMK_HEAD_DIM_BITS >> head_dim_index(head_dim)) & 1);
 }
 
 // The head dims of the Hopper forward and backward and of decode, before LLMK_HEAD_DIMS.

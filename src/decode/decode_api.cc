@@ -28,7 +28,6 @@ namespace {
 constexpr const char* kOp = "attention_decode";
 constexpr int64_t kMaxGridDim = 65535;
 
-
 void check_size(const char* what, int64_t value, int64_t limit) {
   LLMK_CHECK(value >= 0 && value <= limit, kOp, ": ", what, " is ", value, ", at most ", limit, " is supported");
 }

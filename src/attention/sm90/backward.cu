@@ -199,15 +199,11 @@ void attention_backward_sm90_plan(AttentionBackwardParams& bp) {
 void attention_backward_sm90(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream) {
   auto with_type = [&](auto tag) {
     using T = device_type_t<decltype(tag)>;
-    if (bp.fwd.head_dim == 64) {
-      if constexpr (head_dim_compiled(64)) launch<T, 64>(bp, dtype, stream);
-    } else if (bp.fwd.head_dim == 96) {
-      if constexpr (head_dim_compiled(96)) launch<T, 96>(bp, dtype, stream);
-    } else if (bp.fwd.head_dim == 128) {
-      if constexpr (head_dim_compiled(128)) launch<T, 128>(bp, dtype, stream);
-    } else if constexpr (head_dim_compiled(256)) {
-      launch<T, 256>(bp, dtype, stream);
-    }
+    // The head dims LLMK_HEAD_DIMS builds (attention_backward_sm90_takes turned the others away).
+    for_compiled_head_dim("attention_backward", bp.fwd.head_dim, [&](auto dim) {
+      constexpr int D = decltype(dim)::value;
+      if constexpr (attention_sm90_head_dim(D)) launch<T, D>(bp, dtype, stream);
+    });
   };
   if (dtype == DType::bf16) with_type(DTypeTag<DType::bf16>{});
   else with_type(DTypeTag<DType::f16>{});
