@@ -49,7 +49,7 @@ peers=${peers:+:$peers}
 tests=(-DLLMK_BUILD_TESTS=OFF)
 [ -d .deps/googletest ] && tests=(-DLLMK_GTEST_SOURCE=$PWD/.deps/googletest)
 build() {  # build(source dir, build dir): the Python module (and the library under it)
-  cmake -S "$1" -B "$2" -G Ninja -DLLMK_CUDA_ARCHS="$ARCHS" -DLLMK_BUILD_PYTHON=ON "${tests[@]}" \
+  cmake -S "$1" -B "$2" -G Ninja -DLLMK_CUDA_ARCHS="$ARCHS" -DLLMK_BUILD_PYTHON=ON -DLLMK_LINEINFO=ON "${tests[@]}" \
     -DPython_EXECUTABLE="$(command -v python3)" >> "$OUT/ab_build.log" 2>&1 &&
     cmake --build "$2" -j "${AB_JOBS:-16}" --target _C >> "$OUT/ab_build.log" 2>&1
 }

@@ -41,7 +41,7 @@ peers=$(peers_path)
 t0=$(date +%s)
 gtest=()
 [ -d .deps/googletest ] && gtest=(-DLLMK_GTEST_SOURCE=$PWD/.deps/googletest)
-if cmake -S . -B $BUILD -G Ninja -DLLMK_CUDA_ARCHS="$ARCHS" -DLLMK_BUILD_PYTHON=ON -DLLMK_PTXAS_VERBOSE=ON \
+if cmake -S . -B $BUILD -G Ninja -DLLMK_CUDA_ARCHS="$ARCHS" -DLLMK_BUILD_PYTHON=ON -DLLMK_PTXAS_VERBOSE=ON -DLLMK_LINEINFO=ON \
      -DPython_EXECUTABLE="$(command -v python3)" "${gtest[@]}" >> "$OUT/build.log" 2>&1 &&
    cmake --build $BUILD -j 16 >> "$OUT/build.log" 2>&1; then
   note "build ok ($(( $(date +%s) - t0 )) s, archs $ARCHS)"

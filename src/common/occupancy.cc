@@ -32,6 +32,22 @@ int sm_count_of(int device) {
   return sm_count;
 }
 
+KernelLimits kernel_limits(const void* kernel, int device) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int>, KernelLimits> cache;
+  const auto key = std::make_tuple(kernel, device);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int optin = 0;
+  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  cudaFuncAttributes attributes{};
+  LLMK_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  const KernelLimits limits{optin - static_cast<int>(attributes.sharedSizeBytes), attributes.ptxVersion};
+  cache.emplace(key, limits);
+  return limits;
+}
+
 int max_active_clusters(const void* kernel, int threads, size_t smem, int cluster) {
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(cluster), 1, 1);

@@ -21,6 +21,17 @@ KernelFit kernel_fit(const void* kernel, int threads, int device, size_t smem = 
 // Streaming multiprocessors of CUDA device `device`.
 int sm_count_of(int device);
 
+// What the code of `kernel` that runs on `device` (the current device) allows: the most
+// dynamic shared memory a block can ask for (the device's opt-in limit less the kernel's
+// static shared memory), and the PTX version it was compiled from (80 for sm_80 machine
+// code, or sm_80 PTX that the driver compiled for a newer GPU). Remembered per (kernel,
+// device).
+struct KernelLimits {
+  int max_dynamic_smem;
+  int ptx_version;
+};
+KernelLimits kernel_limits(const void* kernel, int device);
+
 // Clusters of `cluster` blocks (along x) of `threads` threads and `smem` bytes of dynamic
 // shared memory that `kernel` can keep resident at once on the current device
 // (cudaOccupancyMaxActiveClusters); 0 where not even one fits or the device cannot launch

@@ -34,6 +34,14 @@ using TileFor = DecodeTile<T, Cache, kHeadDim, kMTiles, kHeadDim == 256 ? kOnePe
 template <class T, class Tile>
 void launch(const DecodeParams& p, int row_blocks, cudaStream_t stream) {
   const void* kernel = reinterpret_cast<const void*>(&attention_decode_kernel<T, Tile>);
+  int device = 0;
+  LLMK_CUDA_CHECK(cudaGetDevice(&device));
+  const KernelLimits limits = kernel_limits(kernel, device);
+  const int most = limits.ptx_version < 90 && limits.max_dynamic_smem > kSm80MaxSmemPerBlock ? kSm80MaxSmemPerBlock
+                                                                                               : limits.max_dynamic_smem;
+  LLMK_CHECK(Tile::kSmemBytes <= most, "attention_decode: head_dim ", Tile::kHeadDim, " needs ", Tile::kSmemBytes / 1024,
+             " KB of shared memory per block; this GPU, with this build's code for it (compute_", limits.ptx_version,
+             "), gives ", most / 1024, " KB");
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
   const dim3 grid(p.splits, p.heads_kv * row_blocks, p.batch);
   attention_decode_kernel<T, Tile><<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);

@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "common/device_types.cuh"
+#include "common/fp8_e4m3.cuh"
 #include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
 #include "common/sm80/attention_tiles.cuh"
@@ -75,6 +76,21 @@ struct DecodeTile {
   static_assert((kBlockN * kCacheChunks) % kThreads == 0 && kHeadDim % 32 == 0);
 };
 
+// The most dynamic shared memory an sm_8x GPU gives a block (A100's opt-in limit; sm_86 and
+// sm_89 give 99 KB). A tile above it (head dim 256, one block per SM) has machine code for
+// sm_90 alone: its sm_80 body is empty (the compile of that pass shrinks by the kernel),
+// and the launcher rejects it where the code that would run was compiled for sm_8x.
+inline constexpr int kSm80MaxSmemPerBlock = 163 * 1024;
+
+template <class Tile>
+__host__ __device__ constexpr bool decode_tile_compiled_here() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  return Tile::kSmemBytes <= kSm80MaxSmemPerBlock;
+#else
+  return true;
+#endif
+}
+
 __device__ __forceinline__ int ceil_div_int(int a, int b) { return (a + b - 1) / b; }
 
 // RoPE of pair `pair` of a head vector at `pos`: the pair's element indices (NeoX
@@ -108,8 +124,7 @@ __device__ __forceinline__ void fp8x16_to(uint4 (&dst)[2], uint4 src) {
   uint32_t out[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2)));
-    const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3));
+    const __half2 h = e4m3x2_to_half2(words[i / 2] >> (16 * (i % 2)));
     if constexpr (std::is_same_v<T, __half>) {
       out[i] = *reinterpret_cast<const uint32_t*>(&h);
     } else {
@@ -127,6 +142,7 @@ __device__ __forceinline__ void fp8x16_to(uint4 (&dst)[2], uint4 src) {
 // several variants and spilled 4-36 bytes.
 template <class T, class Tile>
 __global__ void __launch_bounds__(Tile::kThreads, 1) attention_decode_kernel(const __grid_constant__ DecodeParams p) {
+  if constexpr (!decode_tile_compiled_here<Tile>()) return;
   using Cache = typename Tile::Cache;
   constexpr int D = Tile::kHeadDim, kRows = Tile::kRows, kBlockN = Tile::kBlockN, kStages = Tile::kStages;
   extern __shared__ __align__(16) unsigned char smem[];

@@ -33,10 +33,27 @@ inline NormPath norm_path(const char* op) {
   return static_cast<NormPath>(env_path(op, "LLMK_NORM_PATH", {"auto", "warp", "lean", "vec", "stream"}));
 }
 
+// The register kernel's VPTs built for element type T: every one in {1, 2, 4, 8, 16} except
+// 16 for the 16-bit types. Their rows of 128-512 threads at VPT 8 reach 4096 vectors
+// (32768 columns), past every model's hidden size; VPT 16 (128 columns a thread, over a
+// third of the family's compile) served only longer rows, which the loop kernel takes.
+template <class T>
+constexpr bool norm_vpt_built(int vpt) {
+  return vpt != 16 || sizeof(T) > 2;
+}
+
+// dispatch_vpt over the VPTs built for T: false (f not called) for any other.
+template <class T, class F>
+bool dispatch_norm_vpt(int vpt, F&& f) {
+  return norm_vpt_built<T>(vpt) && dispatch_vpt(vpt, [&](auto v) {
+           if constexpr (norm_vpt_built<T>(decltype(v)::value)) f(v);
+         });
+}
+
 template <bool kAdd, bool kCentered, bool kGate, bool kLean, bool kAffine, class T, class W>
 const void* norm_vec_kernel_for(int vpt) {
   const void* kernel = nullptr;
-  dispatch_vpt(vpt, [&](auto v) {
+  dispatch_norm_vpt<T>(vpt, [&](auto v) {
     kernel = reinterpret_cast<const void*>(
         norm_vec_kernel<T, W, kVec16<T>, decltype(v)::value, kAdd, kCentered, kGate, kLean, kAffine>);
   });
@@ -202,7 +219,7 @@ void launch_norm(const char* op, const NormParams& p, DType act, DType affine, b
             return skip_vpt1 && vpt == 1 ? nullptr
                                          : norm_vec_kernel_for<kAdd, kCentered, kGate, true, kAffine, T, W>(vpt);
           });
-          return dispatch_vpt(shape.vpt, [&](auto v) {
+          return dispatch_norm_vpt<T>(shape.vpt, [&](auto v) {
             constexpr int kVpt = decltype(v)::value;
             auto* kernel = norm_vec_kernel<T, W, N, kVpt, kAdd, kCentered, kGate, true, kAffine>;
             const size_t smem = norm_stage_bytes<T, W, N, kVpt, true, kGate>(shape.threads);
@@ -228,7 +245,7 @@ void launch_norm(const char* op, const NormParams& p, DType act, DType affine, b
       block = dim3(lanes, 256 / lanes);
       grid = dim3(static_cast<unsigned>(std::min((p.rows + block.y - 1) / block.y, kMaxRowBlocks)));
     }
-    const bool vector_launched = dispatch_vpt(shape.vpt, [&](auto v) {
+    const bool vector_launched = dispatch_norm_vpt<T>(shape.vpt, [&](auto v) {
       launch_pdl(norm_vec_kernel<T, W, N, decltype(v)::value, kAdd, kCentered, kGate>, grid, block, 0, stream, p);
     });
     if (!vector_launched)  // unaligned, or longer than the register kernel holds
