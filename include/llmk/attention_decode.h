@@ -1,7 +1,9 @@
 // Decode attention over a KV cache: the attention of a few new query tokens per sequence
 // (q_len 1 for a decode step, 2-16 for speculative-decoding verification) against each
 // sequence's cached keys and values, optionally appending the new tokens' k/v to the cache
-// (and rotating q and the new k with RoPE) in the same launch.
+// (and rotating q and the new k with RoPE) in the same launch. Any q_len >= 1 is taken and
+// exact; it is built for q_len x (heads_q / heads_kv) rows up to one tile (16-64 rows by
+// head dim), which share one pass over the keys; every further tile of rows re-reads them.
 //
 //   q, out    [batch, q_len, heads_q, head_dim]     fp16 or bf16, any 16-byte-aligned strides
 //   cache.k / cache.v:

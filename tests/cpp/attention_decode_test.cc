@@ -1093,12 +1093,13 @@ TEST(AttentionDecodeGpu, GqaGroupSizes) {
     }
 }
 
-// q_len 1-16 (speculative-decoding verification), causal (bottom-right) and not, with
+// q_len 1-16 (speculative-decoding verification) and longer, causal (bottom-right) and not, with
 // sequences shorter than q_len (causal: the first tokens see no key).
 TEST(AttentionDecodeGpu, QueryLengths) {
   LLMK_REQUIRE_GPU();
   const int d = dim_or_compiled(128);
-  for (int q_len = 1; q_len <= 16; ++q_len)
+  // 1-16 (a step, speculative verification), then longer ones: several tiles of query rows.
+  for (int q_len : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 33, 64})
     for (bool causal : {true, false}) {
       Case cs;
       cs.dt = q_len % 2 ? DType::bf16 : DType::f16;

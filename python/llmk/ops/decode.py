@@ -40,7 +40,8 @@ def attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens:
 
     - q ``[batch, q_len, heads_q, head_dim]``, fp16 or bf16, head_dim one of
       ``llmk.attention_head_dims(decode=True)``, q_len >= 1 (1 for a decode step, up to 16 for
-      speculative-decoding verification).
+      speculative-decoding verification; longer q_len is exact, each further tile of query rows
+      re-reading the keys).
     - k_cache / v_cache: contiguous ``[batch, max_len, heads_kv, head_dim]``, or paged
       ``[num_pages, page_size, heads_kv, head_dim]`` with ``block_table`` int32 ``[batch, max_pages]``
       (token t of sequence b in page ``block_table[b, t // page_size]``, row ``t % page_size``; any
