@@ -31,7 +31,8 @@ CPU_SHAPES = [((1,), 64, 32), ((5,), 136, 24), ((2, 3), 64, 48), ((7,), 64, 26),
 # On the GPU also the kernels' boundaries: M <= 64 goes to the split-K kernel, above it to the
 # Hopper (sm_90a) or mma.sync kernel; K and N not multiples of the tiles; a batched x.
 CUDA_SHAPES = CPU_SHAPES + [((16,), 4096, 512), ((64,), 1000, 264), ((65,), 512, 130), ((2, 129), 512, 1536),
-                            ((300,), 1032, 392), ((1024,), 1024, 2048)]
+                            ((300,), 1032, 392), ((1024,), 1024, 2048),
+                            ((128,), 4096, 4096)]  # few tiles, long K: the Hopper kernel splits K
 CASES = [("cpu", s) for s in CPU_SHAPES] + [pytest.param("cuda", s, marks=requires_cuda) for s in CUDA_SHAPES]
 
 
@@ -159,6 +160,30 @@ def test_transposed_and_strided_views(device, activation):
     for xv, wv, what in ((x_t, w, "x transposed"), (x, w_t, "weight transposed"), (x_t, w_t, "both transposed"),
                          (x_strided, w, "x strided rows")):
         assert_rule(llmk.linear(xv, wv, b, None, activation), want, theirs, dtype, what)
+
+
+@requires_cuda
+def test_split_k_call_replays_in_a_cuda_graph():
+    """128 rows against a 4096 x 4096 weight: the Hopper kernel (an sm_90 GPU) runs it split-K,
+    its partial sums in stream-ordered scratch memory, which a graph capture takes over; the
+    replay with new x matches an eager call bit for bit (other GPUs: the same check on their
+    path)."""
+    x = torch.randn(128, 4096, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(4096, 4096, device="cuda") / 64).to(torch.bfloat16)
+    r = torch.randn(128, 4096, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up off the capture, as torch.cuda.graph wants
+        llmk.linear(x, w, None, r, "gelu")
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = llmk.linear(x, w, None, r, "gelu")
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(got, llmk.linear(x, w, None, r, "gelu"))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -3,7 +3,9 @@
 //
 // Instantiations (the only list): {bf16, fp16} x {A K-major, B K-major} (forward),
 // {A K-major, B N-major} (input gradient), {A M-major, B N-major} (weight gradient); the
-// output has the inputs' dtype. Everything else takes the mma.sync kernel.
+// output has the inputs' dtype. Everything else takes the mma.sync kernel. A split-K call's
+// reduction: gemm_split_reduce_kernel for {bf16, fp16} x {none, gelu, gelu_tanh}.
+#include <algorithm>
 #include <mutex>
 #include <tuple>
 #include <vector>
@@ -13,7 +15,9 @@
 #include "common/sm90/kernel_support.h"
 #include "common/sm90/tma.h"
 #include "gemm/gemm.h"
+#include "common/scratch.h"
 #include "gemm/gemm_sm90_kernel.cuh"
+#include "gemm/gemm_split_reduce.cuh"
 
 namespace llmk::detail {
 
@@ -56,6 +60,37 @@ int max_active_clusters(const void* kernel, cudaLaunchConfig_t config, int devic
   LLMK_CHECK(clusters > 0, "gemm: no cluster of the Hopper kernel fits on this device");
   known.emplace_back(kernel, device, clusters);
   return clusters;
+}
+
+// Split-K pieces for a call of `tiles` cluster tiles when `clusters` run at once: as many as
+// fill one wave (clusters / tiles), while the partial sums' traffic (write and read, 8 bytes
+// per output element and piece) stays within half the weight's bytes (k / (8 m) pieces) and
+// each piece keeps >= 4 k steps; 1 (no split) when that is under 2, and for silu_mul (its
+// gate and up columns meet in one tile's epilogue).
+int64_t split_k_pieces(const GemmParams& p, int64_t tiles, int64_t clusters, int64_t k_steps) {
+  if (p.activation == GemmActivation::silu_mul) return 1;
+  int64_t pieces = clusters / tiles;
+  pieces = std::min<int64_t>(pieces, p.k / (8 * p.m));
+  pieces = std::min<int64_t>(pieces, k_steps / 4);
+  pieces = std::min<int64_t>(pieces, 16);
+  return pieces >= 2 ? pieces : 1;
+}
+
+// The reduction and epilogue of a split call (gemm_split_reduce.cuh).
+template <class T>
+void launch_split_reduce(const GemmParams& p, const float* partial, int64_t splits, int64_t ld_partial, int device,
+                         cudaStream_t stream) {
+  const int64_t items = p.m * (ld_partial / 4);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((items + 255) / 256, int64_t{8} * sm_count_of(device)));
+  switch (p.activation) {
+    case GemmActivation::gelu:
+      return gemm_split_reduce_kernel<T, GemmActivation::gelu><<<grid, 256, 0, stream>>>(p, partial, splits, ld_partial);
+    case GemmActivation::gelu_tanh:
+      return gemm_split_reduce_kernel<T, GemmActivation::gelu_tanh>
+          <<<grid, 256, 0, stream>>>(p, partial, splits, ld_partial);
+    default:
+      return gemm_split_reduce_kernel<T, GemmActivation::none><<<grid, 256, 0, stream>>>(p, partial, splits, ld_partial);
+  }
 }
 
 bool aligned16(const void* p, int64_t stride_elements) {
@@ -136,10 +171,25 @@ void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
     // per cluster tile.
     const int clusters = max_active_clusters(kernel, config, device);
     const int64_t tiles = args.raster.tiles();
-    config.gridDim = dim3(static_cast<unsigned>(C::kCluster * (tiles < clusters ? tiles : clusters)));
+    args.splits = split_k_pieces(p, tiles, clusters, args.k_steps);
+    args.split_steps = (args.k_steps + args.splits - 1) / args.splits;
+    args.splits = (args.k_steps + args.split_steps - 1) / args.split_steps;  // every piece non-empty
+    args.ld_partial = (p.n + 3) / 4 * 4;
+    args.partial = args.splits > 1 ? static_cast<float*>(scratch_alloc(
+                                         sizeof(float) * args.splits * p.m * args.ld_partial, device, stream))
+                                   : nullptr;
+    const int64_t units = args.units();
+    config.gridDim = dim3(static_cast<unsigned>(C::kCluster * (units < clusters ? units : clusters)));
     void* params[] = {const_cast<CUtensorMap*>(&map_a), const_cast<CUtensorMap*>(&map_b),
                       const_cast<CUtensorMap*>(&map_out), const_cast<CUtensorMap*>(&map_residual), &args};
     LLMK_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, params));
+    if (args.splits > 1) {
+      if (p.in_dtype == DType::bf16)
+        launch_split_reduce<__nv_bfloat16>(p, args.partial, args.splits, args.ld_partial, device, stream);
+      else
+        launch_split_reduce<__half>(p, args.partial, args.splits, args.ld_partial, device, stream);
+      scratch_free(args.partial, stream);
+    }
     return 0;
   });
   LLMK_CUDA_CHECK(cudaGetLastError());

@@ -14,7 +14,12 @@
 //     (bias, activation, residual), writes its 64 x 256 (silu_mul: 64 x 128) piece to
 //     shared memory with stmatrix and stores it by TMA (store_tile.cuh), while the
 //     producer already fills the ring for the next tile.
-// Tiles run in the grouped raster order of tile_scheduler.h. K-major and MN-major
+// Split-K: when the tiles are too few to fill the GPU (M = 65-256 rows against a projection,
+// where 16-24 tiles left 85% of the SMs idle), each tile's k steps are cut into pieces, each
+// piece a unit of the walk; a piece's consumers store their fp32 sums to a scratch buffer and
+// gemm_split_reduce_kernel (gemm_split_reduce.cuh) adds the pieces and applies the epilogue.
+// Tiles (and pieces, a tile's pieces adjacent) run in the grouped raster order of
+// tile_scheduler.h. K-major and MN-major
 // operands differ only in their TMA boxes and descriptors, so the layouts the backward
 // needs (B N-major for dX, A and B MN-major for dW) run the same loop.
 // silu_mul: the B tile is the 128 gate rows j..j+127 and the 128 up rows n/2 + j.., so a
@@ -71,6 +76,19 @@ struct GemmSm90Args {
   GroupedRaster raster;
   int64_t k_steps;
   int64_t n_tile;  // output columns per tile: 256, or 128 for silu_mul
+  // Split-K (few tiles, long K): each tile's k steps in `splits` pieces of `split_steps`,
+  // each piece a unit of work whose fp32 sums go to partial[split][row][col] (row pitch
+  // ld_partial) for gemm_split_reduce_kernel; splits 1: the epilogue in this kernel.
+  int64_t splits, split_steps, ld_partial;
+  float* partial;
+
+  LLMK_HOST_DEVICE int64_t units() const { return raster.tiles() * splits; }
+  // Unit u: tile u / splits, its k steps [unit_k_begin(u), + unit_steps(u)).
+  LLMK_HOST_DEVICE int unit_k_begin(int64_t u) const { return static_cast<int>(u % splits * split_steps); }
+  LLMK_HOST_DEVICE int unit_steps(int64_t u) const {
+    const int64_t left = k_steps - u % splits * split_steps;
+    return static_cast<int>(left < split_steps ? left : split_steps);
+  }
 };
 
 // The producer's loads of k step `kt` of tile (m0, n0) into stage memory `a`, `b`: A
@@ -152,6 +170,25 @@ __device__ __forceinline__ void gemm_sm90_finish(const GemmParams& p, float (&d)
   }
 }
 
+// A split-K piece: its fp32 sums as they are into split `split`'s slice of the partial sums
+// (rows below m, columns below n), for gemm_split_reduce_kernel to add up and finish.
+__device__ __forceinline__ void gemm_sm90_store_partial(const GemmSm90Args& args, const float (&d)[128], int64_t row0,
+                                                        int64_t col0, int64_t split) {
+  float* slice = args.partial + split * args.p.m * args.ld_partial;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const int64_t col = col0 + 8 * j + 2 * (threadIdx.x % 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row0 + 8 * h;
+      if (row >= args.p.m || col >= args.p.n) continue;
+      // ld_partial is a multiple of 4 and col even: the pair is 8-byte aligned.
+      *reinterpret_cast<float2*>(slice + row * args.ld_partial + col) =
+          make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+    }
+  }
+}
+
 template <class TOut>
 __device__ __forceinline__ void gemm_sm90_finish_dispatch(const GemmParams& p, float (&d)[128], int64_t row0,
                                                           int64_t col0, bool residual) {
@@ -229,10 +266,11 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
       tma_prefetch_map(&map_a);
       tma_prefetch_map(&map_b);
       RingState<C::kStages> ring_state;
-      for (int64_t t = first_tile; t < args.raster.tiles(); t += tile_step) {
-        const TileCoord tile = args.raster.at(t);
+      for (int64_t u = first_tile; u < args.units(); u += tile_step) {
+        const TileCoord tile = args.raster.at(u / args.splits);
         const int64_t m0 = (tile.row * C::kCluster + rank) * C::kBlockM, n0 = tile.col * args.n_tile;
-        for (int64_t kt = 0; kt < args.k_steps; ++kt) {
+        const int k_begin = args.unit_k_begin(u), k_end = k_begin + args.unit_steps(u);
+        for (int kt = k_begin; kt < k_end; ++kt) {
           mbarrier_wait(&empty[ring_state.stage], ring_state.phase ^ 1u);
           gemm_sm90_load_stage<kAKMajor, kBKMajor>(&map_a, &map_b, stage_a(ring_state.stage),
                                                    stage_b(ring_state.stage), &full[ring_state.stage], args, m0,
@@ -256,10 +294,11 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
       if (!leader) return;
       for (uint32_t r = 0; r < C::kCluster; ++r) mbarrier_arrive_cluster(&empty[s], r);
     };
-    for (int64_t t = first_tile; t < args.raster.tiles(); t += tile_step) {
-      const TileCoord tile = args.raster.at(t);
+    for (int64_t u = first_tile; u < args.units(); u += tile_step) {
+      const TileCoord tile = args.raster.at(u / args.splits);
+      const int steps = args.unit_steps(u);
       int previous = -1;
-      for (int64_t kt = 0; kt < args.k_steps; ++kt) {
+      for (int i = 0; i < steps; ++i) {
         const int s = ring_state.stage;
         mbarrier_wait(&full[s], ring_state.phase);
         const uint32_t a_addr = static_cast<uint32_t>(__cvta_generic_to_shared(stage_a(s))) +
@@ -270,7 +309,7 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
         for (int ks = 0; ks < C::kBlockK / 16; ++ks) {
           wgmma_m64n256k16<kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(
               WgmmaTag<T>{}, d, tile_descriptor<kAKMajor>(a_addr, ks, 64 * C::kBlockK * 2),
-              tile_descriptor<kBKMajor>(b_addr, ks, 64 * C::kBlockK * 2), kt > 0 || ks > 0);
+              tile_descriptor<kBKMajor>(b_addr, ks, 64 * C::kBlockK * 2), i > 0 || ks > 0);
         }
         wgmma_commit();
         wgmma_wait<1>();
@@ -285,6 +324,10 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
       const int64_t row0 = (tile.row * C::kCluster + rank) * C::kBlockM + consumer * 64;
       const int64_t col0 = tile.col * args.n_tile;
       const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+      if (args.splits > 1) {
+        gemm_sm90_store_partial(args, d, row0 + 16 * warp + lane / 4, col0, u % args.splits);
+        continue;
+      }
       gemm_sm90_finish_dispatch<T>(args.p, d, row0 + 16 * warp + lane / 4, col0,
                                    args.p.residual != nullptr && !args.tma_residual);
       if (args.tma_store) {

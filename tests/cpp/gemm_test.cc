@@ -669,6 +669,30 @@ TEST(GemmGpu, Epilogues) {
       }
 }
 
+// The Hopper kernel's split-K (few tiles, long K: M 65-256 against a projection): pieces of
+// unequal length and a K tail in the last, every layout the kernel takes, the epilogues the
+// split path applies in its reduction (bias, gelu, residual in place), and silu_mul, which
+// does not split.
+TEST(GemmGpu, SplitKFewTiles) {
+  LLMK_REQUIRE_GPU();
+  std::vector<Case> cases = {
+      {65, 300, 2048},                                          // 3 pieces of 11, 11, 10 k steps
+      {200, 136, 4104, DType::f16, DType::f16},                 // a K tail in the last piece
+      {256, 520, 4096},
+      {128, 128, 4096, DType::bf16, DType::bf16, true, true},   // weight-gradient layout
+      {129, 264, 3072, DType::f16, DType::f16, false, true},    // input-gradient layout
+  };
+  for (Act act : kActs) {
+    Case c{129, 264, 4096};
+    c.act = act;
+    c.bias = true;
+    c.residual = act != Act::none;
+    c.in_place = act == Act::gelu;
+    cases.push_back(c);
+  }
+  for (const Case& c : cases) check_gpu_case(c);
+}
+
 TEST(GemmGpu, BatchedAndZeroK) {
   LLMK_REQUIRE_GPU();
   Case c{6, 65, 129, DType::bf16, DType::bf16};  // a [2, 3, K]
