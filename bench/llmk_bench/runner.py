@@ -180,16 +180,9 @@ def run(cases, dtype, device, info, failures, only=None):
         case_rows, results = [], {}
         if only is not None:
             impls = {k: v for k, v in impls.items() if k == "llmk" or k in only}
-        for impl, fn in _runnable(impls, device, noted).items():
-            try:
-                us, method = timing.time_op(fn, sets, device)
-                err = _max_error(fn, reference, sets[0])
-            except Exception as e:  # noqa: BLE001
-                failures.append(f"{op} {tokens} x {hidden} {impl}: {type(e).__name__}: {e}")
-                print(f"{op:17s} {tokens:6d} x {hidden:6d}  {impl} failed: {failures[-1]}", flush=True)
-                if impl == "llmk":
-                    break
-                continue
+        for impl, fn, us, method, err in timing.time_each(
+                _runnable(impls, device, noted), sets, device, lambda fn: _max_error(fn, reference, sets[0]),
+                f"{op} {tokens} x {hidden}", f"{op:17s} {tokens:6d} x {hidden:6d}", failures):
             results[impl] = us
             case_rows.append(dict(op=op, dtype=str(dtype).replace("torch.", ""), tokens=tokens, hidden=hidden,
                                   impl=impl, time_us=round(us, 3), gbs=sig(bytes_moved / us / 1e3),

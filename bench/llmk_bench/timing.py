@@ -30,6 +30,23 @@ def time_op(fn: Callable, sets: List, device: str) -> tuple:
     return time_cuda(fn, sets) if device == "cuda" else time_cpu(fn, sets)
 
 
+def time_each(impls: dict, sets: List, device: str, error_of: Callable, name: str, label: str, failures: List):
+    """(impl, fn, time_us, method, max_rel_err) of each impl in order, timed by time_op on `sets`
+    with error_of(fn) beside it. An impl that raises is reported (to `failures` as "`name` impl:
+    error", and printed after `label`) and skipped; when llmk itself fails, no peer runs."""
+    for impl, fn in impls.items():
+        try:
+            us, method = time_op(fn, sets, device)
+            err = error_of(fn)
+        except Exception as e:  # noqa: BLE001 - report, go on with the next impl
+            failures.append(f"{name} {impl}: {type(e).__name__}: {str(e)[:300]}")
+            print(f"{label}  {impl} failed: {failures[-1]}", flush=True)
+            if impl == "llmk":
+                return
+            continue
+        yield impl, fn, us, method, err
+
+
 def time_cuda(fn: Callable, sets: List, min_calls: int = 20, replays: int = 7, errors: List = None) -> tuple:
     """Median microseconds per call of fn(*set), cycling through `sets`. Captures the calls
     in a CUDA graph when it can ("graph"); falls back to back-to-back launches between

@@ -269,16 +269,9 @@ def _measure(op, shape, m, n, k, dtype, device, info, make, impls, reference, fa
         return []
     flops, weight_bytes = 2 * m * n * k, n * k * elt
     rows, times = [], {}
-    for impl, fn in impls.items():
-        try:
-            us, method = timing.time_op(fn, sets, device)
-            err = _max_rel_err(fn(*sets[0]), sets[0], reference)
-        except Exception as e:  # noqa: BLE001
-            failures.append(f"{op} {shape} M={m} {impl}: {type(e).__name__}: {str(e)[:300]}")
-            print(f"{op:15s} {shape:20s} M={m:6d}  {impl} failed: {failures[-1]}", flush=True)
-            if impl == "llmk":
-                break
-            continue
+    for impl, fn, us, method, err in timing.time_each(
+            impls, sets, device, lambda fn: _max_rel_err(fn(*sets[0]), sets[0], reference),
+            f"{op} {shape} M={m}", f"{op:15s} {shape:20s} M={m:6d}", failures):
         times[impl] = us
         tflops = flops / us / 1e6
         small = m <= 64
