@@ -32,6 +32,12 @@ cudaMemPool_t pool_of(int device) {
 
 }  // namespace
 
+bool scratch_available(int device) {
+  int supported = 0;
+  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
+  return supported != 0;
+}
+
 void* scratch_alloc(size_t bytes, int device, cudaStream_t stream) {
   void* ptr = nullptr;
   LLMK_CUDA_CHECK(cudaMallocFromPoolAsync(&ptr, bytes, pool_of(device), stream));

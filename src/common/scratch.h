@@ -10,6 +10,10 @@
 
 namespace llmk::detail {
 
+// Whether `device` has stream-ordered memory pools (every GPU and driver llmk supports, short
+// of some virtualized setups); a caller without them takes a path that needs no scratch.
+bool scratch_available(int device);
+
 // `bytes` of device memory on `device` (the current device), usable by work enqueued on
 // `stream` after this call until scratch_free on the same stream.
 void* scratch_alloc(size_t bytes, int device, cudaStream_t stream);

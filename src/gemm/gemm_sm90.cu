@@ -171,7 +171,7 @@ void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
     // per cluster tile.
     const int clusters = max_active_clusters(kernel, config, device);
     const int64_t tiles = args.raster.tiles();
-    args.splits = split_k_pieces(p, tiles, clusters, args.k_steps);
+    args.splits = scratch_available(device) ? split_k_pieces(p, tiles, clusters, args.k_steps) : 1;
     args.split_steps = (args.k_steps + args.splits - 1) / args.splits;
     args.splits = (args.k_steps + args.split_steps - 1) / args.split_steps;  // every piece non-empty
     args.ld_partial = (p.n + 3) / 4 * 4;
