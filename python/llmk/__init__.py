@@ -9,11 +9,11 @@ from typing import Tuple
 
 from . import ops  # defines the ops: schemas, fakes, autograd
 from . import _C  # registers their C++ kernels
-from . import nn, optim
+from . import distributed, nn, optim
 from .patching import PatchReport, patch, unpatch
 
 globals().update(ops.PUBLIC)
-__all__ = [*ops.PUBLIC, "nn", "optim", "patch", "unpatch", "PatchReport", "device_info", "attention_head_dims"]
+__all__ = [*ops.PUBLIC, "distributed", "nn", "optim", "patch", "unpatch", "PatchReport", "device_info", "attention_head_dims"]
 
 
 def device_info(index: int = 0) -> dict:

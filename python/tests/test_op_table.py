@@ -165,8 +165,8 @@ def test_compile_fullgraph_matches_eager(name):
 
 
 def test_public_api_is_the_table():
-    assert set(llmk.__all__) == set(PUBLIC) | {"nn", "optim", "patch", "unpatch", "PatchReport", "device_info",
-                                               "attention_head_dims"}
+    assert set(llmk.__all__) == set(PUBLIC) | {"distributed", "nn", "optim", "patch", "unpatch", "PatchReport",
+                                               "device_info", "attention_head_dims"}
     for name, fn in PUBLIC.items():
         assert getattr(llmk, name) is fn
         assert fn.__doc__, f"llmk.{name} has no docstring"
