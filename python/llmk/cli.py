@@ -51,10 +51,11 @@ def _info() -> int:
                 print("  WARNING: this build has no machine code this GPU can run; rebuild with"
                       f" LLMK_CUDA_ARCHS including {major}{minor}")
         print("  code paths: rmsnorm/add_rmsnorm/rmsnorm_backward: row-in-registers kernels with"
-              " 16-byte accesses for aligned rows (d up to 65536 bf16/fp16, 32768 fp32 forward),"
+              " 16-byte accesses for aligned rows (d up to 32768 forward),"
               " a scalar loop kernel otherwise")
         hopper = (major, minor) == (9, 0) and "90a" in archs.split(";")
-        print("  gemm/linear: " + ("Hopper TMA + wgmma kernel for M > 64 (16-byte rows, out dtype = input dtype),"
+        print("  gemm/linear: " + ("Hopper TMA + wgmma kernel for M > 64 (16-byte rows, out dtype = input dtype;"
+                                   " split-K when its tiles would not fill the GPU),"
                                    if hopper else "no Hopper kernel here (needs sm_90 and an sm_90a build),")
               + " small-M weight-streaming kernel for M <= 64, mma.sync kernel for the rest"
               " (LLMK_GEMM_PATH=sm90|small_m|sm80 forces one)")
