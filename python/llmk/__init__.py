@@ -13,7 +13,8 @@ from . import distributed, nn, optim
 from .patching import PatchReport, patch, unpatch
 
 globals().update(ops.PUBLIC)
-__all__ = [*ops.PUBLIC, "distributed", "nn", "optim", "patch", "unpatch", "PatchReport", "device_info", "attention_head_dims"]
+__all__ = [*ops.PUBLIC, "distributed", "nn", "optim", "patch", "unpatch", "PatchReport", "device_info",
+           "attention_head_dims"]
 
 
 def device_info(index: int = 0) -> dict:

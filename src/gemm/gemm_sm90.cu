@@ -12,10 +12,10 @@
 
 #include "common/cuda_check.h"
 #include "common/occupancy.h"
+#include "common/scratch.h"
 #include "common/sm90/kernel_support.h"
 #include "common/sm90/tma.h"
 #include "gemm/gemm.h"
-#include "common/scratch.h"
 #include "gemm/gemm_sm90_kernel.cuh"
 #include "gemm/gemm_split_reduce.cuh"
 
@@ -171,7 +171,8 @@ void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
     // per cluster tile.
     const int clusters = max_active_clusters(kernel, config, device);
     const int64_t tiles = args.raster.tiles();
-    args.splits = scratch_available(device) ? split_k_pieces(p, tiles, clusters, args.k_steps) : 1;
+    args.splits = split_k_pieces(p, tiles, clusters, args.k_steps);
+    if (args.splits > 1 && !scratch_available(device)) args.splits = 1;  // its partials need the pool
     args.split_steps = (args.k_steps + args.splits - 1) / args.splits;
     args.splits = (args.k_steps + args.split_steps - 1) / args.split_steps;  // every piece non-empty
     args.ld_partial = (p.n + 3) / 4 * 4;

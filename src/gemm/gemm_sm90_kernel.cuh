@@ -19,9 +19,9 @@
 // piece a unit of the walk; a piece's consumers store their fp32 sums to a scratch buffer and
 // gemm_split_reduce_kernel (gemm_split_reduce.cuh) adds the pieces and applies the epilogue.
 // Tiles (and pieces, a tile's pieces adjacent) run in the grouped raster order of
-// tile_scheduler.h. K-major and MN-major
-// operands differ only in their TMA boxes and descriptors, so the layouts the backward
-// needs (B N-major for dX, A and B MN-major for dW) run the same loop.
+// tile_scheduler.h. K-major and MN-major operands differ only in their TMA boxes and
+// descriptors, so the layouts the backward needs (B N-major for dX, A and B MN-major for dW)
+// run the same loop.
 // silu_mul: the B tile is the 128 gate rows j..j+127 and the 128 up rows n/2 + j.., so a
 // thread holds each gate accumulator and its up partner (columns c and c + 128).
 //
