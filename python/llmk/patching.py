@@ -24,6 +24,15 @@ What is replaced, each part only where llmk computes exactly what the model comp
   keeps SDPA too: there SDPA runs cuDNN's attention, which llmk's Hopper forward does not beat at
   every shape yet; ``attention=True`` patches it anyway.
 
+- Generation (``decode=True``): ``model.generate(...)`` runs on llmk's own KV cache
+  (:class:`llmk.generation.KVCache`, made per ``generate`` call from its batch size and
+  ``max_length`` and kept for later calls it fits): the prefill through ``llmk.attention``, each
+  decode step through one ``llmk.attention_decode`` per layer (RoPE and the cache append in the
+  same launch), and on CUDA the one-token steps replayed from a CUDA graph. Llama, Qwen2, Qwen3
+  and Mistral (no sliding window shorter than the generation); Gemma is rejected until the
+  decode kernel has soft-capping and windows. ``kv_cache_dtype=torch.float8_e4m3fn`` stores the
+  cache in fp8 with per-head scales; ``kv_page_size`` reads it through a block table.
+
 The report returned says what was replaced and what was left and why. Nothing is copied:
 the patched model shares its parameters and state dict with the original, and works under
 ``torch.compile(fullgraph=True)``; every replaced part trains through autograd.
@@ -49,8 +58,6 @@ FAMILIES = {
     "gemma2": ("gemma2", 1.0, "pre_feedforward_layernorm"),
     "gemma3_text": ("gemma3", 1.0, "pre_feedforward_layernorm"),
 }
-NOT_YET = {"decode": "routing transformers' static-cache decode steps through llmk.attention_decode (the "
-                     "kernel exists; the patch does not use it yet)"}
 _ATTENTION_NAME = "llmk"
 
 
@@ -70,24 +77,36 @@ class PatchReport:
 
 def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, mlp: bool = True,
           attention: Optional[bool] = None, linear: bool = False, cross_entropy: bool = True,
-          decode: bool = False) -> PatchReport:
+          decode: bool = False, kv_cache_dtype: Optional[torch.dtype] = None,
+          kv_page_size: Optional[int] = None) -> PatchReport:
     """Runs `model` (a transformers causal LM of a supported family, on any device) on llmk
     kernels; returns the :class:`PatchReport`. ``linear=True`` runs every nn.Linear of the
     model on llmk.linear (off by default: it is not ahead of cuBLAS at every prefill size,
-    docs/benchmarks.md "GEMM"). ``decode`` is not built yet (llmk.attention_decode
-    exists; the patch does not route decode steps through it) and is rejected when asked for."""
+    docs/benchmarks.md "GEMM"). ``decode=True`` runs ``generate`` on llmk's KV cache and decode
+    kernels (``kv_cache_dtype``: the model's dtype or ``torch.float8_e4m3fn``; ``kv_page_size``:
+    a paged cache); a model it cannot serve is rejected with the reason."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", type(model).__name__)
     if model_type not in FAMILIES:
         raise ValueError(f"llmk.patch: model type {model_type!r} is not supported; supported: "
                          f"{', '.join(sorted(FAMILIES))}")
-    if decode:
-        raise ValueError(f"llmk.patch: decode=True needs {NOT_YET['decode']}")
     if getattr(model, "_llmk_patch", None) is not None:
         raise ValueError("llmk.patch: the model is already patched (llmk.unpatch(model) first)")
+    if decode:
+        generation = _generation()
+        reason = generation.unsupported(model)
+        if reason:
+            raise ValueError(f"llmk.patch: decode=True cannot serve this model: {reason}")
+        if kv_cache_dtype not in (None, next(model.parameters()).dtype, generation.FP8):
+            raise ValueError(f"llmk.patch: kv_cache_dtype must be None (the model's), the model's dtype or "
+                             f"torch.float8_e4m3fn, not {kv_cache_dtype}")
+        if kv_page_size is not None and kv_page_size < 1:
+            raise ValueError(f"llmk.patch: kv_page_size must be >= 1, not {kv_page_size}")
+    elif kv_cache_dtype is not None or kv_page_size is not None:
+        raise ValueError("llmk.patch: kv_cache_dtype and kv_page_size configure decode=True's cache; pass decode=True")
     family, offset, fused_norm = FAMILIES[model_type]
     report = PatchReport(model_type)
-    state = {"rope": None, "attn_implementation": None, "loss_function": None}
+    state = {"rope": None, "attn_implementation": None, "loss_function": None, "decode": None}
     if rmsnorm:
         report.replaced["rmsnorm modules"] = _patch_norms(model, offset)
         report.replaced["residual add + rmsnorm (decoder layers)"] = _patch_layers(model, fused_norm, offset)
@@ -141,8 +160,12 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
             report.left["cross_entropy"] = reason
         else:
             report.replaced["causal LM loss (cross_entropy, no fp32 copy of the logits)"] = 1
-    for name in NOT_YET:
-        report.left[name] = f"waits on {NOT_YET[name]}"
+    if decode:
+        report.replaced["generation (llmk.KVCache: prefill llmk.attention, steps llmk.attention_decode"
+                        + (", CUDA graph" if next(model.parameters()).is_cuda else "") + ")"] = \
+            _patch_generation(model, state, kv_cache_dtype, kv_page_size)
+    else:
+        report.left["decode"] = "decode=False (generate keeps transformers' cache and attention)"
     model._llmk_patch = state
     return report
 
@@ -159,6 +182,9 @@ def unpatch(model: torch.nn.Module) -> None:
         state["rope"]()
     if state["attn_implementation"] is not None:
         model.set_attn_implementation(state["attn_implementation"])
+    if state["decode"] is not None:
+        model.__dict__.pop("_prepare_cache_for_generation", None)
+        state["decode"].cache = None
     if state["loss_function"] is not None:
         previous = state["loss_function"][0]
         if previous is None:
@@ -315,6 +341,28 @@ def _patch_linears(model: torch.nn.Module):
     for module in linears:
         _replace_forward(module, forward)
     return len(linears)
+
+
+# -- generation ----------------------------------------------------------------------------
+
+
+def _generation():
+    from . import generation  # needs transformers, which llmk itself does not
+
+    return generation
+
+
+def _patch_generation(model: torch.nn.Module, state: dict, cache_dtype, page_size) -> int:
+    """The attention modules and the causal LM's forward through a KVCache when they get one,
+    and generate's cache preparation making one; the count of attention modules."""
+    generation = _generation()
+    caches = state["decode"] = generation.Caches(cache_dtype, page_size)
+    modules = generation.attention_modules(model)
+    for module in modules:
+        _replace_forward(module, generation.attention_forward)
+    _replace_forward(model, generation.causal_lm_forward)
+    model._prepare_cache_for_generation = types.MethodType(caches.prepare, model)
+    return len(modules)
 
 
 # -- the causal LM loss ---------------------------------------------------------------------

@@ -221,7 +221,7 @@ def test_what_llmk_cannot_compute_is_left_with_its_reason():
     llmk.unpatch(only_norms)
     assert "float16/bfloat16" in llmk.patch(only_norms, linear=True).left["linear"]
     llmk.unpatch(only_norms)
-    with pytest.raises(ValueError, match="decode=True needs routing transformers' static-cache decode"):
+    with pytest.raises(ValueError, match="decode=True cannot serve this model: the model is torch.float32"):
         llmk.patch(only_norms, decode=True)
     with pytest.raises(ValueError, match="model type 'gpt2' is not supported"):
         llmk.patch(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2)))

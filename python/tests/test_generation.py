@@ -1,0 +1,242 @@
+"""``llmk.patch(model, decode=True)``: ``generate`` on llmk's KV cache and decode kernels, against
+the same model unpatched (transformers' DynamicCache and SDPA) on tiny models of each family it
+serves (random weights): the scores of every step of a greedy generation over a ragged,
+left-padded batch, fp8 and paged caches, the cache's own logic (capacity, reuse, reorder, crop),
+the CUDA-graph steps on the GPU, and the models and arguments it rejects."""
+
+import sys
+
+import pytest
+import torch
+
+import llmk
+from conftest import DEVICES
+
+transformers = pytest.importorskip("transformers")
+generation = pytest.importorskip("llmk.generation")
+patching = sys.modules["llmk.patching"]
+
+TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64, vocab_size=512, max_position_embeddings=512)
+FAMILIES = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(rope_theta=500000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64})),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {}),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(sliding_window=None)),
+}
+# Scores (logits) of two bf16 models that round differently differ by a few bf16 steps of the
+# largest logit (test_patch's tolerance); the fp8 cache adds e4m3's rounding of k and v.
+TOLERANCE = 4e-2
+FP8_TOLERANCE = 1.5e-1
+PROMPT, NEW = 23, 64
+
+
+def _model(family, device, dtype=torch.bfloat16, **overrides):
+    config_cls, model_cls, extra = FAMILIES[family]
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**{**TINY, **extra, **overrides})).to(device=device, dtype=dtype).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def _prompts(device, batch=3, pad=(0, 5, 11)):
+    """A left-padded batch of ragged prompts: prompt b has pad[b] pad tokens first."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, TINY["vocab_size"], (batch, PROMPT), generator=g)
+    mask = torch.ones_like(ids)
+    for b, p in enumerate(pad[:batch]):
+        ids[b, :p], mask[b, :p] = 0, 0
+    return ids.to(device), mask.to(device)
+
+
+def _generate(model, ids, mask, new=NEW, **kwargs):
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, output_scores=True,
+                             return_dict_in_generate=True, pad_token_id=0, eos_token_id=None, **kwargs)
+    return out.sequences[:, ids.shape[1]:], torch.stack(out.scores, 1).float()
+
+
+def _assert_follows(got, want, tolerance, what):
+    """Greedy generations agree: every step's scores within `tolerance` of the largest, while
+    the tokens agree; a sequence may part only where the reference's top two scores are closer
+    than the tolerance (a tie the rounding may break either way)."""
+    (got_tokens, got_scores), (want_tokens, want_scores) = got, want
+    scale = want_scores.abs().max().item()
+    for b in range(want_tokens.shape[0]):
+        for step in range(want_tokens.shape[1]):
+            err = (got_scores[b, step] - want_scores[b, step]).abs().max().item() / scale
+            assert err <= tolerance, f"{what}: sequence {b} step {step}: scores off by {err:.3g} of the largest"
+            if got_tokens[b, step] != want_tokens[b, step]:
+                top2 = want_scores[b, step].topk(2).values
+                margin = (top2[0] - top2[1]).item() / scale
+                assert margin <= tolerance, (f"{what}: sequence {b} parts at step {step} with a margin of "
+                                             f"{margin:.3g} of the largest score")
+                break
+
+
+class _Counter:
+    def __init__(self, monkeypatch, names=("attention", "attention_varlen", "attention_decode")):
+        self.calls = dict.fromkeys(names, 0)
+        for name in names:
+            original = getattr(generation.ops, name)
+
+            def counted(*args, _name=name, _original=original, **kwargs):
+                self.calls[_name] += 1
+                return _original(*args, **kwargs)
+
+            monkeypatch.setattr(generation.ops, name, counted)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_generation_follows_the_model(family, device, monkeypatch):
+    model = _model(family, device)
+    ids, mask = _prompts(device)
+    want = _generate(model, ids, mask)
+    report = llmk.patch(model, decode=True)
+    counter = _Counter(monkeypatch)
+    got = _generate(model, ids, mask)
+    _assert_follows(got, want, TOLERANCE, f"{family} on {device}")
+    layers = model.config.num_hidden_layers
+    # the padded prefill on varlen attention, every step one attention_decode per layer
+    # (on the GPU the steps after the second are graph replays: no Python runs)
+    assert counter.calls["attention_varlen"] == layers and counter.calls["attention"] == 0
+    steps = NEW - 1 if device == "cpu" else 2
+    assert counter.calls["attention_decode"] == layers * steps
+    cache = model._llmk_patch["decode"].cache
+    assert cache.length == PROMPT + NEW - 1 and cache.seqlens.tolist() == [PROMPT + NEW - 1 - p for p in (0, 5, 11)]
+    if device == "cuda":
+        assert cache._graph is not None
+    assert any(k.startswith("generation") for k in report.replaced)
+    llmk.unpatch(model)
+    assert "_prepare_cache_for_generation" not in model.__dict__
+    again = _generate(model, ids, mask, new=4)
+    assert torch.equal(again[0], want[0][:, :4])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unpadded_prefill_and_later_calls_reuse_the_cache(device, monkeypatch):
+    model = _model("qwen3", device)
+    ids, _ = _prompts(device, batch=2, pad=(0, 0))
+    mask = torch.ones_like(ids)
+    want = _generate(model, ids, mask, new=12)
+    llmk.patch(model, decode=True)
+    counter = _Counter(monkeypatch)
+    first = _generate(model, ids, mask, new=12)
+    cache = model._llmk_patch["decode"].cache
+    second = _generate(model, ids, mask, new=12)
+    assert model._llmk_patch["decode"].cache is cache, "a generate call that fits must reuse the cache"
+    assert counter.calls["attention"] == 2 * model.config.num_hidden_layers and counter.calls["attention_varlen"] == 0
+    for got in (first, second):
+        _assert_follows(got, want, TOLERANCE, f"qwen3 on {device}")
+    torch.testing.assert_close(second[1], first[1], rtol=0, atol=0)
+    _generate(model, ids, mask, new=600)  # longer than the cache: a new, larger one
+    assert model._llmk_patch["decode"].cache.capacity >= PROMPT + 600
+    llmk.unpatch(model)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_fp8_and_paged_caches(page_size, device):
+    model = _model("llama", device)
+    ids, mask = _prompts(device)
+    want = _generate(model, ids, mask, new=24)
+    llmk.patch(model, decode=True, kv_cache_dtype=torch.float8_e4m3fn, kv_page_size=page_size)
+    got = _generate(model, ids, mask, new=24)
+    _assert_follows(got, want, FP8_TOLERANCE, f"fp8 cache, pages {page_size}")
+    fp8 = model._llmk_patch["decode"].cache
+    assert fp8.keys.dtype == torch.float8_e4m3fn and (fp8.block_table is not None) == (page_size is not None)
+    llmk.unpatch(model)
+    # the first layer's prompt slots (the same keys and values in both) hold the bf16 cache's to
+    # e4m3's precision: half a step of 3 mantissa bits, or of the smallest normal (2^-6 x scale)
+    llmk.patch(model, decode=True, kv_page_size=page_size)
+    _generate(model, ids, mask, new=24)
+    bf16 = model._llmk_patch["decode"].cache
+    for store, exact, scales in ((fp8.keys, bf16.keys, fp8.k_scale), (fp8.values, bf16.values, fp8.v_scale)):
+        scale = scales[0].view(1, -1, 1)
+        for b, length in enumerate((PROMPT, PROMPT - 5, PROMPT - 11)):
+            got_b, want_b = store[0, b, :length].float() * scale, exact[0, b, :length].float()
+            assert ((got_b - want_b).abs() <= 2**-4 * want_b.abs() + 2**-7 * scale).all()
+    llmk.unpatch(model)
+
+
+def test_the_cache_logic():
+    model = _model("llama", "cpu")
+    llmk.patch(model, decode=True)
+    ids, mask = _prompts("cpu", batch=2, pad=(0, 3))
+    cache = generation.KVCache(model, 2, 40)
+    assert cache.capacity == 256 and "2 sequences x 256 slots" in repr(cache)
+    with torch.no_grad():
+        model(ids, attention_mask=mask, past_key_values=cache)
+        assert cache.length == PROMPT and cache.seqlens.tolist() == [PROMPT, PROMPT - 3]
+        saved = cache.keys[:, :, :PROMPT].clone()
+        cache.reorder_cache(torch.tensor([1, 0]))
+        assert cache.seqlens.tolist() == [PROMPT - 3, PROMPT]
+        assert torch.equal(cache.keys[:, 0, :PROMPT], saved[:, 1]) and torch.equal(cache.keys[:, 1, :PROMPT], saved[:, 0])
+        cache.crop(5)
+        assert cache.length == PROMPT - 5 and cache.seqlens.tolist() == [PROMPT - 8, PROMPT - 5]
+        model(ids[:, :1], past_key_values=cache)  # a step: one more token each
+        assert cache.seqlens.tolist() == [PROMPT - 7, PROMPT - 4]
+        with pytest.raises(ValueError, match=r"exceed its 256 slots \(sized for max_length 40\)"):
+            model(torch.zeros(2, 256, dtype=torch.long), past_key_values=cache)
+        with pytest.raises(ValueError, match="a batch of 3 sequences, but the cache holds 2"):
+            model(torch.zeros(3, 1, dtype=torch.long), past_key_values=cache)
+        cache.reset()
+        right = torch.ones_like(mask)
+        right[0, -2:] = 0
+        with pytest.raises(ValueError, match="left-padded"):
+            model(ids, attention_mask=right, past_key_values=cache)
+        with pytest.raises(NotImplementedError, match="contrastive search"):
+            cache.batch_repeat_interleave(2)
+        with pytest.raises(RuntimeError, match="written by llmk's attention"):
+            cache.update(None, None, 0)
+    llmk.unpatch(model)
+
+
+def test_beam_search_and_sampling_run():
+    model = _model("llama", "cpu")
+    ids, mask = _prompts("cpu", batch=2, pad=(0, 4))
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=10, num_beams=3, do_sample=False,
+                              pad_token_id=0, eos_token_id=None)
+    llmk.patch(model, decode=True)
+    with torch.no_grad():
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=10, num_beams=3, do_sample=False,
+                             pad_token_id=0, eos_token_id=None)
+        assert model._llmk_patch["decode"].cache.batch_size == 6
+        sampled = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=True, top_k=20,
+                                 pad_token_id=0, eos_token_id=None)
+    assert got.shape == want.shape and sampled.shape == (2, PROMPT + 10)
+    # beams that differ from the reference's only through a near-tie are rare on this model: most agree
+    assert (got == want).all(dim=1).sum() >= 1
+    llmk.unpatch(model)
+
+
+def test_what_decode_cannot_serve_is_rejected():
+    with pytest.raises(ValueError, match="float16/bfloat16"):
+        llmk.patch(_model("llama", "cpu", torch.float32), decode=True)
+    gemma = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+        **{**TINY, "num_hidden_layers": 2}, query_pre_attn_scalar=64, sliding_window=16)).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="Gemma's sliding-window layers"):
+        llmk.patch(gemma, decode=True)
+    assert getattr(gemma, "_llmk_patch", None) is None
+    odd = _model("llama", "cpu", head_dim=80)
+    with pytest.raises(ValueError, match="head_dim 80 has no llmk.attention_decode kernel"):
+        llmk.patch(odd, decode=True)
+    model = _model("llama", "cpu")
+    with pytest.raises(ValueError, match="pass decode=True"):
+        llmk.patch(model, kv_cache_dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="kv_cache_dtype must be"):
+        llmk.patch(model, decode=True, kv_cache_dtype=torch.float16)
+    windowed = _model("mistral", "cpu", sliding_window=32)
+    llmk.patch(windowed, decode=True)
+    ids, mask = _prompts("cpu", batch=1)
+    _generate(windowed, ids, mask, new=8)  # within the window: served
+    with pytest.raises(ValueError, match=r"exceeds the model's sliding window \(32\)"):
+        _generate(windowed, ids, mask, new=16)
+    llmk.unpatch(windowed)
