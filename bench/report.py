@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from llmk_bench import views  # noqa: E402
-from llmk_bench.views import e2e, gemm, loss, overhead  # noqa: E402
+from llmk_bench.views import e2e, gemm, generate, loss, overhead  # noqa: E402
 from llmk_bench.views.common import fmt, parse_header, plot_title, read_csv  # noqa: E402
 
 # The page's sections in order: family -> what it covers.
@@ -38,7 +38,9 @@ FAMILIES = {
     "attention train": "attention forward + backward through autograd",
     "decode": "attention decode over a KV cache (contiguous, paged, fp8, four queries)",
     "gemm": "llmk.linear against cuBLAS, fused epilogues, rmsnorm_linear",
-    "e2e": "whole Hugging Face models: prefill, decode, a training step",
+    "e2e": "whole Hugging Face models: prefill and a training step",
+    "generation": "whole-model `generate`: time per generated token and to the first one, against transformers' "
+                  "eager and static-cache + torch.compile paths",
     "overhead": "what an eager PyTorch user pays per call, and eager fwd+bwd",
     "launch chain": "a chain of 8 small kernels at decode sizes (programmatic dependent launch)",
 }
@@ -74,6 +76,14 @@ def family_of(op):
     if op.startswith(("silu", "gelu", "swiglu", "bias_gelu")):
         return "activation"
     return None
+
+
+def family_of_row(row):
+    """The page section of a row (the generation suite's rows share their op with older runs'
+    e2e decode rows, which no section shows)."""
+    if generate.is_generate_row(row):
+        return "generation"
+    return family_of(row["op"])
 
 
 def first_added(results):
@@ -113,8 +123,8 @@ def newest(results):
     added = first_added(os.path.relpath(results, ROOT))
     candidates = {}
     for name, header, rows in runs(results):
-        for family in dict.fromkeys(family_of(r["op"]) for r in rows):
-            mine = [r for r in rows if family_of(r["op"]) == family and r.get("dtype", DTYPE) == DTYPE]
+        for family in dict.fromkeys(family_of_row(r) for r in rows):
+            mine = [r for r in rows if family_of_row(r) == family and r.get("dtype", DTYPE) == DTYPE]
             if family is not None and mine:
                 candidates.setdefault(family, []).append(((header[1], added.get(name, 0), name), name, header, mine))
     chosen = {}

@@ -41,8 +41,9 @@ from .views.common import CPU_NOTE, columns, fmt, header_line, on_cpu, parse_hea
 
 # The suites, in the order their sweeps run and their tables print: suites/<name>.py.
 SUITES = ("norm", "activation", "softmax", "rope", "optim", "loss", "attention", "decode", "chain", "gemm",
-          "overhead", "e2e")
+          "overhead", "e2e", "generate")
 OVERHEAD = "overhead"
+GENERATE = "e2e_decode"  # generate on a whole model: suites/generate.py's run
 GEMM = "gemm"  # its own sweep over (M, N, K) and fused forms: suites/gemm.py's run
 # Peers that the CPU run leaves out, and why.
 GPU_ONLY_PEERS = {"compile": "torch.compile (Inductor's CPU backend compiles C++ per shape: minutes for a sweep)"}
@@ -294,7 +295,7 @@ def main(argv=None):
         return 0
     _load()
     parser = argparse.ArgumentParser(prog="python -m llmk_bench")
-    parser.add_argument("--op", action="append", choices=sorted([*OPS, GEMM, OVERHEAD]),
+    parser.add_argument("--op", action="append", choices=sorted([*OPS, GEMM, OVERHEAD, GENERATE]),
                         help="op to benchmark (repeatable); 'overhead': host time per call and eager fwd+bwd")
     parser.add_argument("--all", action="store_true", help="every op, and the overhead case")
     parser.add_argument("--tokens", type=int, nargs="*", help="token counts (default: each op's sweep; not overhead)")
@@ -313,6 +314,7 @@ def main(argv=None):
                         help="no timing: per case, the variants' llmk times and new over base (tools/gpu_ab.sh)")
     MODULES["gemm"].add_arguments(parser)
     MODULES["e2e"].add_arguments(parser)
+    MODULES["generate"].add_arguments(parser)
     args = parser.parse_args(argv)
     ops = [*OPS, GEMM, OVERHEAD] if args.all or not (args.op or args.e2e) else args.op or []
 
@@ -324,7 +326,7 @@ def main(argv=None):
         torch.set_num_threads(1)
         print(f"no CUDA GPU found: timing the CPU backend on small shapes, torch on one thread ({CPU_NOTE})",
               flush=True)
-    cases = sweep([op for op in ops if op not in (OVERHEAD, GEMM)], args.tokens, args.hidden, device)
+    cases = sweep([op for op in ops if op not in (OVERHEAD, GEMM, GENERATE)], args.tokens, args.hidden, device)
     info = machine(device, ops + [op for op, _, _ in cases])
     print(_header(info, _commit(), datetime.date.today()), flush=True)
     failures = []
@@ -342,6 +344,9 @@ def main(argv=None):
                                    lambda e2e_rows: write_csv(args.csv, rows + e2e_rows, info))
     elif args.all:
         print("e2e: not in --all without a GPU (--e2e runs its tiny CPU version)", flush=True)
+    if GENERATE in ops or (args.all and device == "cuda"):
+        rows += MODULES["generate"].run(args, device, failures,
+                                        lambda gen_rows: write_csv(args.csv, rows + gen_rows, info))
     if args.variant:
         for r in rows:
             r["variant"] = args.variant

@@ -19,17 +19,11 @@ checked; one model on the GPU at a time, so peak memory is that implementation's
   ``llmk_compile``: ``llmk.patch`` then ``torch.compile`` as above.
 
 Phases (a CSV row per family, size and implementation; ``tokens`` is the sequence
-length, for decode the context):
+length). Generation (decode steps through ``generate``) is its own suite: suites/generate.py.
 
 - ``e2e_prefill``: one forward of batch 1 x 2048 and 1 x 32768 tokens without a cache,
   ``logits_to_keep=1`` (logits of the last token only) where the model takes it, else all
   (column ``logits``). Error: max|logits - ref| / max|ref| over the last token's logits.
-- ``e2e_decode``: a StaticCache of context + 128 slots is filled by one prefill of the context
-  (4096 and 32768 tokens, the implementation's own model, never compiled), then one one-token
-  step is captured in a CUDA graph and replayed (the step first restores the cache's length,
-  so every replay decodes the same token at the same position; timing.time_cuda). Where the
-  capture fails the step is timed eagerly and the row says so (``timing`` events, ``note``).
-  Error: the first step's logits against the eager model's first step.
 - ``e2e_train``: one training step at 1 x 2048 in train mode: ``loss = model(ids,
   labels=ids).loss`` (the model's own cross-entropy over its logits: torch's for eager and
   llmk, Liger's fused linear cross-entropy for liger), ``loss.backward()``,
@@ -37,9 +31,9 @@ length, for decode the context):
   Error: |loss - ref| / |ref| of the first step (same weights for every implementation).
 
 Timing: CUDA events around single calls, the GPU synchronized before each; the median of
-5-10 calls after warm-up (decode: of 20 graph replays, each timed). Peak memory:
+5-10 calls after warm-up. Peak memory:
 torch.cuda.max_memory_allocated over the timed calls after reset_peak_memory_stats (weights,
-optimizer state and cache included). tokens/s: tokens / time (decode: 1 / time per step).
+optimizer state included). tokens/s: tokens / time.
 
 Time on the H100: the uncompiled implementations of every family run first (about 30 s a
 family), then the compiled ones (compiling a 4-layer forward takes 30-90 s, a training
@@ -71,21 +65,19 @@ import torch
 
 import llmk
 from .. import timing
-from ..views.e2e import DECODE_HEADROOM, IMPLS, PHASES, is_e2e_row, markdown, plot  # noqa: F401
+from ..views.e2e import IMPLS, PHASES, is_e2e_row, markdown, plot  # noqa: F401
 
 COMPILED = ("compile", "llmk_compile")
-SIZES = {"cuda": {"prefill": (2048, 32768), "decode": (4096, 32768), "train": (2048,)},
-         "cpu": {"prefill": (64, 128), "decode": (64, 128), "train": (64,)}}
+SIZES = {"cuda": {"prefill": (2048, 32768), "train": (2048,)}, "cpu": {"prefill": (64, 128), "train": (64,)}}
 LAYERS = {"cuda": 4, "cpu": 2}
 # (warm-up calls after the first, timed calls) per phase and size class; the first call
 # (compilation, autotuning, allocation) is never timed.
 CALLS = {"cuda": {"prefill": {2048: (2, 10), 32768: (1, 5)}, "train": (2, 5)},
-         "cpu": {"prefill": (1, 3), "train": (1, 3), "decode": (1, 5)}}  # GPU decode: DECODE_REPLAYS
-DECODE_REPLAYS = 20  # graph replays, each timed
+         "cpu": {"prefill": (1, 3), "train": (1, 3)}}
 LR = 1e-5
 # Seconds a compiled implementation is assumed to need per phase (compilation included):
 # the budget check before starting one.
-COMPILE_ESTIMATE_S = {"prefill": 90, "decode": 150, "train": 150}
+COMPILE_ESTIMATE_S = {"prefill": 90, "train": 150}
 DEFAULT_BUDGET_S = 450
 
 # The shapes of one real checkpoint per family (its first --e2e-layers layers).
@@ -133,12 +125,12 @@ GPU_ONLY = {"compile": "torch.compile (Inductor's CPU backend compiles C++: minu
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("end-to-end models (see bench/llmk_bench/suites/e2e.py)")
     g.add_argument("--e2e", action="store_true",
-                   help="whole models: prefill, CUDA-graph decode and a training step per family (in --all on a GPU)")
+                   help="whole models: prefill and a training step per family (in --all on a GPU)")
     g.add_argument("--e2e-families", nargs="+", choices=list(FAMILIES), default=list(DEFAULT_FAMILIES),
                    metavar="FAMILY", help=f"families (default: {' '.join(DEFAULT_FAMILIES)}; also gemma2)")
     g.add_argument("--e2e-layers", type=int, metavar="N", help="decoder layers per model (default: 4; 2 on the CPU)")
     g.add_argument("--e2e-phases", nargs="+", choices=PHASES, default=list(PHASES), metavar="PHASE",
-                   help="prefill decode train (default: all)")
+                   help="prefill train (default: both)")
     g.add_argument("--e2e-impls", nargs="+", choices=IMPLS, default=list(IMPLS), metavar="IMPL",
                    help=f"{' '.join(IMPLS)} (default: all; eager always runs as the reference)")
     g.add_argument("--e2e-compile-families", nargs="+", choices=list(FAMILIES),
@@ -310,46 +302,6 @@ def prefill(model, forward, size, device, compiled):
                 extra=dict(logits="last" if keep else "all"))
 
 
-def decode(model, forward, ctx, device, compiled):
-    """One-token steps at context `ctx` over a StaticCache, in a CUDA graph where it captures."""
-    from transformers import StaticCache
-
-    cache = StaticCache(config=model.config, max_cache_len=ctx + DECODE_HEADROOM)
-    vocab = model.config.vocab_size
-    keep = dict(logits_to_keep=1) if _keeps_last(model) else {}
-    with torch.no_grad():
-        model(input_ids=_ids(vocab, ctx, device, seed=ctx), past_key_values=cache, use_cache=True, **keep)
-    # The cache's lengths after the prefill, put back before every step: each replay then
-    # writes slot `ctx` and attends to the same context.
-    lengths = [(layer, layer.cumulative_length.clone(), getattr(layer, "cumulative_length_int", None))
-               for layer in cache.layers]
-    token, position = _ids(vocab, 1, device, seed=1), torch.full((1, 1), ctx, device=device)
-
-    def step():
-        for layer, length, length_int in lengths:
-            layer.cumulative_length.copy_(length)
-            if length_int is not None:
-                layer.cumulative_length_int = length_int
-        return forward(input_ids=token, position_ids=position, past_key_values=cache, use_cache=True).logits
-
-    with torch.no_grad():
-        _sync(device)
-        t0 = time.perf_counter()
-        out = step()[:, -1].float()  # the error sample: the first step after the prefill
-        _sync(device)
-        first_s = time.perf_counter() - t0
-        if device == "cpu":
-            _, _, median, peak = _timed(step, device, *_calls(device, "decode", ctx))
-            return dict(out=out, first_s=first_s, time_s=median, peak=peak, method="cpu")
-        # One step captured in a CUDA graph, each replay timed (timing.time_cuda); where the
-        # capture fails, the step is timed eagerly ("events") and the row says why.
-        errors = []
-        _reset_peak(device)
-        us, method = timing.time_cuda(step, [()], min_calls=1, replays=DECODE_REPLAYS, errors=errors)
-        note = f"eager: graph capture failed: {_short(errors[0])}" if errors else ""
-    return dict(out=out, first_s=first_s, time_s=us * 1e-6, peak=_peak(device), method=method, note=note)
-
-
 def train(model, forward, size, device, compiled):
     ids = _ids(model.config.vocab_size, size, device, seed=size + 1)
     model.train()
@@ -367,7 +319,7 @@ def train(model, forward, size, device, compiled):
     return dict(out=loss.float(), first_s=first_s, time_s=median, peak=peak, method=_method(device))
 
 
-MEASURE = {"prefill": prefill, "decode": decode, "train": train}
+MEASURE = {"prefill": prefill, "train": train}
 
 
 def _method(device):
@@ -414,7 +366,7 @@ class _Run:
         if result is not None:
             t = result["time_s"]
             r.update(time_us=round(t * 1e6, 1), max_rel_err=result["err"], timing=result["method"],
-                     tokens_per_s=_sig((1 if phase == "decode" else size) / t), **result.get("extra", {}))
+                     tokens_per_s=_sig(size / t), **result.get("extra", {}))
             if self.device == "cuda":
                 r["peak_mem_gb"] = round(result["peak"] / 1e9, 2)
             if impl in COMPILED:

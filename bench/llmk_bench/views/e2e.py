@@ -3,22 +3,23 @@
 Rows: op ``e2e_<phase>``, one per model, size and implementation (suites/e2e.py times them).
 AIMS: the speedups llmk is built to reach at one size per phase, checked below each GPU table:
 prefill at 32768 tokens at least 1.3x eager and 1.1x torch.compile; the training step at
-least 1.2x eager and 1.0x Liger-Kernel with a lower peak memory than both; decode at context
-32768 at least 1.3x the SDPA model under the same CUDA graph.
+least 1.2x eager and 1.0x Liger-Kernel with a lower peak memory than both. Generation (op
+e2e_decode with a batch column) is views/generate.py's.
 """
 
 import json
 
-PHASES = ("prefill", "decode", "train")
+PHASES = ("prefill", "train")
 IMPLS = ("eager", "compile", "liger", "llmk", "llmk_compile")
-DECODE_HEADROOM = 128  # free slots after the context in the static cache
 COLORS = dict(eager="tab:orange", compile="tab:red", liger="tab:green", llmk="tab:blue", llmk_compile="tab:purple")
 # phase -> (tokens, speedup over eager, speedup over the second peer: compile for prefill, Liger for train)
-AIMS = {"prefill": (32768, 1.3, 1.1), "train": (2048, 1.2, 1.0), "decode": (32768, 1.3)}
+AIMS = {"prefill": (32768, 1.3, 1.1), "train": (2048, 1.2, 1.0)}
 
 
 def is_e2e_row(row) -> bool:
-    return row["op"].startswith("e2e_")
+    """A row of this suite: its phases' ops (older runs' e2e_decode rows, a phase since moved to
+    the generation suite, are not drawn)."""
+    return row["op"] in {f"e2e_{p}" for p in PHASES}
 
 
 def _f(value):
@@ -63,8 +64,6 @@ def markdown(rows):
     on_cpu = not any(r.get("peak_mem_gb") not in (None, "") for r in rows)
     captions = {
         "prefill": "one forward of batch 1, no cache, logits of the last token (`logits_to_keep=1`)",
-        "decode": f"one one-token step over a StaticCache of context + {DECODE_HEADROOM} slots, "
-                  "replayed in a CUDA graph (timing `graph`; `events`: eager, the capture failed)",
         "train": "forward, the model's cross-entropy loss, backward and torch.optim.AdamW step, bf16",
     }
     for phase in PHASES:
@@ -120,7 +119,7 @@ def _aims(phase, cases, left):
             text = (f"{_x(vs_eager)} eager (>= {aim[1]}x: {_verdict(vs_eager and vs_eager >= aim[1])}), "
                     f"best of llmk / llmk_compile {_x(best)} compile (>= {aim[2]}x: "
                     f"{_verdict(best and best >= aim[2]) if best else 'not measured'})")
-        elif phase == "train":
+        else:
             vs_liger = _ratio(c.get("liger"), o)
             peaks = {i: _f(c[i].get("peak_mem_gb")) for i in ("eager", "liger", "llmk") if i in c}
             lower = peaks.get("llmk") is not None and all(
@@ -132,12 +131,6 @@ def _aims(phase, cases, left):
                     f" (lower than both: {_verdict(lower)})")
             if "cross_entropy" in left:
                 text += f"; llmk.patch left cross_entropy: {left['cross_entropy']}"
-        else:
-            graphs = all(c[i].get("timing") == "graph" for i in ("eager", "llmk") if i in c)
-            text = (f"{_x(vs_eager)} the SDPA model (>= {aim[1]}x: {_verdict(vs_eager and vs_eager >= aim[1])}"
-                    + ("" if graphs else ", not both in CUDA graphs") + ")")
-            if "decode" in left:
-                text += f"; llmk.patch left decode: {left['decode']}"
         if "linear" in left:
             text += f"; left linear (the GEMMs): {left['linear']}"
         lines.append(f"- {family} {phase} {tokens}: llmk {text}.")

@@ -1,0 +1,122 @@
+"""The generation suite's table and plot (no torch: the docs' report script reads CSVs with them).
+
+Rows: op ``e2e_decode`` with a ``batch`` column, one per (context, batch, impl); suites/generate.py
+times them. AIMS (issue 54), checked below each GPU table: the decode step at least 1.3x
+hf_static_compile and 3x hf_eager at every cell; the fp8 cache's step at context 32768 at least
+1.15x the bf16 cache's; the time to first token at 32768 at least 1.3x hf_eager's.
+"""
+
+OP = "e2e_decode"
+IMPLS = ("hf_eager", "hf_static_compile", "llmk", "llmk_fp8")
+COLORS = dict(hf_eager="tab:orange", hf_static_compile="tab:red", llmk="tab:blue", llmk_fp8="tab:cyan")
+AIMS = dict(vs_compile=1.3, vs_eager=3.0, fp8=(32768, 1.15), ttft=(32768, 1.3))
+
+
+def is_generate_row(row) -> bool:
+    """A row of this suite (the older e2e suite's decode phase had the same op and no batch column)."""
+    return row["op"] == OP and row.get("batch") not in (None, "")
+
+
+def _f(value):
+    return float(value) if value not in (None, "") else None
+
+
+def _ratio(num, den, key="time_us"):
+    """num's time over den's: den's speedup over num (None when either is missing)."""
+    a, b = (_f(r.get(key)) if r else None for r in (num, den))
+    return a / b if a and b else None
+
+
+def _x(ratio):
+    return f"{ratio:.2f}x" if ratio else "-"
+
+
+def _ms(row, key="time_us"):
+    t = _f(row.get(key)) if row else None
+    return f"{t / 1e3:.2f}" if t else "-"
+
+
+def _cells(rows):
+    cells = {}
+    for r in rows:
+        cells.setdefault((int(r["tokens"]), int(r["batch"])), {})[r["impl"]] = r
+    return cells
+
+
+def markdown(rows):
+    rows = [r for r in rows if is_generate_row(r)]
+    if not rows:
+        return []
+    on_cpu = not any(r.get("peak_mem_gb") not in (None, "") for r in rows)
+    cells = _cells(rows)
+    impls = [i for i in IMPLS if any(i in c for c in cells.values())]
+    out = [f"\n### e2e generation: `generate` on a Llama-3-8B-shaped model, {rows[0]['layers']} layers, greedy; "
+           "ms per generated token after the first (decode step) and time to first token"
+           + (" (CPU: a tiny config, the code path only)" if on_cpu else "") + "\n",
+           "| context | batch | " + " | ".join(f"{i} step ms" for i in impls) + " | llmk vs static+compile | "
+           "llmk vs eager | fp8 vs llmk | " + " | ".join(f"{i} TTFT ms" for i in impls) + " | llmk TTFT vs eager | "
+           "llmk tok/s | max rel err / tokens agreeing " + " / ".join(i for i in impls if i != "hf_eager") + " |",
+           "|---:|---:|" + "---:|" * len(impls) + "---:|---:|---:|" + "---:|" * len(impls) + "---:|---:|---|"]
+    notes = {}
+    for (ctx, batch), c in sorted(cells.items()):
+        o = c.get("llmk")
+        errors = " / ".join(f"{c[i].get('max_rel_err') or '-'} ({c[i].get('agree') or '-'})" if i in c else "-"
+                            for i in impls if i != "hf_eager")
+        out.append(f"| {ctx} | {batch} | " + " | ".join(_ms(c.get(i)) for i in impls) +
+                   f" | {_x(_ratio(c.get('hf_static_compile'), o))} | {_x(_ratio(c.get('hf_eager'), o))} | "
+                   f"{_x(_ratio(o, c.get('llmk_fp8')))} | " + " | ".join(_ms(c.get(i), 'ttft_us') for i in impls) +
+                   f" | {_x(_ratio(c.get('hf_eager'), o, 'ttft_us'))} | {(o.get('tokens_per_s') or '-') if o else '-'} "
+                   f"| {errors} |")
+        for i in impls:
+            if i in c and c[i].get("note"):
+                notes.setdefault(c[i]["note"], []).append(f"{ctx} x {batch} {i}")
+    if not on_cpu:
+        out += _aims(cells)
+    if notes:
+        out += ["", "Notes:"] + [f"- {', '.join(where)}: {note}" for note, where in notes.items()]
+    return out
+
+
+def _verdict(ok) -> str:
+    return "yes" if ok else "**no**"
+
+
+def _aims(cells):
+    lines = ["", "Aims:"]
+    for (ctx, batch), c in sorted(cells.items()):
+        o = c.get("llmk")
+        if not o:
+            continue
+        vc, ve = _ratio(c.get("hf_static_compile"), o), _ratio(c.get("hf_eager"), o)
+        text = (f"- {ctx} x {batch}: step {_x(vc)} hf_static_compile (>= {AIMS['vs_compile']}x: "
+                f"{_verdict(vc and vc >= AIMS['vs_compile']) if vc else 'not measured'}), {_x(ve)} hf_eager "
+                f"(>= {AIMS['vs_eager']}x: {_verdict(ve and ve >= AIMS['vs_eager'])})")
+        if ctx == AIMS["fp8"][0] and "llmk_fp8" in c:
+            f8 = _ratio(o, c["llmk_fp8"])
+            text += f"; fp8 cache {_x(f8)} the bf16 cache (>= {AIMS['fp8'][1]}x: {_verdict(f8 and f8 >= AIMS['fp8'][1])})"
+        if ctx == AIMS["ttft"][0]:
+            t = _ratio(c.get("hf_eager"), o, "ttft_us")
+            text += f"; TTFT {_x(t)} hf_eager (>= {AIMS['ttft'][1]}x: {_verdict(t and t >= AIMS['ttft'][1])})"
+        lines.append(text + ".")
+    return lines
+
+
+def plot(rows, path, title=""):
+    """Decode-step speedup over hf_eager of each impl, a bar group per (context, batch)."""
+    from .common import panels
+
+    cells = _cells([r for r in rows if is_generate_row(r)])
+    impls = [i for i in IMPLS if any(i in c for c in cells.values())]
+    fig, axes = panels(1, 1, (9, 3.4), title)
+    ax = axes[0, 0]
+    width = 0.8 / max(len(impls), 1)
+    keys = sorted(cells)
+    for k, impl in enumerate(impls):
+        ys = [_ratio(cells[key].get("hf_eager"), cells[key].get(impl)) or 0 for key in keys]
+        ax.bar([j + k * width for j in range(len(keys))], ys, width=width, label=impl, color=COLORS[impl])
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], [f"ctx {t} x B{b}" for t, b in keys], fontsize=8)
+    ax.set_ylabel("decode step speedup over hf_eager", fontsize=8)
+    ax.set_title("generate: time per generated token", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=110)
