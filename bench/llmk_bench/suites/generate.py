@@ -23,7 +23,11 @@ and of ``1 + NEW_TOKENS``, the smaller of two calls each. The decode step's time
 CSV op ``e2e_decode``: tokens = context, hidden = batch (and a ``batch`` column), ``model``,
 ``layers``, time_us = the decode step, ``ttft_us``, tokens_per_s = batch / step, max_rel_err = the
 first step's logits (the prompt's last) against hf_eager's, ``agree`` = generated tokens equal to
-hf_eager's (of batch x NEW_TOKENS; random weights give near-ties, so a few part), peak memory.
+hf_eager's (of batch x NEW_TOKENS; random weights give near-ties, so a few part), peak memory;
+llmk rows also ``graph_us``: one replay of the captured step alone (the GPU's part of time_us).
+Where hf_static_compile's prefill runs out of memory (its [batch, 1, ctx, slots] mask at batch
+16 x 32768), the cell is measured again with its chunked prefill (``prefill_chunk_size``
+8192) and the note says so.
 
 Without a GPU: 2 layers of a tiny config, contexts 64 and 128, batch 1 and 2, 8 new tokens,
 hf_eager and llmk only: the code path, not a measurement. The table and plot: views/generate.py.
@@ -40,6 +44,8 @@ from ..views.generate import IMPLS, OP
 
 GPU = dict(contexts=(4096, 32768), batches=(1, 16), layers=8, new_tokens=64)
 CPU = dict(contexts=(64, 128), batches=(1, 2), layers=2, new_tokens=8)
+CHUNK = 8192  # hf_static_compile's prefill chunk where the whole prompt's does not fit
+REPLAYS = 20  # graph replays timed for graph_us
 GPU_ONLY = {"hf_static_compile": "torch.compile (Inductor's CPU backend compiles C++: minutes)",
             "llmk_fp8": "llmk's fp8 cache on the CPU is the reference backend"}
 
@@ -58,7 +64,7 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def _generate(model, ids, new, impl, max_cache_len, scores=False):
+def _generate(model, ids, new, impl, max_cache_len, scores=False, chunk=None):
     kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None,
                   attention_mask=torch.ones_like(ids))
     if impl == "hf_static_compile":
@@ -66,6 +72,8 @@ def _generate(model, ids, new, impl, max_cache_len, scores=False):
 
         kwargs.update(cache_implementation="static", max_cache_len=max_cache_len,
                       compile_config=CompileConfig(mode="reduce-overhead"))
+        if chunk:
+            kwargs["prefill_chunk_size"] = chunk
     if scores:
         kwargs.update(output_scores=True, return_dict_in_generate=True)
     with torch.no_grad():
@@ -140,26 +148,37 @@ def run(args, device, failures, checkpoint=lambda rows: None):
 
 def _cell(model, impl, ctx, batch, new, device, layers, refs, failures):
     row = dict(op=OP, dtype="bfloat16", tokens=ctx, hidden=batch, batch=batch, impl=impl, model="llama", layers=layers,
-               time_us="", ttft_us="", tokens_per_s="", max_rel_err="", agree="", peak_mem_gb="", compile_s="", note="",
+               time_us="", ttft_us="", tokens_per_s="", max_rel_err="", agree="", peak_mem_gb="", compile_s="", graph_us="", note="",
                gbs="", pct_copy="", timing="perf_counter")
     ids = _ids(model.config.vocab_size, batch, ctx, device)
     max_cache_len = ctx + 1 + new
-    try:
+    out, reason, chunk = None, "", None
+    for attempt in range(2):
+        try:
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            out = _generate(model, ids, 1 + new, impl, max_cache_len, scores=True, chunk=chunk)
+            _sync(device)
+            warm_s = time.perf_counter() - t0
+            first = _seconds(lambda: _generate(model, ids, 1, impl, max_cache_len, chunk=chunk), device)
+            full = _seconds(lambda: _generate(model, ids, 1 + new, impl, max_cache_len, chunk=chunk), device)
+            break
+        except Exception as e:  # noqa: BLE001 - report, go on with the next cell
+            reason = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            out = None
+        gc.collect()
         if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        out = _generate(model, ids, 1 + new, impl, max_cache_len, scores=True)
-        _sync(device)
-        warm_s = time.perf_counter() - t0
-        first = _seconds(lambda: _generate(model, ids, 1, impl, max_cache_len), device)
-        full = _seconds(lambda: _generate(model, ids, 1 + new, impl, max_cache_len), device)
-    except Exception as e:  # noqa: BLE001 - report, go on with the next cell
-        reason = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-        out = None
+            torch.cuda.empty_cache()
+        # transformers' static path builds a [batch, 1, ctx, max_cache_len] mask for the prefill:
+        # where that does not fit, its own chunked prefill (the decode steps are unchanged)
+        if impl != "hf_static_compile" or "OutOfMemoryError" not in reason or attempt:
+            break
+        chunk = CHUNK
+        row["note"] = f"prefill in chunks of {CHUNK} (prefill_chunk_size): the whole prompt's ran out of memory"
     if out is None:
         failures.append(f"e2e_decode {ctx} x {batch} {impl}: {reason}")
-        row["note"] = f"failed: {reason}"
-        gc.collect()
+        row["note"] = "; ".join(n for n in (row["note"], f"failed: {reason}") if n)
         return row
     step = (full - first) / new
     tokens = out.sequences[:, ctx:]
@@ -176,8 +195,32 @@ def _cell(model, impl, ctx, batch, new, device, layers, refs, failures):
         row["peak_mem_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
     if impl == "hf_static_compile":
         row["compile_s"] = round(max(warm_s - full, 0.0), 1)
+    if impl.startswith("llmk") and device == "cuda":
+        row["graph_us"] = _graph_step_us(model)
     del out
     return row
+
+
+def _graph_step_us(model):
+    """The GPU time of one decode step alone: the median of REPLAYS replays of the patched
+    model's captured step (CUDA events), the cache's lengths put back after. Beside the step
+    time of generate it says what generate's own per-token work (host time with the GPU idle
+    after each step's synchronization) costs."""
+    cache = model._llmk_patch["decode"].cache
+    graph = getattr(cache, "_graph", None)
+    if graph is None:
+        return ""
+    lengths = cache.seqlens.clone()
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+        cache.seqlens.copy_(lengths)
+    return round(sorted(times)[len(times) // 2], 1)
 
 
 def _line(r):
@@ -186,4 +229,6 @@ def _line(r):
     return (f"  {r['tokens']:6d} x {r['batch']:3d} {r['impl']:18s} step {r['time_us'] / 1e3:8.3f} ms  "
             f"{r['tokens_per_s']:>9} tok/s  ttft {r['ttft_us'] / 1e3:9.2f} ms  err {r['max_rel_err'] or '-':>8}  "
             f"agree {r['agree'] or '-':>8}  peak {r['peak_mem_gb'] or '-'} GB"
-            + (f"  compile {r['compile_s']} s" if r["compile_s"] != "" else ""))
+            + (f"  compile {r['compile_s']} s" if r["compile_s"] != "" else "")
+            + (f"  graph step {r['graph_us'] / 1e3:.3f} ms" if r.get("graph_us") else "")
+            + (f"  ({r['note']})" if r["note"] else ""))
