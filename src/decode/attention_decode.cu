@@ -18,18 +18,22 @@ namespace llmk::detail {
 
 namespace {
 
-// Shared memory per block: two blocks per SM up to D = 128, one at D = 256.
-constexpr int kTwoPerSm = 110 * 1024, kOnePerSm = 220 * 1024;
+// Shared memory per block: two blocks per SM up to D = 128, one at D = 256; three for the
+// 16-row tiles of an fp8 cache (their ring holds half the bytes a key, and the conversion to
+// q's dtype wants the warps: 12 a SM instead of 8).
+constexpr int kTwoPerSm = 110 * 1024, kOnePerSm = 220 * 1024, kThreePerSm = 75 * 1024;
 constexpr int kMaxSplits = 32 * kMaxSplitWords;  // what the merge kernel takes
 constexpr int kMinKeysPerSplit = 128;  // two stages: shorter pieces cost more in the merge than they save
 constexpr int kBlockCostKeys = 256;   // a block's fixed cost (ring fill, merge), in keys streamed
 
 constexpr int wide_mtiles(int head_dim) { return head_dim == 64 ? 4 : (head_dim == 256 ? 1 : 2); }
 int mtiles_for(int rows, int head_dim) { return rows <= 16 ? 1 : wide_mtiles(head_dim); }
-int blocks_per_sm(int head_dim) { return head_dim == 256 ? 1 : 2; }
+int blocks_per_sm(int head_dim, bool fp8, int mtiles) { return head_dim == 256 ? 1 : (fp8 && mtiles == 1 ? 3 : 2); }
 
 template <class T, class Cache, int kHeadDim, int kMTiles>
-using TileFor = DecodeTile<T, Cache, kHeadDim, kMTiles, kHeadDim == 256 ? kOnePerSm : kTwoPerSm>;
+using TileFor = DecodeTile<T, Cache, kHeadDim, kMTiles,
+                           kHeadDim == 256 ? kOnePerSm
+                                           : (std::is_same_v<Cache, Fp8E4M3> && kMTiles == 1 ? kThreePerSm : kTwoPerSm)>;
 
 template <class T, class Tile>
 void launch(const DecodeParams& p, int row_blocks, cudaStream_t stream) {
@@ -59,10 +63,11 @@ struct CacheTag {
 
 }  // namespace
 
-int decode_splits_for(int batch, int heads_kv, int q_len, int group, int head_dim, int capacity, int device) {
-  const int rows = q_len * group, row_rows = 16 * mtiles_for(rows, head_dim);
+int decode_splits_for(int batch, int heads_kv, int q_len, int group, int head_dim, bool fp8_cache, int capacity,
+                      int device) {
+  const int rows = q_len * group, mtiles = mtiles_for(rows, head_dim), row_rows = 16 * mtiles;
   const int64_t pairs = static_cast<int64_t>(batch) * heads_kv * ((rows + row_rows - 1) / row_rows);
-  const int64_t slots = static_cast<int64_t>(sm_count_of(device)) * blocks_per_sm(head_dim);
+  const int64_t slots = static_cast<int64_t>(sm_count_of(device)) * blocks_per_sm(head_dim, fp8_cache, mtiles);
   const int most = capacity / kMinKeysPerSplit < kMaxSplits ? capacity / kMinKeysPerSplit : kMaxSplits;
   // Time ~ waves of blocks x (keys per piece + a block's fixed cost in keys: the ring's
   // fill and the merge of its partial rows); ties go to fewer pieces.

@@ -23,7 +23,11 @@
 // < 1% of them at q_len <= 16. FLOPs are 4 * rows * seqlen_k * D per kv head, at most
 // ~2 FLOP/byte for rows <= 16 (the tensor cores idle). A block keeps (kStages - 1) stages
 // (35-70 KB) in flight; two blocks per SM (one at D = 256) give the 30+ KB per SM that
-// covering the DRAM latency at 23 GB/s per SM needs. Splits are chosen on the host
+// covering the DRAM latency at 23 GB/s per SM needs. The 16-row fp8 tiles run three blocks
+// per SM (a 2-stage ring, 168 registers): their time goes to converting the stage in shared
+// memory more than to waiting on DRAM, and 12 warps a SM convert faster than 8 (H200, bf16 q:
+// batch 16 x 8192 and 64 x 4096 1.11-1.13x the two-block tile; batch 1 x 8192 0.91x, its
+// one stage in flight a block too few there). Splits are chosen on the host
 // (attention_decode.cu) so that the blocks fill the SMs in about one wave.
 #pragma once
 
@@ -51,7 +55,8 @@ constexpr int decode_clamp(int v, int lo, int hi) { return v < lo ? lo : (v > hi
 
 // The shape of one decode kernel: q's element type T, the cache's element type Cache (T
 // or Fp8E4M3), the head dim, kMTiles 16-row query tiles per block, and the shared-memory
-// budget of one block (two blocks per SM at 110 KB, one at 220 KB) that sets the ring depth.
+// budget of one block (two blocks per SM at 110 KB, one at 220 KB, three at 75 KB) that sets
+// the ring depth.
 template <class T, class Cache_, int kHeadDim_, int kMTiles_, int kSmemBudget>
 struct DecodeTile {
   using Cache = Cache_;
@@ -73,6 +78,9 @@ struct DecodeTile {
   static constexpr int kMergeBytes = kWarps * kRows * kMergePitch * 4;
   static constexpr int kSmemBytes = kQBytes + decode_max(kStages * kStageBytes + kConvertBytes, kMergeBytes);
   static constexpr int kCacheChunks = kCacheRowBytes / 16;  // 16-byte pieces of a cache row
+  // Blocks per SM asked of ptxas: three where the budget allows them (it then keeps the
+  // registers at 170), else one (up to 255 registers; two blocks still fit).
+  static constexpr int kMinBlocks = kSmemBudget * 3 <= 228 * 1024 ? 3 : 1;
   static_assert((kBlockN * kCacheChunks) % kThreads == 0 && kHeadDim % 32 == 0);
 };
 
@@ -137,11 +145,11 @@ __device__ __forceinline__ void fp8x16_to(uint4 (&dst)[2], uint4 src) {
 }
 
 // grid (splits, heads_kv * row blocks, batch), Tile::kThreads threads, Tile::kSmemBytes of
-// dynamic shared memory. The explicit minimum of one block per SM lets ptxas use up to 255
-// registers (two blocks of 128 threads still fit); without it ptxas settled at 128 for
-// several variants and spilled 4-36 bytes.
+// dynamic shared memory. The explicit minimum of one block per SM (Tile::kMinBlocks, but for
+// the three-per-SM fp8 tiles) lets ptxas use up to 255 registers (two blocks of 128 threads
+// still fit); without it ptxas settled at 128 for several variants and spilled 4-36 bytes.
 template <class T, class Tile>
-__global__ void __launch_bounds__(Tile::kThreads, 1) attention_decode_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_decode_kernel(const __grid_constant__ DecodeParams p) {
   if constexpr (!decode_tile_compiled_here<Tile>()) return;
   using Cache = typename Tile::Cache;
   constexpr int D = Tile::kHeadDim, kRows = Tile::kRows, kBlockN = Tile::kBlockN, kStages = Tile::kStages;

@@ -92,7 +92,8 @@ LLMK_HOST_DEVICE inline int decode_visible_keys(const DecodeParams& p, int seqle
 // The CUDA launcher (split choice, main kernel, merge) and the CPU reference, called after
 // the arguments are validated. `splits_for` is the host-side choice the workspace size
 // query and the launcher share.
-int decode_splits_for(int batch, int heads_kv, int q_len, int group, int head_dim, int capacity, int device);
+int decode_splits_for(int batch, int heads_kv, int q_len, int group, int head_dim, bool fp8_cache, int capacity,
+                      int device);
 void attention_decode_cuda(const DecodeParams& p, DType dtype, DType cache_dtype, cudaStream_t stream);
 void attention_decode_cpu(const DecodeParams& p, DType dtype, DType cache_dtype);
 

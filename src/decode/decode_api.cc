@@ -253,7 +253,8 @@ int64_t workspace_elements(const DecodeParams& p, int splits) {
 
 int splits_for(const Validated& r, int device) {
   const DecodeParams& p = r.p;
-  return detail::decode_splits_for(p.batch, p.heads_kv, p.q_len, p.group, p.head_dim, p.capacity, device);
+  return detail::decode_splits_for(p.batch, p.heads_kv, p.q_len, p.group, p.head_dim,
+                                   r.cache_dtype == DType::f8e4m3, p.capacity, device);
 }
 
 }  // namespace
