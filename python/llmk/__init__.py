@@ -17,6 +17,16 @@ __all__ = [*ops.PUBLIC, "distributed", "nn", "optim", "patch", "unpatch", "Patch
            "attention_head_dims"]
 
 
+def __getattr__(name: str):
+    """``llmk.generation`` (KVCache and ``decode=True``'s model changes) imports on first use:
+    it needs transformers, which llmk itself does not."""
+    if name == "generation":
+        import importlib
+
+        return importlib.import_module(".generation", __name__)
+    raise AttributeError(f"module 'llmk' has no attribute {name!r}")
+
+
 def device_info(index: int = 0) -> dict:
     """Facts of CUDA device `index` as llmk sees them (``available`` is False without one)."""
     return _C.device_info(index)
