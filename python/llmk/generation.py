@@ -197,10 +197,12 @@ class KVCache(Cache):
         self._prefill = None
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Drops the last `tokens_to_remove` tokens of every sequence (a negative value: keeps
-        that many fewer than all, as transformers' caches)."""
-        remove = tokens_to_remove if tokens_to_remove >= 0 else self.length + tokens_to_remove
-        remove = min(max(remove, 0), self.length)
+        """Drops the last ``-tokens_to_remove`` tokens of every sequence (transformers' caches:
+        a negative count; a positive value is the older form, the length to keep)."""
+        if tokens_to_remove > 0:
+            remove = max(self.length - tokens_to_remove, 0)
+        else:
+            remove = min(-tokens_to_remove, self.length)
         self.length -= remove
         self.seqlens.sub_(remove).clamp_(min=0)
 

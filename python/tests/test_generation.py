@@ -55,9 +55,10 @@ def _prompts(device, batch=3, pad=(0, 5, 11)):
 
 
 def _generate(model, ids, mask, new=NEW, **kwargs):
+    kwargs.setdefault("eos_token_id", None)
     with torch.no_grad():
         out = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, output_scores=True,
-                             return_dict_in_generate=True, pad_token_id=0, eos_token_id=None, **kwargs)
+                             return_dict_in_generate=True, pad_token_id=0, **kwargs)
     return out.sequences[:, ids.shape[1]:], torch.stack(out.scores, 1).float()
 
 
@@ -178,8 +179,10 @@ def test_the_cache_logic():
         cache.reorder_cache(torch.tensor([1, 0]))
         assert cache.seqlens.tolist() == [PROMPT - 3, PROMPT]
         assert torch.equal(cache.keys[:, 0, :PROMPT], saved[:, 1]) and torch.equal(cache.keys[:, 1, :PROMPT], saved[:, 0])
-        cache.crop(5)
+        cache.crop(-5)
         assert cache.length == PROMPT - 5 and cache.seqlens.tolist() == [PROMPT - 8, PROMPT - 5]
+        cache.crop(PROMPT - 5)  # the older form: the length to keep (here all of it)
+        assert cache.length == PROMPT - 5
         model(ids[:, :1], past_key_values=cache)  # a step: one more token each
         assert cache.seqlens.tolist() == [PROMPT - 7, PROMPT - 4]
         with pytest.raises(ValueError, match=r"exceed its 256 slots \(sized for max_length 40\)"):
@@ -240,3 +243,27 @@ def test_what_decode_cannot_serve_is_rejected():
     with pytest.raises(ValueError, match=r"exceeds the model's sliding window \(32\)"):
         _generate(windowed, ids, mask, new=16)
     llmk.unpatch(windowed)
+
+
+def test_eos_and_prompt_lookup_decoding():
+    """EOS ends a sequence early (the batch keeps stepping with padding), and prompt-lookup
+    decoding verifies several draft tokens per forward (attention_decode with q_len > 1) and
+    crops the rejected ones from the cache: both as the unpatched model generates."""
+    model = _model("llama", "cpu")
+    ids, mask = _prompts("cpu", batch=2, pad=(0, 6))
+    ids[:, -8:] = ids[:, 3:11].clone()  # repeated n-grams for the lookup to find
+    mask[:, -8:] = 1
+    with torch.no_grad():
+        first = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    eos = int(first[0, PROMPT + 4])  # a token the first sequence generates: it stops there
+    runs = {}
+    for patched in (False, True):
+        if patched:
+            llmk.patch(model, decode=True)
+        runs[patched] = (_generate(model, ids, mask, new=16, eos_token_id=eos),
+                         _generate(model, ids[:1], mask[:1], new=16, prompt_lookup_num_tokens=3))
+    llmk.unpatch(model)
+    for what, want, got in zip(("eos", "prompt lookup"), runs[False], runs[True]):
+        assert got[0].shape == want[0].shape
+        _assert_follows(got, want, TOLERANCE, what)
+    assert (runs[True][0][0][0, 5:] == 0).all(), "the sequence that met EOS continues with padding"
