@@ -82,6 +82,15 @@ def _head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def _local_heads_kv(model, head_dim: int) -> int:
+    """The kv heads this process computes: the config's, or under tensor parallelism (k_proj's
+    weight a DTensor sharded by output rows) this rank's share."""
+    weight = attention_modules(model)[0].k_proj.weight
+    if hasattr(weight, "to_local"):
+        weight = weight.to_local()
+    return weight.shape[0] // head_dim
+
+
 @dataclass
 class _Prefill:
     """A prefill's per-sequence facts (from the attention mask), for the layers to read."""
@@ -125,7 +134,8 @@ class KVCache(Cache):
                              f"not {self.dtype}")
         config = model.config
         self.num_layers = config.num_hidden_layers
-        self.heads_kv, self.head_dim = config.num_key_value_heads, _head_dim(config)
+        self.head_dim = _head_dim(config)
+        self.heads_kv = _local_heads_kv(model, self.head_dim)
         self._batch = batch_size
         self.requested_length = max_length
         self.page_size = page_size

@@ -33,6 +33,9 @@ What is replaced, each part only where llmk computes exactly what the model comp
   decode kernel has soft-capping and windows. ``kv_cache_dtype=torch.float8_e4m3fn`` stores the
   cache in fp8 with per-head scales; ``kv_page_size`` reads it through a block table.
 
+A model that transformers loaded tensor-parallel (its ``tp_plan``) is patched the same way: each
+rank's ops run on its local tensors, and ``decode=True``'s cache holds the rank's kv heads.
+
 The report returned says what was replaced and what was left and why. Nothing is copied:
 the patched model shares its parameters and state dict with the original, and works under
 ``torch.compile(fullgraph=True)``; every replaced part trains through autograd.

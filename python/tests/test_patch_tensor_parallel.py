@@ -1,0 +1,106 @@
+"""llmk.patch on a model that transformers loaded tensor-parallel (``DistributedConfig(tp_plan="auto")``) over two
+processes on the CPU (gloo): every rank's logits and greedy generation (a ragged, left-padded
+batch) against the same TP model unpatched, with the default patch and with ``decode=True``
+(whose KV cache holds the rank's share of the kv heads)."""
+
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate", reason="transformers loads tensor-parallel models through accelerate")
+
+WORLD = 2
+TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64, vocab_size=512)
+TOLERANCE = 4e-2  # test_patch's: bf16 logits of two models that round differently
+
+
+def _save_model(path):
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY)).to(torch.bfloat16)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(path)
+
+
+def _generate(model, ids, mask):
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, output_scores=True,
+                             return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+    return out.sequences, torch.stack(out.scores, 1).float()
+
+
+def _assert_follows(got, want, prompt, what):
+    """Greedy generations agree step by step (scores within TOLERANCE of the largest) while their
+    tokens do; a sequence may part only at a near-tie of the reference's top two scores."""
+    scale = want[1].abs().max().item()
+    for b in range(want[0].shape[0]):
+        for step in range(want[1].shape[1]):
+            err = (got[1][b, step] - want[1][b, step]).abs().max().item() / scale
+            assert err <= TOLERANCE, f"{what}: sequence {b} step {step}: scores off by {err:.3g}"
+            if got[0][b, prompt + step] != want[0][b, prompt + step]:
+                top2 = want[1][b, step].topk(2).values
+                assert (top2[0] - top2[1]).item() / scale <= TOLERANCE, f"{what}: sequence {b} parts at step {step}"
+                break
+
+
+def _rank(rank, model_path, rendezvous, failures):
+    import llmk
+
+    # transformers reads the world from torchrun's variables
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD))
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
+    try:
+        model = transformers.LlamaForCausalLM.from_pretrained(
+            model_path, distributed_config=transformers.DistributedConfig(tp_plan="auto"), dtype=torch.bfloat16).eval()
+        assert hasattr(model.model.layers[0].self_attn.k_proj.weight, "to_local"), "the model did not load sharded"
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(1, TINY["vocab_size"], (2, 19), generator=g)
+        mask = torch.ones_like(ids)
+        ids[1, :5], mask[1, :5] = 0, 0
+        with torch.no_grad():
+            want_logits = model(ids[:1]).logits.float()
+        want = _generate(model, ids, mask)
+        for options in ({}, {"decode": True}):
+            llmk.patch(model, **options)
+            try:
+                with torch.no_grad():
+                    got_logits = model(ids[:1]).logits.float()
+                err = ((got_logits - want_logits).abs().max() / want_logits.abs().max()).item()
+                assert err <= TOLERANCE, f"{options}: logits off by {err:.3g}"
+                _assert_follows(_generate(model, ids, mask), want, ids.shape[1], f"rank {rank} {options}")
+                if options:
+                    cache = model._llmk_patch["decode"].cache
+                    assert cache.heads_kv == TINY["num_key_value_heads"] // WORLD
+            finally:
+                llmk.unpatch(model)
+    except Exception as e:  # noqa: BLE001 - the parent reports each rank's failure
+        failures.put(f"rank {rank}: {type(e).__name__}: {e}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_patch_on_a_tensor_parallel_model_over_gloo():
+    ctx = mp.get_context("spawn")
+    failures = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_path = os.path.join(tmp, "model")
+        _save_model(model_path)
+        procs = [ctx.Process(target=_rank, args=(r, model_path, os.path.join(tmp, "rendezvous"), failures))
+                 for r in range(WORLD)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=300)
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    found = []
+    while not failures.empty():
+        found.append(failures.get())
+    assert not found, "\n".join(found)
