@@ -10,10 +10,10 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import llmk
 from conftest import RTOL, assert_close
+from ranks import run_ranks
 
 WORLD = 2
 SHAPES = [(1, 4096), (3, 1000), (17, 257), (2, 5, 64)]
@@ -58,19 +58,7 @@ def _rank(rank, path, failures):
 
 
 def test_two_ranks_over_gloo_match_float64():
-    ctx = mp.get_context("spawn")
-    failures = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_rank, args=(r, os.path.join(tmp, "rendezvous"), failures)) for r in range(WORLD)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=300)
-        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    found = []
-    while not failures.empty():
-        found.append(failures.get())
-    assert not found, "\n".join(found)
+    run_ranks(_rank, WORLD)
 
 
 def test_without_a_process_group():

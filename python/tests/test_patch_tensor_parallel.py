@@ -9,7 +9,8 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from ranks import run_ranks
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate", reason="transformers loads tensor-parallel models through accelerate")
@@ -51,7 +52,7 @@ def _assert_follows(got, want, prompt, what):
                 break
 
 
-def _rank(rank, model_path, rendezvous, failures):
+def _rank(rank, rendezvous, failures, model_path):
     import llmk
 
     # transformers reads the world from torchrun's variables
@@ -88,19 +89,7 @@ def _rank(rank, model_path, rendezvous, failures):
 
 
 def test_patch_on_a_tensor_parallel_model_over_gloo():
-    ctx = mp.get_context("spawn")
-    failures = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         model_path = os.path.join(tmp, "model")
         _save_model(model_path)
-        procs = [ctx.Process(target=_rank, args=(r, model_path, os.path.join(tmp, "rendezvous"), failures))
-                 for r in range(WORLD)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=300)
-        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    found = []
-    while not failures.empty():
-        found.append(failures.get())
-    assert not found, "\n".join(found)
+        run_ranks(_rank, WORLD, model_path)
