@@ -22,7 +22,6 @@ which must be left); afterwards the cache's lengths are the truth. The model's o
 builders never run.
 """
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -51,6 +50,10 @@ def unsupported(model) -> str:
     if config.model_type.startswith("gemma"):
         return ("Gemma's sliding-window layers and their second rotary table have no llmk decode path yet "
                 "(llmk.attention_decode has no window)")
+    devices = {p.device for p in model.parameters()}
+    if len(devices) > 1 or any(d.type == "meta" for d in devices):
+        return (f"the model's parameters are on {', '.join(sorted(map(str, devices)))}: the KV cache and its CUDA "
+                "graph serve a model on one device")
     dtype = next(model.parameters()).dtype
     if dtype not in (torch.float16, torch.bfloat16):
         return f"the model is {dtype}; llmk.attention_decode computes float16/bfloat16 models"
@@ -71,6 +74,13 @@ def window(model) -> Optional[int]:
         if w:
             sizes.append(int(w))
     return min(sizes) if sizes else None
+
+
+def model_key(model):
+    """What a kept cache and its CUDA graph depend on: the model's dtype, device and the
+    addresses of its first and last parameters (a .to(), .half() or reload changes them)."""
+    params = list(model.parameters())
+    return tuple((p.dtype, p.device, p.data_ptr()) for p in (params[0], params[-1]))
 
 
 def attention_modules(model):
@@ -108,13 +118,14 @@ class KVCache(Cache):
     ``past_key_values`` to choose its size or kind yourself).
 
     Preallocated for ``batch_size`` sequences of up to ``max_length`` tokens (rounded up to a
-    multiple of 256), every layer in one tensor ``[layers, batch, slots, heads_kv, head_dim]``;
+    multiple of 256, then of ``page_size``), every layer in one tensor ``[layers, batch, slots, heads_kv, head_dim]``;
     ``dtype`` the model's (default) or ``torch.float8_e4m3fn`` (per layer and head float32 scales,
     set at each prefill from the prompt's largest key and value with 2x headroom; later values
     beyond it saturate at +-448); ``page_size`` lays the same memory out in pages of that many
     tokens, read through a block table (``llmk.attention_decode``'s paged path). A call past the
     capacity raises; nothing wraps. Inference only; beam search reorders it in place
-    (``reorder_cache``), assisted generation crops it (``crop``)."""
+    (``reorder_cache``), assisted generation crops it (``crop``). One you pass yourself is
+    yours to ``reset()`` before a new prompt."""
 
     is_compileable = False
 
@@ -139,22 +150,27 @@ class KVCache(Cache):
         self._batch = batch_size
         self.requested_length = max_length
         self.page_size = page_size
-        round_to = CAPACITY_ROUND if page_size is None else math.lcm(CAPACITY_ROUND, page_size)
-        if page_size is not None and page_size < 1:
-            raise ValueError(f"llmk.KVCache: page_size must be >= 1, not {page_size}")
-        self.capacity = -(-max_length // round_to) * round_to
+        if page_size is not None and (not isinstance(page_size, int) or page_size < 1):
+            raise ValueError(f"llmk.KVCache: page_size must be an int >= 1, not {page_size!r}")
+        slots = -(-max_length // CAPACITY_ROUND) * CAPACITY_ROUND
+        self.capacity = slots if page_size is None else -(-slots // page_size) * page_size
         shape = (self.num_layers, batch_size, self.capacity, self.heads_kv, self.head_dim)
-        self.keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.values = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        fp8 = self.dtype == FP8
-        self.k_scale = torch.ones(self.num_layers, self.heads_kv, device=self.device) if fp8 else None
-        self.v_scale = torch.ones(self.num_layers, self.heads_kv, device=self.device) if fp8 else None
-        self.block_table = None
-        if page_size is not None:  # page p of sequence b is page b * pages + p: the same bytes as the contiguous cache
-            pages = self.capacity // page_size
-            self.block_table = torch.arange(batch_size * pages, dtype=torch.int32, device=self.device).view(batch_size, pages)
-        self.seqlens = torch.zeros(batch_size, dtype=torch.int32, device=self.device)
-        self.rotary = _rotary_table(model, self.capacity, self.model_dtype, self.device)
+        # Normal tensors even under torch.inference_mode: the cache outlives the call that made
+        # it, and a later generate outside inference mode updates it in place.
+        with torch.inference_mode(False):
+            self.keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            fp8 = self.dtype == FP8
+            self.k_scale = torch.ones(self.num_layers, self.heads_kv, device=self.device) if fp8 else None
+            self.v_scale = torch.ones(self.num_layers, self.heads_kv, device=self.device) if fp8 else None
+            self.block_table = None
+            if page_size is not None:  # page p of sequence b is page b * pages + p: the contiguous cache's bytes
+                pages = self.capacity // page_size
+                self.block_table = torch.arange(batch_size * pages, dtype=torch.int32,
+                                                device=self.device).view(batch_size, pages)
+            self.seqlens = torch.zeros(batch_size, dtype=torch.int32, device=self.device)
+            self.rotary = _rotary_table(model, self.capacity, self.model_dtype, self.device)
+        self.model_key = model_key(model)
         self.length = 0  # tokens given per sequence so far, left padding included (what generate counts)
         self._prefill: Optional[_Prefill] = None
         self._graph = None
@@ -209,6 +225,7 @@ class KVCache(Cache):
     def crop(self, tokens_to_remove: int) -> None:
         """Drops the last ``-tokens_to_remove`` tokens of every sequence (transformers' caches:
         a negative count; a positive value is the older form, the length to keep)."""
+        tokens_to_remove = int(tokens_to_remove)  # assisted generation passes a 0-d tensor
         if tokens_to_remove > 0:
             remove = max(self.length - tokens_to_remove, 0)
         else:
@@ -219,7 +236,8 @@ class KVCache(Cache):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         beam_idx = beam_idx.to(self.device)
         for store in (self.keys, self.values):
-            store.copy_(store.index_select(1, beam_idx))
+            for layer in store:  # the filled slots, a layer at a time
+                layer[:, : self.length].copy_(layer[:, : self.length].index_select(0, beam_idx))
         self.seqlens.copy_(self.seqlens.index_select(0, beam_idx))
 
     def batch_repeat_interleave(self, repeats: int):
@@ -280,9 +298,11 @@ class KVCache(Cache):
                 with torch.cuda.stream(stream):
                     logits = self._run(model, input_ids, None, 1, 1)
                 torch.cuda.current_stream(self.device).wait_stream(stream)
+                logits.record_stream(torch.cuda.current_stream(self.device))
                 self._graph_ready = True
                 return logits
-            self._graph_ids = input_ids.clone()
+            with torch.inference_mode(False):
+                self._graph_ids = input_ids.clone()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 self._graph_logits = self._run(model, self._graph_ids, None, 1, 1)
@@ -400,7 +420,10 @@ def causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=No
 
 class Caches:
     """The KVCache that ``generate`` gets on a patched model (kept on the model, reused by the
-    calls it fits, so that its CUDA graph is captured once)."""
+    calls it fits, so that its CUDA graph is captured once). The next ``generate`` resets it: a
+    cache returned in ``out.past_key_values`` is the model's and holds only until then, and two
+    threads must not generate on one patched model at once. Made again when the model changes
+    dtype or device."""
 
     def __init__(self, dtype: Optional[torch.dtype], page_size: Optional[int]):
         self.dtype, self.page_size = dtype, page_size
@@ -410,7 +433,10 @@ class Caches:
         """transformers' ``_prepare_cache_for_generation``: a KVCache unless the caller chose a
         cache (``past_key_values`` or ``cache_implementation``) or no cache."""
         if (model_kwargs.get("past_key_values") is not None or generation_config.cache_implementation is not None
-                or generation_config.use_cache is False):
+                or generation_config.use_cache is False or getattr(generation_config, "prefill_chunk_size", None)
+                or generation_config.output_hidden_states or generation_config.output_attentions):
+            # the caller's cache, or what llmk's forward does not give (chunked prefill, hidden
+            # states, attention weights): transformers' own path
             return type(model)._prepare_cache_for_generation(model, generation_config, model_kwargs, generation_mode,
                                                              batch_size, max_cache_length)
         batch = max(generation_config.num_beams or 1, generation_config.num_return_sequences or 1) * batch_size
@@ -419,6 +445,8 @@ class Caches:
             raise ValueError(f"llmk.patch(decode=True): generating {max_cache_length} tokens exceeds the model's "
                              f"sliding window ({w}), which llmk.attention_decode does not apply yet")
         cache = self.cache
+        if cache is not None and cache.model_key != model_key(model):
+            self.cache = cache = None  # the model moved or changed dtype: its graph points at the old weights
         if cache is None or cache.batch_size != batch or cache.capacity < max_cache_length:
             length = max_cache_length
             if cache is not None and cache.batch_size == batch:

@@ -267,3 +267,40 @@ def test_eos_and_prompt_lookup_decoding():
         assert got[0].shape == want[0].shape
         _assert_follows(got, want, TOLERANCE, what)
     assert (runs[True][0][0][0, 5:] == 0).all(), "the sequence that met EOS continues with padding"
+
+
+def test_cache_reuse_and_the_paths_left_to_transformers():
+    """The kept cache survives inference mode, is made again when the model changes dtype, and
+    the calls llmk's forward does not serve (chunked prefill, hidden states) run transformers'
+    cache; paged capacities round to the page; crop takes the 0-d tensor assisted generation
+    passes."""
+    model = _model("llama", "cpu")
+    ids, mask = _prompts("cpu", batch=2, pad=(0, 3))
+    want = _generate(model, ids, mask, new=6)
+    chunked = _generate(model, ids, mask, new=6, prefill_chunk_size=8)
+    llmk.patch(model, decode=True)
+    with torch.inference_mode():
+        _generate(model, ids, mask, new=6)
+    cache = model._llmk_patch["decode"].cache
+    _assert_follows(_generate(model, ids, mask, new=6), want, TOLERANCE, "after inference mode")
+    assert model._llmk_patch["decode"].cache is cache
+    _assert_follows(_generate(model, ids, mask, new=6, prefill_chunk_size=8), chunked, TOLERANCE, "chunked prefill")
+    with torch.no_grad():
+        hidden = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,
+                                output_hidden_states=True, return_dict_in_generate=True)
+    assert len(hidden.hidden_states) == 3 and model._llmk_patch["decode"].cache is cache
+    model.to(torch.float16)
+    _generate(model, ids, mask, new=6)
+    assert model._llmk_patch["decode"].cache is not cache
+    assert model._llmk_patch["decode"].cache.keys.dtype == torch.float16
+    llmk.unpatch(model)
+    model.to(torch.bfloat16)
+    assert generation.KVCache(model, 1, 100, page_size=100).capacity == 300
+    with pytest.raises(ValueError, match="page_size must be an int >= 1"):
+        generation.KVCache(model, 1, 100, page_size=0)
+    cache = generation.KVCache(model, 2, 40)
+    cache.length = 10
+    cache.crop(torch.tensor(-3))
+    assert cache.length == 7 and isinstance(cache.length, int)
+    cache.crop(5)
+    assert cache.length == 5 and cache.seqlens.tolist() == [0, 0]
