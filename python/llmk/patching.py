@@ -334,6 +334,9 @@ def _patch_linears(model: torch.nn.Module):
     """Every nn.Linear's forward on llmk.linear (the module, its parameters and hooks stay);
     the count, or why none was patched (llmk.linear takes fp16/bf16 weights)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if any("forward" in m.__dict__ for m in linears):
+        return ("the model's nn.Linear layers run transformers' tensor-parallel forward (sharded weights, its "
+                "all-reduce); llmk.linear takes whole weights")
     dtypes = {m.weight.dtype for m in linears}
     if not dtypes <= {torch.float16, torch.bfloat16}:
         return f"llmk.linear takes float16/bfloat16 weights; this model has {sorted(map(str, dtypes))}"

@@ -69,6 +69,9 @@ def _rank(rank, rendezvous, failures, model_path):
         with torch.no_grad():
             want_logits = model(ids[:1]).logits.float()
         want = _generate(model, ids, mask)
+        report = llmk.patch(model, linear=True)
+        assert "tensor-parallel forward" in report.left["linear"], report
+        llmk.unpatch(model)
         for options in ({}, {"decode": True}):
             llmk.patch(model, **options)
             try:
