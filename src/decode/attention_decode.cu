@@ -21,19 +21,21 @@ namespace {
 // Shared memory per block: two blocks per SM up to D = 128, one at D = 256; three for the
 // 16-row tiles of an fp8 cache (their ring holds half the bytes a key, and the conversion to
 // q's dtype wants the warps: 12 a SM instead of 8).
-constexpr int kTwoPerSm = 110 * 1024, kOnePerSm = 220 * 1024, kThreePerSm = 75 * 1024;
+constexpr int kOnePerSm = 220 * 1024, kTwoPerSm = 110 * 1024, kThreePerSm = 75 * 1024;
 constexpr int kMaxSplits = 32 * kMaxSplitWords;  // what the merge kernel takes
 constexpr int kMinKeysPerSplit = 128;  // two stages: shorter pieces cost more in the merge than they save
 constexpr int kBlockCostKeys = 256;   // a block's fixed cost (ring fill, merge), in keys streamed
 
 constexpr int wide_mtiles(int head_dim) { return head_dim == 64 ? 4 : (head_dim == 256 ? 1 : 2); }
 int mtiles_for(int rows, int head_dim) { return rows <= 16 ? 1 : wide_mtiles(head_dim); }
-int blocks_per_sm(int head_dim, bool fp8, int mtiles) { return head_dim == 256 ? 1 : (fp8 && mtiles == 1 ? 3 : 2); }
+constexpr int blocks_per_sm(int head_dim, bool fp8, int mtiles) {
+  return head_dim == 256 ? 1 : (fp8 && mtiles == 1 ? 3 : 2);
+}
+constexpr int smem_budget(int blocks) { return blocks == 1 ? kOnePerSm : (blocks == 2 ? kTwoPerSm : kThreePerSm); }
 
 template <class T, class Cache, int kHeadDim, int kMTiles>
 using TileFor = DecodeTile<T, Cache, kHeadDim, kMTiles,
-                           kHeadDim == 256 ? kOnePerSm
-                                           : (std::is_same_v<Cache, Fp8E4M3> && kMTiles == 1 ? kThreePerSm : kTwoPerSm)>;
+                           smem_budget(blocks_per_sm(kHeadDim, std::is_same_v<Cache, Fp8E4M3>, kMTiles))>;
 
 template <class T, class Tile>
 void launch(const DecodeParams& p, int row_blocks, cudaStream_t stream) {
