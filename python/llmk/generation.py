@@ -30,6 +30,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from . import _C, ops
+from .patching import model_head_dim
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -60,7 +61,7 @@ def unsupported(model) -> str:
     rope_type = getattr(model.model.rotary_emb, "rope_type", "default")
     if rope_type not in ROPE_TYPES:
         return f"rope type {rope_type!r} changes its angles with the sequence length (supported: {', '.join(ROPE_TYPES)})"
-    head_dim = _head_dim(config)
+    head_dim = model_head_dim(config)
     if head_dim not in _C.attention_decode_head_dims():
         return f"head_dim {head_dim} has no llmk.attention_decode kernel"
     return ""
@@ -76,6 +77,16 @@ def window(model) -> Optional[int]:
     return min(sizes) if sizes else None
 
 
+def cache_options_error(model_dtype, dtype, page_size, dtype_name="dtype", page_size_name="page_size") -> str:
+    """Why a KVCache's dtype or page size cannot be had ("" when they can), naming the
+    arguments as the caller calls them."""
+    if dtype not in (None, model_dtype, FP8):
+        return f"{dtype_name} must be None (the model's), the model's dtype ({model_dtype}) or {FP8}, not {dtype}"
+    if page_size is not None and (not isinstance(page_size, int) or page_size < 1):
+        return f"{page_size_name} must be an int >= 1, not {page_size!r}"
+    return ""
+
+
 def model_key(model):
     """What a kept cache and its CUDA graph depend on: the model's dtype, device and the
     addresses of its first and last parameters (a .to(), .half() or reload changes them)."""
@@ -86,10 +97,6 @@ def model_key(model):
 def attention_modules(model):
     return [m for m in model.modules() if all(hasattr(m, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
             and hasattr(m, "layer_idx")]
-
-
-def _head_dim(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def _local_heads_kv(model, head_dim: int) -> int:
@@ -139,19 +146,17 @@ class KVCache(Cache):
             raise ValueError(f"llmk.KVCache: batch_size ({batch_size}) and max_length ({max_length}) must be >= 1")
         param = next(model.parameters())
         self.model_dtype, self.device = param.dtype, param.device
+        reason = cache_options_error(self.model_dtype, dtype, page_size)
+        if reason:
+            raise ValueError(f"llmk.KVCache: {reason}")
         self.dtype = self.model_dtype if dtype is None else dtype
-        if self.dtype not in (self.model_dtype, FP8):
-            raise ValueError(f"llmk.KVCache: dtype must be the model's ({self.model_dtype}) or torch.float8_e4m3fn, "
-                             f"not {self.dtype}")
         config = model.config
         self.num_layers = config.num_hidden_layers
-        self.head_dim = _head_dim(config)
+        self.head_dim = model_head_dim(config)
         self.heads_kv = _local_heads_kv(model, self.head_dim)
         self._batch = batch_size
         self.requested_length = max_length
         self.page_size = page_size
-        if page_size is not None and (not isinstance(page_size, int) or page_size < 1):
-            raise ValueError(f"llmk.KVCache: page_size must be an int >= 1, not {page_size!r}")
         slots = -(-max_length // CAPACITY_ROUND) * CAPACITY_ROUND
         self.capacity = slots if page_size is None else -(-slots // page_size) * page_size
         shape = (self.num_layers, batch_size, self.capacity, self.heads_kv, self.head_dim)

@@ -100,11 +100,10 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
         reason = generation.unsupported(model)
         if reason:
             raise ValueError(f"llmk.patch: decode=True cannot serve this model: {reason}")
-        if kv_cache_dtype not in (None, next(model.parameters()).dtype, generation.FP8):
-            raise ValueError(f"llmk.patch: kv_cache_dtype must be None (the model's), the model's dtype or "
-                             f"torch.float8_e4m3fn, not {kv_cache_dtype}")
-        if kv_page_size is not None and kv_page_size < 1:
-            raise ValueError(f"llmk.patch: kv_page_size must be >= 1, not {kv_page_size}")
+        reason = generation.cache_options_error(next(model.parameters()).dtype, kv_cache_dtype, kv_page_size,
+                                                "kv_cache_dtype", "kv_page_size")
+        if reason:
+            raise ValueError(f"llmk.patch: {reason}")
     elif kv_cache_dtype is not None or kv_page_size is not None:
         raise ValueError("llmk.patch: kv_cache_dtype and kv_page_size configure decode=True's cache; pass decode=True")
     family, offset, fused_norm = FAMILIES[model_type]
@@ -409,13 +408,18 @@ def _on_hopper(model: torch.nn.Module) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
+def model_head_dim(config) -> int:
+    """A transformers config's attention head dim (its own, else hidden / heads)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def _attention_unsupported(config, training: bool, device: torch.device) -> str:
     if training:
         return ("the model is in training mode: a training step's attention stays on SDPA (llmk's forward + "
                 "backward is not ahead of cuDNN's and FlashAttention 2's at every shape)")
     if getattr(config, "attn_logit_softcapping", None):
         return f"attention logit soft-capping ({config.attn_logit_softcapping}) has no llmk kernel"
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = model_head_dim(config)
     supported = _C.attention_head_dims()
     if head_dim not in supported:
         return f"head_dim {head_dim} has no llmk kernel ({', '.join(map(str, supported))})"
