@@ -4,8 +4,6 @@ serves (random weights): the scores of every step of a greedy generation over a 
 left-padded batch, fp8 and paged caches, the cache's own logic (capacity, reuse, reorder, crop),
 the CUDA-graph steps on the GPU, and the models and arguments it rejects."""
 
-import sys
-
 import pytest
 import torch
 
@@ -14,18 +12,10 @@ from conftest import DEVICES
 
 transformers = pytest.importorskip("transformers")
 generation = pytest.importorskip("llmk.generation")
-patching = sys.modules["llmk.patching"]
+from hf_models import OpCounter, assert_generation_follows, greedy, tiny_model  # noqa: E402 (needs transformers)
 
-TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=64, vocab_size=512, max_position_embeddings=512)
-FAMILIES = {
-    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(rope_theta=500000.0, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64})),
-    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),
-    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {}),
-    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(sliding_window=None)),
-}
+SIZES = dict(hidden_size=256, intermediate_size=512, head_dim=64, vocab_size=512, max_position_embeddings=512)
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 # Scores (logits) of two bf16 models that round differently differ by a few bf16 steps of the
 # largest logit (test_patch's tolerance); the fp8 cache adds e4m3's rounding of k and v.
 TOLERANCE = 4e-2
@@ -34,20 +24,13 @@ PROMPT, NEW = 23, 64
 
 
 def _model(family, device, dtype=torch.bfloat16, **overrides):
-    config_cls, model_cls, extra = FAMILIES[family]
-    torch.manual_seed(0)
-    model = model_cls(config_cls(**{**TINY, **extra, **overrides})).to(device=device, dtype=dtype).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
-    return model
+    return tiny_model(family, device, dtype, **{**SIZES, **overrides})
 
 
 def _prompts(device, batch=3, pad=(0, 5, 11)):
     """A left-padded batch of ragged prompts: prompt b has pad[b] pad tokens first."""
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, TINY["vocab_size"], (batch, PROMPT), generator=g)
+    ids = torch.randint(1, SIZES["vocab_size"], (batch, PROMPT), generator=g)
     mask = torch.ones_like(ids)
     for b, p in enumerate(pad[:batch]):
         ids[b, :p], mask[b, :p] = 0, 0
@@ -55,46 +38,18 @@ def _prompts(device, batch=3, pad=(0, 5, 11)):
 
 
 def _generate(model, ids, mask, new=NEW, **kwargs):
-    kwargs.setdefault("eos_token_id", None)
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, output_scores=True,
-                             return_dict_in_generate=True, pad_token_id=0, **kwargs)
-    return out.sequences[:, ids.shape[1]:], torch.stack(out.scores, 1).float()
+    return greedy(model, ids, mask, new, **kwargs)
 
 
-def _assert_follows(got, want, tolerance, what):
-    """Greedy generations agree: every step's scores within `tolerance` of the largest, while
-    the tokens agree; a sequence may part only where the reference's top two scores are closer
-    than the tolerance (a tie the rounding may break either way)."""
-    (got_tokens, got_scores), (want_tokens, want_scores) = got, want
-    scale = want_scores.abs().max().item()
-    for b in range(want_tokens.shape[0]):
-        for step in range(want_tokens.shape[1]):
-            err = (got_scores[b, step] - want_scores[b, step]).abs().max().item() / scale
-            assert err <= tolerance, f"{what}: sequence {b} step {step}: scores off by {err:.3g} of the largest"
-            if got_tokens[b, step] != want_tokens[b, step]:
-                top2 = want_scores[b, step].topk(2).values
-                margin = (top2[0] - top2[1]).item() / scale
-                assert margin <= tolerance, (f"{what}: sequence {b} parts at step {step} with a margin of "
-                                             f"{margin:.3g} of the largest score")
-                break
+DECODE_OPS = ("attention", "attention_varlen", "attention_decode")
 
 
-class _Counter:
-    def __init__(self, monkeypatch, names=("attention", "attention_varlen", "attention_decode")):
-        self.calls = dict.fromkeys(names, 0)
-        for name in names:
-            original = getattr(generation.ops, name)
-
-            def counted(*args, _name=name, _original=original, **kwargs):
-                self.calls[_name] += 1
-                return _original(*args, **kwargs)
-
-            monkeypatch.setattr(generation.ops, name, counted)
+def _Counter(monkeypatch, names=DECODE_OPS):
+    return OpCounter(monkeypatch, names)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_generation_follows_the_model(family, device, monkeypatch):
     model = _model(family, device)
     ids, mask = _prompts(device)
@@ -102,7 +57,7 @@ def test_greedy_generation_follows_the_model(family, device, monkeypatch):
     report = llmk.patch(model, decode=True)
     counter = _Counter(monkeypatch)
     got = _generate(model, ids, mask)
-    _assert_follows(got, want, TOLERANCE, f"{family} on {device}")
+    assert_generation_follows(got, want, TOLERANCE, f"{family} on {device}")
     layers = model.config.num_hidden_layers
     # the padded prefill on varlen attention, every step one attention_decode per layer
     # (on the GPU the steps after the second are graph replays: no Python runs)
@@ -134,7 +89,7 @@ def test_unpadded_prefill_and_later_calls_reuse_the_cache(device, monkeypatch):
     assert model._llmk_patch["decode"].cache is cache, "a generate call that fits must reuse the cache"
     assert counter.calls["attention"] == 2 * model.config.num_hidden_layers and counter.calls["attention_varlen"] == 0
     for got in (first, second):
-        _assert_follows(got, want, TOLERANCE, f"qwen3 on {device}")
+        assert_generation_follows(got, want, TOLERANCE, f"qwen3 on {device}")
     torch.testing.assert_close(second[1], first[1], rtol=0, atol=0)
     _generate(model, ids, mask, new=600)  # longer than the cache: a new, larger one
     assert model._llmk_patch["decode"].cache.capacity >= PROMPT + 600
@@ -149,7 +104,7 @@ def test_fp8_and_paged_caches(page_size, device):
     want = _generate(model, ids, mask, new=24)
     llmk.patch(model, decode=True, kv_cache_dtype=torch.float8_e4m3fn, kv_page_size=page_size)
     got = _generate(model, ids, mask, new=24)
-    _assert_follows(got, want, FP8_TOLERANCE, f"fp8 cache, pages {page_size}")
+    assert_generation_follows(got, want, FP8_TOLERANCE, f"fp8 cache, pages {page_size}")
     fp8 = model._llmk_patch["decode"].cache
     assert fp8.keys.dtype == torch.float8_e4m3fn and (fp8.block_table is not None) == (page_size is not None)
     llmk.unpatch(model)
@@ -223,8 +178,7 @@ def test_beam_search_and_sampling_run():
 def test_what_decode_cannot_serve_is_rejected():
     with pytest.raises(ValueError, match="float16/bfloat16"):
         llmk.patch(_model("llama", "cpu", torch.float32), decode=True)
-    gemma = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
-        **{**TINY, "num_hidden_layers": 2}, query_pre_attn_scalar=64, sliding_window=16)).to(torch.bfloat16)
+    gemma = _model("gemma3", "cpu", query_pre_attn_scalar=64)
     with pytest.raises(ValueError, match="Gemma's sliding-window layers"):
         llmk.patch(gemma, decode=True)
     assert getattr(gemma, "_llmk_patch", None) is None
@@ -265,7 +219,7 @@ def test_eos_and_prompt_lookup_decoding():
     llmk.unpatch(model)
     for what, want, got in zip(("eos", "prompt lookup"), runs[False], runs[True]):
         assert got[0].shape == want[0].shape
-        _assert_follows(got, want, TOLERANCE, what)
+        assert_generation_follows(got, want, TOLERANCE, what)
     assert (runs[True][0][0][0, 5:] == 0).all(), "the sequence that met EOS continues with padding"
 
 
@@ -282,9 +236,9 @@ def test_cache_reuse_and_the_paths_left_to_transformers():
     with torch.inference_mode():
         _generate(model, ids, mask, new=6)
     cache = model._llmk_patch["decode"].cache
-    _assert_follows(_generate(model, ids, mask, new=6), want, TOLERANCE, "after inference mode")
+    assert_generation_follows(_generate(model, ids, mask, new=6), want, TOLERANCE, "after inference mode")
     assert model._llmk_patch["decode"].cache is cache
-    _assert_follows(_generate(model, ids, mask, new=6, prefill_chunk_size=8), chunked, TOLERANCE, "chunked prefill")
+    assert_generation_follows(_generate(model, ids, mask, new=6, prefill_chunk_size=8), chunked, TOLERANCE, "chunked prefill")
     with torch.no_grad():
         hidden = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,
                                 output_hidden_states=True, return_dict_in_generate=True)

@@ -13,52 +13,19 @@ import llmk
 from conftest import DEVICES
 
 transformers = pytest.importorskip("transformers")
+from hf_models import OpCounter, tiny_model  # noqa: E402 (needs transformers)
+
 patching = sys.modules["llmk.patching"]
 
-TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=32, vocab_size=256, max_position_embeddings=256)
-
-
-def _config(family, **overrides):
-    t = transformers
-    kinds = {
-        "llama": (t.LlamaConfig, t.LlamaForCausalLM, dict(rope_theta=500000.0, rope_scaling={
-            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64})),
-        "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM, {}),
-        "qwen3": (t.Qwen3Config, t.Qwen3ForCausalLM, {}),
-        "mistral": (t.MistralConfig, t.MistralForCausalLM, dict(sliding_window=None)),
-        "gemma2": (t.Gemma2Config, t.Gemma2ForCausalLM, dict(attn_logit_softcapping=None, query_pre_attn_scalar=32)),
-        "gemma3": (t.Gemma3TextConfig, t.Gemma3ForCausalLM, dict(query_pre_attn_scalar=32, sliding_window=16)),
-    }
-    config_cls, model_cls, extra = kinds[family]
-    return model_cls, config_cls(**{**TINY, **extra, **overrides})
+PATCH_OPS = ("attention", "rope", "rmsnorm", "add_rmsnorm", "swiglu", "geglu")
 
 
 def _model(family, device, dtype, **overrides):
-    torch.manual_seed(0)
-    model_cls, config = _config(family, **overrides)
-    model = model_cls(config).to(device=device, dtype=dtype).eval()
-    with torch.no_grad():  # Gemma's norm weights start at zero: make (1 + w) differ from 1
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
-    return model
+    return tiny_model(family, device, dtype, **overrides)
 
 
-class _Counter:
-    """Counts the calls of llmk ops made through the patching module."""
-
-    def __init__(self, monkeypatch, names=("attention", "rope", "rmsnorm", "add_rmsnorm", "swiglu", "geglu")):
-        self.calls = dict.fromkeys(names, 0)
-        for name in names:
-            original = getattr(patching.ops, name)
-
-            def counted(*args, _name=name, _original=original, **kwargs):
-                self.calls[_name] += 1
-                return _original(*args, **kwargs)
-
-            monkeypatch.setattr(patching.ops, name, counted)
+def _Counter(monkeypatch, names=PATCH_OPS):
+    return OpCounter(monkeypatch, names)
 
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"]

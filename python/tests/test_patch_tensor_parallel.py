@@ -14,6 +14,7 @@ from ranks import run_ranks
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate", reason="transformers loads tensor-parallel models through accelerate")
+from hf_models import assert_generation_follows, greedy, perturb_norms  # noqa: E402 (needs transformers)
 
 WORLD = 2
 TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -24,32 +25,8 @@ TOLERANCE = 4e-2  # test_patch's: bf16 logits of two models that round different
 def _save_model(path):
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY)).to(torch.bfloat16)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
+    perturb_norms(model)
     model.save_pretrained(path)
-
-
-def _generate(model, ids, mask):
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, output_scores=True,
-                             return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
-    return out.sequences, torch.stack(out.scores, 1).float()
-
-
-def _assert_follows(got, want, prompt, what):
-    """Greedy generations agree step by step (scores within TOLERANCE of the largest) while their
-    tokens do; a sequence may part only at a near-tie of the reference's top two scores."""
-    scale = want[1].abs().max().item()
-    for b in range(want[0].shape[0]):
-        for step in range(want[1].shape[1]):
-            err = (got[1][b, step] - want[1][b, step]).abs().max().item() / scale
-            assert err <= TOLERANCE, f"{what}: sequence {b} step {step}: scores off by {err:.3g}"
-            if got[0][b, prompt + step] != want[0][b, prompt + step]:
-                top2 = want[1][b, step].topk(2).values
-                assert (top2[0] - top2[1]).item() / scale <= TOLERANCE, f"{what}: sequence {b} parts at step {step}"
-                break
 
 
 def _rank(rank, rendezvous, failures, model_path):
@@ -68,7 +45,7 @@ def _rank(rank, rendezvous, failures, model_path):
         ids[1, :5], mask[1, :5] = 0, 0
         with torch.no_grad():
             want_logits = model(ids[:1]).logits.float()
-        want = _generate(model, ids, mask)
+        want = greedy(model, ids, mask, 8)
         report = llmk.patch(model, linear=True)
         assert "tensor-parallel forward" in report.left["linear"], report
         llmk.unpatch(model)
@@ -79,7 +56,7 @@ def _rank(rank, rendezvous, failures, model_path):
                     got_logits = model(ids[:1]).logits.float()
                 err = ((got_logits - want_logits).abs().max() / want_logits.abs().max()).item()
                 assert err <= TOLERANCE, f"{options}: logits off by {err:.3g}"
-                _assert_follows(_generate(model, ids, mask), want, ids.shape[1], f"rank {rank} {options}")
+                assert_generation_follows(greedy(model, ids, mask, 8), want, TOLERANCE, f"rank {rank} {options}")
                 if options:
                     cache = model._llmk_patch["decode"].cache
                     assert cache.heads_kv == TINY["num_key_value_heads"] // WORLD
