@@ -106,6 +106,12 @@ def time_cpu(fn: Callable, sets: List, min_seconds: float = 0.02, replays: int =
     return statistics.median(times), "cpu"
 
 
+def sync(device: str) -> None:
+    """Waits for the GPU's queued work (nothing on the CPU)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def median_seconds(fn: Callable, device: str, repeats: int = 20) -> float:
     """Median seconds of single calls of fn after one warm-up: CUDA events on the GPU, perf_counter on the CPU."""
     fn()

@@ -243,19 +243,14 @@ def _unavailable(name, device):
 # timing
 
 
-def _sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def _timed(fn, device, warmup, reps):
     """(first call's output, its seconds, median seconds of `reps` calls after `warmup`
     more, peak bytes allocated over the last warm-up and the timed calls): CUDA events
     around each call after a synchronize, perf_counter on the CPU."""
-    _sync(device)
+    timing.sync(device)
     t0 = time.perf_counter()
     first = fn()
-    _sync(device)
+    timing.sync(device)
     first_s = time.perf_counter() - t0
     for _ in range(warmup - 1):  # median_seconds makes the last warm-up call
         fn()

@@ -39,6 +39,7 @@ import time
 import torch
 
 import llmk
+from .. import timing
 from . import e2e
 from ..views.generate import IMPLS, OP
 
@@ -60,11 +61,6 @@ def add_arguments(parser) -> None:
                    help=f"{' '.join(IMPLS)} (default: all; hf_eager always runs as the reference)")
 
 
-def _sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def _generate(model, ids, new, impl, max_cache_len, scores=False, chunk=None):
     kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None,
                   attention_mask=torch.ones_like(ids))
@@ -84,10 +80,10 @@ def _generate(model, ids, new, impl, max_cache_len, scores=False, chunk=None):
 def _seconds(fn, device, calls=2):
     best = float("inf")
     for _ in range(calls):
-        _sync(device)
+        timing.sync(device)
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        timing.sync(device)
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -160,7 +156,7 @@ def _cell(model, impl, ctx, batch, new, device, layers, refs, failures):
                 torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
             out = _generate(model, ids, 1 + new, impl, max_cache_len, scores=True, chunk=chunk)
-            _sync(device)
+            timing.sync(device)
             warm_s = time.perf_counter() - t0
             calls = 1 if warm_s > SLOW_S else 2  # a cell whose generate takes many seconds: one timed call each
             first = _seconds(lambda: _generate(model, ids, 1, impl, max_cache_len, chunk=chunk), device, calls)

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 import llmk
+from .. import timing
 from ..views.overhead import is_overhead_row, markdown, plot  # noqa: F401
 from .activation import eager_bias_gelu, eager_gelu_tanh_and_mul, eager_silu_and_mul, eager_swiglu
 from .norm import EPS
@@ -50,11 +51,6 @@ SHORT_LOOP = 200  # calls per loop when the GPU fell behind: fewer launches than
 TRAIN_SHAPE = {"cuda": (8192, 4096), "cpu": (256, 1024)}
 TRAIN_LOOPS = {"cuda": (20, 5), "cpu": (3, 5)}  # iterations per loop, loops
 PROFILED_ITERS = 10
-
-
-def _sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 # --------------------------------------------------------------------------------------
@@ -135,12 +131,12 @@ def _host_loops(fn, args, device, calls, loops):
     drain after a loop's last call (0 on the CPU)."""
     per_call, drain = [], 0.0
     for _ in range(loops):
-        _sync(device)
+        timing.sync(device)
         t0 = time.perf_counter()
         for _ in range(calls):
             fn(*args)
         t1 = time.perf_counter()
-        _sync(device)
+        timing.sync(device)
         if device == "cuda":
             drain = max(drain, time.perf_counter() - t1)
         per_call.append((t1 - t0) / calls)
@@ -225,7 +221,7 @@ def fwd_bwd_times(forward, leaves, dy, device) -> dict:
         step()
     walls, spans = [], []
     for _ in range(loops):
-        _sync(device)
+        timing.sync(device)
         if device == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -234,7 +230,7 @@ def fwd_bwd_times(forward, leaves, dy, device) -> dict:
             step()
         if device == "cuda":
             end.record()
-        _sync(device)
+        timing.sync(device)
         walls.append((time.perf_counter() - t0) * 1e6 / iters)
         if device == "cuda":
             spans.append(start.elapsed_time(end) * 1e3 / iters)

@@ -9,6 +9,32 @@ LEADING_COLUMNS = ("op", "dtype", "tokens", "hidden", "impl", "time_us", "gbs", 
 HEADER_PREFIX = "# llmk benchmark; "
 
 
+def as_float(value):
+    """A CSV cell as a float (None when empty)."""
+    return float(value) if value not in (None, "") else None
+
+
+def ms(row, key="time_us") -> str:
+    """A row's time column in milliseconds ("-" when missing)."""
+    t = as_float(row.get(key)) if row else None
+    return f"{t / 1e3:.2f}" if t else "-"
+
+
+def time_ratio(num, den, key="time_us"):
+    """num's time over den's: den's speedup over num (None when either is missing)."""
+    a, b = (as_float(r.get(key)) if r else None for r in (num, den))
+    return a / b if a and b else None
+
+
+def times(ratio) -> str:
+    return f"{ratio:.2f}x" if ratio else "-"
+
+
+def verdict(ok) -> str:
+    """An aim met or not, as the tables print it."""
+    return "yes" if ok else "**no**"
+
+
 def header_line(commit, date, device) -> str:
     """The CSV's first line: '# llmk benchmark; commit C; DATE; DEVICE'."""
     return f"{HEADER_PREFIX}commit {commit}; {date}; {device}\n"

@@ -9,6 +9,8 @@ e2e_decode with a batch column) is views/generate.py's.
 
 import json
 
+from .common import as_float, ms, time_ratio, times, verdict
+
 PHASES = ("prefill", "train")
 IMPLS = ("eager", "compile", "liger", "llmk", "llmk_compile")
 COLORS = dict(eager="tab:orange", compile="tab:red", liger="tab:green", llmk="tab:blue", llmk_compile="tab:purple")
@@ -20,29 +22,6 @@ def is_e2e_row(row) -> bool:
     """A row of this suite: its phases' ops (older runs' e2e_decode rows, a phase since moved to
     the generation suite, are not drawn)."""
     return row["op"] in {f"e2e_{p}" for p in PHASES}
-
-
-def _f(value):
-    return float(value) if value not in (None, "") else None
-
-
-def _ms(row):
-    t = _f(row.get("time_us")) if row else None
-    return f"{t / 1e3:.2f}" if t else "-"
-
-
-def _ratio(num, den):
-    """num's time over den's: den's speedup over num (None when either is missing)."""
-    a, b = (_f(r.get("time_us")) if r else None for r in (num, den))
-    return a / b if a and b else None
-
-
-def _x(ratio):
-    return f"{ratio:.2f}x" if ratio else "-"
-
-
-def _verdict(ok) -> str:
-    return "yes" if ok else "**no**"
 
 
 def _left(rows):
@@ -86,10 +65,10 @@ def markdown(rows):
             o = c.get("llmk")
             peaks = " / ".join(str(c[i].get("peak_mem_gb") or "-") if i in c else "-" for i in impls)
             errors = " / ".join((c[i].get("max_rel_err") or "-") if i in c else "-" for i in peers)
-            out.append(f"| {family} | {tokens} | " + " | ".join(_ms(c.get(i)) for i in impls) +
+            out.append(f"| {family} | {tokens} | " + " | ".join(ms(c.get(i)) for i in impls) +
                        f" | {(o.get('tokens_per_s') or '-') if o else '-'} | " + ("" if on_cpu else f"{peaks} | ") +
-                       f"{_x(_ratio(c.get('eager'), o))} | {_x(_ratio(c.get('compile'), o))} | "
-                       f"{_x(_ratio(c.get('compile'), c.get('llmk_compile')))} | {errors} |")
+                       f"{times(time_ratio(c.get('eager'), o))} | {times(time_ratio(c.get('compile'), o))} | "
+                       f"{times(time_ratio(c.get('compile'), c.get('llmk_compile')))} | {errors} |")
             for i in impls:
                 if i in c and c[i].get("note"):
                     notes.setdefault(c[i]["note"], []).append(f"{family} {tokens} {i}")
@@ -112,23 +91,23 @@ def _aims(phase, cases, left):
         if tokens != size or "llmk" not in c:
             continue
         o = c["llmk"]
-        vs_eager = _ratio(c.get("eager"), o)
+        vs_eager = time_ratio(c.get("eager"), o)
         if phase == "prefill":
-            best = max(filter(None, [_ratio(c.get("compile"), o), _ratio(c.get("compile"), c.get("llmk_compile"))]),
+            best = max(filter(None, [time_ratio(c.get("compile"), o), time_ratio(c.get("compile"), c.get("llmk_compile"))]),
                        default=None)
-            text = (f"{_x(vs_eager)} eager (>= {aim[1]}x: {_verdict(vs_eager and vs_eager >= aim[1])}), "
-                    f"best of llmk / llmk_compile {_x(best)} compile (>= {aim[2]}x: "
-                    f"{_verdict(best and best >= aim[2]) if best else 'not measured'})")
+            text = (f"{times(vs_eager)} eager (>= {aim[1]}x: {verdict(vs_eager and vs_eager >= aim[1])}), "
+                    f"best of llmk / llmk_compile {times(best)} compile (>= {aim[2]}x: "
+                    f"{verdict(best and best >= aim[2]) if best else 'not measured'})")
         else:
-            vs_liger = _ratio(c.get("liger"), o)
-            peaks = {i: _f(c[i].get("peak_mem_gb")) for i in ("eager", "liger", "llmk") if i in c}
+            vs_liger = time_ratio(c.get("liger"), o)
+            peaks = {i: as_float(c[i].get("peak_mem_gb")) for i in ("eager", "liger", "llmk") if i in c}
             lower = peaks.get("llmk") is not None and all(
                 peaks.get(i) is not None and peaks["llmk"] < peaks[i] for i in ("eager", "liger"))
-            text = (f"{_x(vs_eager)} eager (>= {aim[1]}x: {_verdict(vs_eager and vs_eager >= aim[1])}), "
-                    f"{_x(vs_liger)} Liger (>= {aim[2]}x: "
-                    f"{_verdict(vs_liger and vs_liger >= aim[2]) if vs_liger else 'not measured'}), peak "
+            text = (f"{times(vs_eager)} eager (>= {aim[1]}x: {verdict(vs_eager and vs_eager >= aim[1])}), "
+                    f"{times(vs_liger)} Liger (>= {aim[2]}x: "
+                    f"{verdict(vs_liger and vs_liger >= aim[2]) if vs_liger else 'not measured'}), peak "
                     + f"{peaks.get('llmk')} GB vs eager {peaks.get('eager', '-')} / Liger {peaks.get('liger', '-')}"
-                    f" (lower than both: {_verdict(lower)})")
+                    f" (lower than both: {verdict(lower)})")
             if "cross_entropy" in left:
                 text += f"; llmk.patch left cross_entropy: {left['cross_entropy']}"
         if "linear" in left:
@@ -154,7 +133,7 @@ def plot(rows, path, title=""):
         impls = [i for i in IMPLS if any(i in c for c in cases.values())]
         width = 0.8 / max(len(impls), 1)
         for k, impl in enumerate(impls):
-            ys = [_ratio(c.get("eager"), c.get(impl)) or 0 for c in cases.values()]
+            ys = [time_ratio(c.get("eager"), c.get(impl)) or 0 for c in cases.values()]
             ax.bar([j + k * width for j in range(len(cases))], ys, width=width, label=impl, color=COLORS[impl])
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], list(cases), fontsize=7, rotation=20)

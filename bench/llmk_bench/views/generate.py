@@ -6,6 +6,9 @@ hf_static_compile and 3x hf_eager at every cell; the fp8 cache's step at context
 1.15x the bf16 cache's; the time to first token at 32768 at least 1.3x hf_eager's.
 """
 
+from .common import ms, time_ratio, times, verdict
+
+
 OP = "e2e_decode"
 IMPLS = ("hf_eager", "hf_static_compile", "llmk", "llmk_fp8")
 COLORS = dict(hf_eager="tab:orange", hf_static_compile="tab:red", llmk="tab:blue", llmk_fp8="tab:cyan")
@@ -15,25 +18,6 @@ AIMS = dict(vs_compile=1.3, vs_eager=3.0, fp8=(32768, 1.15), ttft=(32768, 1.3))
 def is_generate_row(row) -> bool:
     """A row of this suite (the older e2e suite's decode phase had the same op and no batch column)."""
     return row["op"] == OP and row.get("batch") not in (None, "")
-
-
-def _f(value):
-    return float(value) if value not in (None, "") else None
-
-
-def _ratio(num, den, key="time_us"):
-    """num's time over den's: den's speedup over num (None when either is missing)."""
-    a, b = (_f(r.get(key)) if r else None for r in (num, den))
-    return a / b if a and b else None
-
-
-def _x(ratio):
-    return f"{ratio:.2f}x" if ratio else "-"
-
-
-def _ms(row, key="time_us"):
-    t = _f(row.get(key)) if row else None
-    return f"{t / 1e3:.2f}" if t else "-"
 
 
 def _cells(rows):
@@ -63,10 +47,10 @@ def markdown(rows):
         o = c.get("llmk")
         errors = " / ".join(f"{c[i].get('max_rel_err') or '-'} ({c[i].get('agree') or '-'})" if i in c else "-"
                             for i in impls if i != "hf_eager")
-        out.append(f"| {ctx} | {batch} | " + " | ".join(_ms(c.get(i)) for i in impls) +
-                   f" | {_ms(o, 'graph_us')} | {_x(_ratio(c.get('hf_static_compile'), o))} | {_x(_ratio(c.get('hf_eager'), o))} | "
-                   f"{_x(_ratio(o, c.get('llmk_fp8')))} | " + " | ".join(_ms(c.get(i), 'ttft_us') for i in impls) +
-                   f" | {_x(_ratio(c.get('hf_eager'), o, 'ttft_us'))} | {(o.get('tokens_per_s') or '-') if o else '-'} "
+        out.append(f"| {ctx} | {batch} | " + " | ".join(ms(c.get(i)) for i in impls) +
+                   f" | {ms(o, 'graph_us')} | {times(time_ratio(c.get('hf_static_compile'), o))} | {times(time_ratio(c.get('hf_eager'), o))} | "
+                   f"{times(time_ratio(o, c.get('llmk_fp8')))} | " + " | ".join(ms(c.get(i), 'ttft_us') for i in impls) +
+                   f" | {times(time_ratio(c.get('hf_eager'), o, 'ttft_us'))} | {(o.get('tokens_per_s') or '-') if o else '-'} "
                    f"| {errors} |")
         for i in impls:
             if i in c and c[i].get("note"):
@@ -78,26 +62,22 @@ def markdown(rows):
     return out
 
 
-def _verdict(ok) -> str:
-    return "yes" if ok else "**no**"
-
-
 def _aims(cells):
     lines = ["", "Aims:"]
     for (ctx, batch), c in sorted(cells.items()):
         o = c.get("llmk")
         if not o:
             continue
-        vc, ve = _ratio(c.get("hf_static_compile"), o), _ratio(c.get("hf_eager"), o)
-        text = (f"- {ctx} x {batch}: step {_x(vc)} hf_static_compile (>= {AIMS['vs_compile']}x: "
-                f"{_verdict(vc and vc >= AIMS['vs_compile']) if vc else 'not measured'}), {_x(ve)} hf_eager "
-                f"(>= {AIMS['vs_eager']}x: {_verdict(ve and ve >= AIMS['vs_eager'])})")
+        vc, ve = time_ratio(c.get("hf_static_compile"), o), time_ratio(c.get("hf_eager"), o)
+        text = (f"- {ctx} x {batch}: step {times(vc)} hf_static_compile (>= {AIMS['vs_compile']}x: "
+                f"{verdict(vc and vc >= AIMS['vs_compile']) if vc else 'not measured'}), {times(ve)} hf_eager "
+                f"(>= {AIMS['vs_eager']}x: {verdict(ve and ve >= AIMS['vs_eager'])})")
         if ctx == AIMS["fp8"][0] and "llmk_fp8" in c:
-            f8 = _ratio(o, c["llmk_fp8"])
-            text += f"; fp8 cache {_x(f8)} the bf16 cache (>= {AIMS['fp8'][1]}x: {_verdict(f8 and f8 >= AIMS['fp8'][1])})"
+            f8 = time_ratio(o, c["llmk_fp8"])
+            text += f"; fp8 cache {times(f8)} the bf16 cache (>= {AIMS['fp8'][1]}x: {verdict(f8 and f8 >= AIMS['fp8'][1])})"
         if ctx == AIMS["ttft"][0]:
-            t = _ratio(c.get("hf_eager"), o, "ttft_us")
-            text += f"; TTFT {_x(t)} hf_eager (>= {AIMS['ttft'][1]}x: {_verdict(t and t >= AIMS['ttft'][1])})"
+            t = time_ratio(c.get("hf_eager"), o, "ttft_us")
+            text += f"; TTFT {times(t)} hf_eager (>= {AIMS['ttft'][1]}x: {verdict(t and t >= AIMS['ttft'][1])})"
         lines.append(text + ".")
     return lines
 
@@ -113,7 +93,7 @@ def plot(rows, path, title=""):
     width = 0.8 / max(len(impls), 1)
     keys = sorted(cells)
     for k, impl in enumerate(impls):
-        ys = [_ratio(cells[key].get("hf_eager"), cells[key].get(impl)) or 0 for key in keys]
+        ys = [time_ratio(cells[key].get("hf_eager"), cells[key].get(impl)) or 0 for key in keys]
         ax.bar([j + k * width for j in range(len(keys))], ys, width=width, label=impl, color=COLORS[impl])
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], [f"ctx {t} x B{b}" for t, b in keys], fontsize=8)

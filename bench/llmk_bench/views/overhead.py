@@ -8,6 +8,8 @@ WALL_OVER_KERNEL_LIMIT times its GPU kernel time and at least RMSNORM_SPEEDUP_AI
 than F.rms_norm's (wall). A CPU run (host time includes the compute) checks none of them.
 """
 
+from .common import verdict
+
 SUFFIXES = ("_host", "_fwd_bwd_wall", "_fwd_bwd_kernel")
 HOST_RATIO_LIMIT, WALL_OVER_KERNEL_LIMIT, RMSNORM_SPEEDUP_AIM = 1.2, 1.15, 1.5
 
@@ -23,10 +25,6 @@ def _by(rows, suffix):
         if r["op"].endswith(suffix):
             out.setdefault(r["op"][: -len(suffix)], {})[r["impl"]] = r
     return out
-
-
-def _verdict(ok: bool) -> str:
-    return "yes" if ok else "**no**"
 
 
 def markdown(rows):
@@ -47,14 +45,14 @@ def markdown(rows):
                     continue
                 ratio = float(o["time_us"]) / float(p["time_us"])
                 queue = ", ".join(sorted({o["queue"], p["queue"]}))
-                verdict = "" if on_cpu else f"{_verdict(ratio <= HOST_RATIO_LIMIT)} | "
+                within = "" if on_cpu else f"{verdict(ratio <= HOST_RATIO_LIMIT)} | "
                 out.append(f"| {name} | {o['shape']} | {float(o['time_us']):.2f} | {p['counterpart']} | "
-                           f"{float(p['time_us']):.2f} | {ratio:.2f} | {verdict}{queue} |")
+                           f"{float(p['time_us']):.2f} | {ratio:.2f} | {within}{queue} |")
         ratio, name, peer = max((float(impls["llmk"]["time_us"]) / float(p["time_us"]), name, p["counterpart"])
                                 for name, impls in host.items() for impl, p in impls.items() if impl != "llmk")
-        verdict = "" if on_cpu else f"; limit {HOST_RATIO_LIMIT}x for every forward op: {_verdict(ratio <= HOST_RATIO_LIMIT)}"
+        within = "" if on_cpu else f"; limit {HOST_RATIO_LIMIT}x for every forward op: {verdict(ratio <= HOST_RATIO_LIMIT)}"
         out.append(f"\nHost time per call: the largest ratio to a native counterpart is {name}'s {ratio:.2f}x "
-                   f"(vs {peer}{verdict}).")
+                   f"(vs {peer}{within}).")
     wall, kernel = _by(rows, "_fwd_bwd_wall"), _by(rows, "_fwd_bwd_kernel")
     if wall:
         first = next(iter(next(iter(wall.values())).values()))
@@ -74,8 +72,8 @@ def markdown(rows):
             speedup = float(p["time_us"]) / float(o["time_us"])
             over = float(o["time_us"]) / float(kernel["rmsnorm"]["llmk"]["time_us"])
             out.append(f"\nrmsnorm fwd+bwd eager wall: {over:.2f}x its kernel time (limit {WALL_OVER_KERNEL_LIMIT}x: "
-                       f"{_verdict(over <= WALL_OVER_KERNEL_LIMIT)}); {speedup:.2f}x faster than F.rms_norm "
-                       f"(aim {RMSNORM_SPEEDUP_AIM}x: {_verdict(speedup >= RMSNORM_SPEEDUP_AIM)}).")
+                       f"{verdict(over <= WALL_OVER_KERNEL_LIMIT)}); {speedup:.2f}x faster than F.rms_norm "
+                       f"(aim {RMSNORM_SPEEDUP_AIM}x: {verdict(speedup >= RMSNORM_SPEEDUP_AIM)}).")
     return out
 
 
