@@ -11,6 +11,7 @@
 #include "llmk/loss.h"
 #include "llmk/norm.h"
 #include "llmk/optim.h"
+#include "llmk/quantized_gemm.h"
 #include "llmk/rope.h"
 #include "llmk/softmax.h"
 #include "llmk/tensor.h"

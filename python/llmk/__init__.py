@@ -9,11 +9,11 @@ from typing import Tuple
 
 from . import ops  # defines the ops: schemas, fakes, autograd
 from . import _C  # registers their C++ kernels
-from . import distributed, nn, optim
+from . import distributed, nn, optim, quantization
 from .patching import PatchReport, patch, unpatch
 
 globals().update(ops.PUBLIC)
-__all__ = [*ops.PUBLIC, "distributed", "nn", "optim", "patch", "unpatch", "PatchReport", "device_info",
+__all__ = [*ops.PUBLIC, "distributed", "nn", "optim", "quantization", "patch", "unpatch", "PatchReport", "device_info",
            "attention_head_dims"]
 
 

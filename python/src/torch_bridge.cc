@@ -35,10 +35,11 @@ DType llmk_dtype(ScalarType t, const char* op, const char* arg) {
     case ScalarType::Int: return DType::i32;
     case ScalarType::Long: return DType::i64;
     case ScalarType::Float8_e4m3fn: return DType::f8e4m3;  // KV caches (attention_decode)
+    case ScalarType::Byte: return DType::u8;               // quantized weights' zero points
     default:
       detail::throw_error(op, ": ", arg, " is ", torch_dtype_name(t),
                           "; llmk takes float32, float16, bfloat16 (and int32/int64 indices, float8_e4m3fn "
-                          "KV caches)");
+                          "KV caches, uint8 zero points)");
   }
 }
 

@@ -61,6 +61,11 @@ CASES = {
     # gemm
     "linear": lambda: ((_t(3, 5, 64), _t(48, 64), _t(48), _t(3, 5, 24), "silu_mul"), {}, (3, 5, 24)),
     "rmsnorm_linear": lambda: ((_t(2, 3, 64), _f32(64), _t(32, 64)), {}, (2, 3, 32)),
+    # quantized
+    "quantized_linear": lambda: ((_t(2, 3, 256), _i32(24, 32), _t(24, 2), None, 4, 128), {}, (2, 3, 24)),
+    "dequantize_weight": lambda: ((_i32(24, 32), _t(24, 2), None, 4, 128), {}, (24, 256)),
+    "quantize_weight": lambda: ((_t(24, 256),), dict(symmetric=False), [(24, 32), (24, 2), (24, 2)]),
+    "pack_quantized_weight": lambda: ((_t(24, 256, dtype=torch.uint8), 8), {}, (24, 64)),
     # loss
     "cross_entropy": lambda: ((_t(2, 3, 37), _i64(2, 3)), dict(reduction="none", return_lse=True),
                               [(2, 3), (2, 3)]),

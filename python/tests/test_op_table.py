@@ -61,6 +61,12 @@ def _decode():
             llmk.rope_cos_sin_cache(16, 32), True, True, 0.2, True, None, None)
 
 
+def _quantized(k, n):
+    """(packed, scales, zeros, bits, group_size) of a random int4 group-128 weight [n, k]."""
+    packed, scales, zeros = llmk.quantize_weight(_rows(n, k, dtype=torch.bfloat16), 4, 128, symmetric=False)
+    return (packed, scales, zeros, 4, 128)
+
+
 # One sample per op: the arguments of a CPU call (tensors that should train require grad).
 SAMPLES = {
     "rmsnorm": lambda: (_rows(5, 64, grad=True), _rows(64, grad=True), 1e-6, 0.0),
@@ -101,6 +107,12 @@ SAMPLES = {
                        "silu_mul"),
     "rmsnorm_linear": lambda: (_rows(2, 3, 64, dtype=torch.bfloat16, grad=True), _rows(64, grad=True),
                                _rows(32, 64, dtype=torch.bfloat16, grad=True), 1e-6),
+    "quantized_linear": lambda: (_rows(3, 256, dtype=torch.bfloat16, grad=True), *_quantized(256, 24),
+                                 _rows(24, dtype=torch.bfloat16, grad=True)),
+    "dequantize_weight": lambda: _quantized(256, 24),
+    "quantize_weight_": lambda: (_rows(24, 256), torch.zeros(24, 256 * 4 // 32, dtype=torch.int32),
+                                 torch.zeros(24, 2, dtype=torch.bfloat16), torch.zeros(24, 2, dtype=torch.uint8), 4, 128),
+    "pack_quantized_weight": lambda: (torch.randint(0, 256, (8, 128), dtype=torch.uint8), 8),
     "attention": lambda: (*_qkv(grad=True), True, 0.125, True),
     "attention_varlen": _varlen,
     "attention_backward": _attention_backward,
@@ -165,7 +177,7 @@ def test_compile_fullgraph_matches_eager(name):
 
 
 def test_public_api_is_the_table():
-    assert set(llmk.__all__) == set(PUBLIC) | {"distributed", "nn", "optim", "patch", "unpatch", "PatchReport",
+    assert set(llmk.__all__) == set(PUBLIC) | {"distributed", "nn", "optim", "quantization", "patch", "unpatch", "PatchReport",
                                                "device_info", "attention_head_dims"}
     for name, fn in PUBLIC.items():
         assert getattr(llmk, name) is fn

@@ -22,7 +22,8 @@ decltype(auto) dispatch_dtype(DType dtype, const char* op, F&& f) {
     case DType::bf16: return f(DTypeTag<DType::bf16>{});
     case DType::i32:
     case DType::i64:
-    case DType::f8e4m3: break;
+    case DType::f8e4m3:
+    case DType::u8: break;
   }
   throw_error(op, ": unsupported dtype ", dtype_name(dtype));
 }

@@ -39,6 +39,28 @@ struct GemmParams {
   LLMK_HOST_DEVICE int64_t n_out() const { return activation == GemmActivation::silu_mul ? n / 2 : n; }
 };
 
+// out [m, n] = a [m, k] · b [n, k]ᵀ, both K-major, in one dtype, no epilogue: what the
+// small-M kernel's other callers (rmsnorm_linear, quantized_gemm) start from.
+inline GemmParams plain_gemm_params(void* out, int64_t ld_out, const void* a, int64_t lda, const void* b,
+                                    int64_t ldb, int64_t m, int64_t n, int64_t k, DType dtype) {
+  GemmParams g{};
+  g.out = out;
+  g.ld_out = ld_out;
+  g.a = a;
+  g.lda = lda;
+  g.a_k_major = true;
+  g.b = b;
+  g.ldb = ldb;
+  g.b_k_major = true;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.activation = GemmActivation::none;
+  g.in_dtype = dtype;
+  g.out_dtype = dtype;
+  return g;
+}
+
 // rmsnorm_linear: out[i, j] = sum_k (x[i, k] * rstd_i * g[k]) * w[j, k],
 // rstd_i = 1 / sqrt(mean_k x[i, k]^2 + eps); x, w and out in in_dtype, g in g_dtype
 // (in_dtype or f32). Row strides in elements.

@@ -51,8 +51,6 @@ const void* small_m_kernel(DType in, int nt, bool norm) {
   return nullptr;
 }
 
-int token_tiles(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
-
 struct DeviceFacts {
   int sm_count = 0, cc_major = 0;
   int smem_optin = 0;  // dynamic + static shared memory a block may use
@@ -135,6 +133,7 @@ struct Problem {
   bool silu;
   int nt;
   bool norm;
+  int bits;  // 16: a dense weight; 4, 8: quantized codes
 };
 
 // A launch shape with its derived fields (row blocks, k tiles, shared memory).
@@ -144,10 +143,10 @@ SmallMConfig make_small_m_config(const Problem& pr, int wr, int wk, int bodies_p
   c.wk = wk;
   c.bodies_per_tile = bodies_per_tile;
   c.cluster = cluster;
-  const int64_t kt_cta = int64_t{small_m_body_k(pr.nt)} * bodies_per_tile * wk;
+  const int64_t kt_cta = int64_t{small_m_body_k(pr.nt, pr.bits)} * bodies_per_tile * wk;
   c.tiles = static_cast<int>((pr.k + kt_cta - 1) / kt_cta);
   c.row_blocks = row_blocks(pr.n, pr.silu, kSmallMWarpRows * wr);
-  c.smem = small_m_smem_bytes(pr.nt, wr, wk, bodies_per_tile, 2);
+  c.smem = small_m_smem_bytes(pr.nt, wr, wk, bodies_per_tile, 2, pr.bits);
   return c;
 }
 
@@ -164,8 +163,9 @@ SmallMConfig make_small_m_config(const Problem& pr, int wr, int wk, int bodies_p
 // never better by more than noise there, so they serve only the fallback.
 SmallMConfig pick_small_m_config(const void* kernel, int device, DType in, const Problem& pr) {
   static std::mutex mutex;
-  static std::map<std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, bool>, SmallMConfig> cache;
-  const auto key = std::make_tuple(device, static_cast<int>(in), pr.nt, pr.norm, pr.chunks, pr.n, pr.k, pr.silu);
+  static std::map<std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, bool, int>, SmallMConfig> cache;
+  const auto key =
+      std::make_tuple(device, static_cast<int>(in), pr.nt, pr.norm, pr.chunks, pr.n, pr.k, pr.silu, pr.bits);
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = cache.find(key);
@@ -176,7 +176,8 @@ SmallMConfig pick_small_m_config(const void* kernel, int device, DType in, const
   const int max_warps = std::min(kf.max_threads / 32, 12);
   const int wr_min = pr.nt >= 4 ? std::min(6, max_warps) : 2;
   const int max_cluster = kf.clusters ? kSmallMMaxClusterSize : 1;
-  const double per_warp = static_cast<double>(small_m_body_k(pr.nt)) / kSmallMChunk * 2048.0;
+  // Bytes of weight loads a warp keeps in flight: a body's 16-byte loads of 4 rows x 32 lanes.
+  const double per_warp = static_cast<double>(small_m_body_k(pr.nt, pr.bits)) / kSmallMChunk * pr.bits / 16 * 2048.0;
   const double inflight_target = 4.0 * 1024 * 1024;
   const double coverage_target = 0.84 * d.sm_count;
 
@@ -234,23 +235,21 @@ SmallMConfig pick_small_m_config(const void* kernel, int device, DType in, const
   return best;
 }
 
-Problem small_m_problem(const SmallMArgs& args, int nt, int64_t chunks) {
+Problem small_m_problem(const SmallMArgs& args, int nt, int64_t chunks, int bits) {
   return Problem{args.p.n, args.p.k, std::min<int64_t>(args.p.m, 8 * nt), chunks,
-                 args.p.activation == GemmActivation::silu_mul, nt, args.g != nullptr};
+                 args.p.activation == GemmActivation::silu_mul, nt, args.g != nullptr, bits};
 }
 
-void launch_small_m_with(const char* op, SmallMArgs& args, int nt, int64_t chunks, const SmallMConfig& c,
-                         cudaStream_t stream) {
+void launch_small_m_with(const char* op, const void* kernel, SmallMArgs& args, int nt, int64_t chunks, int bits,
+                         const SmallMConfig& c, cudaStream_t stream) {
   int device = 0;
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
-  const void* kernel = small_m_kernel(args.p.in_dtype, nt, args.g != nullptr);
-  LLMK_CHECK(kernel != nullptr, op, ": unsupported input dtype ", dtype_name(args.p.in_dtype));
   (void)kernel_facts(kernel, device);  // the dynamic shared memory opt-in
   args.wr = c.wr;
   args.wk = c.wk;
   args.bodies_per_tile = c.bodies_per_tile;
   args.tiles = c.tiles;
-  args.kt_w = small_m_body_k(nt) * c.bodies_per_tile;
+  args.kt_w = small_m_body_k(nt, bits) * c.bodies_per_tile;
   args.kt_cta = args.kt_w * c.wk;
   args.stage_elems = args.kt_cta * 8 * nt;
 
@@ -275,12 +274,9 @@ void launch_small_m_with(const char* op, SmallMArgs& args, int nt, int64_t chunk
 }
 
 void launch_small_m(const char* op, SmallMArgs& args, int nt, int64_t chunks, cudaStream_t stream) {
-  int device = 0;
-  LLMK_CUDA_CHECK(cudaGetDevice(&device));
   const void* kernel = small_m_kernel(args.p.in_dtype, nt, args.g != nullptr);
   LLMK_CHECK(kernel != nullptr, op, ": unsupported input dtype ", dtype_name(args.p.in_dtype));
-  const SmallMConfig c = pick_small_m_config(kernel, device, args.p.in_dtype, small_m_problem(args, nt, chunks));
-  launch_small_m_with(op, args, nt, chunks, c, stream);
+  launch_small_m_kernel(op, kernel, args, nt, chunks, 16, stream);
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -295,6 +291,16 @@ int current_cc_major() {
 }
 
 }  // namespace
+
+int small_m_token_tiles(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
+
+void launch_small_m_kernel(const char* op, const void* kernel, SmallMArgs& args, int nt, int64_t chunks, int bits,
+                           cudaStream_t stream) {
+  int device = 0;
+  LLMK_CUDA_CHECK(cudaGetDevice(&device));
+  const SmallMConfig c = pick_small_m_config(kernel, device, args.p.in_dtype, small_m_problem(args, nt, chunks, bits));
+  launch_small_m_with(op, kernel, args, nt, chunks, bits, c, stream);
+}
 
 bool gemm_small_m_takes(const GemmParams& p) {
   if (p.m < 1 || p.m > kGemmSmallM) return false;
@@ -315,7 +321,7 @@ void gemm_small_m_cuda(const GemmParams& p, cudaStream_t stream) {
   SmallMArgs args{};
   args.p = p;
   args.g = nullptr;
-  launch_small_m("gemm_small_m", args, token_tiles(p.m), 1, stream);
+  launch_small_m("gemm_small_m", args, small_m_token_tiles(p.m), 1, stream);
 }
 
 void rmsnorm_linear_cuda(const RmsnormLinearParams& p, cudaStream_t stream) {
@@ -328,29 +334,12 @@ void rmsnorm_linear_cuda(const RmsnormLinearParams& p, cudaStream_t stream) {
   LLMK_CHECK(p.n <= int64_t{65535} * kSmallMWarpRows, "rmsnorm_linear: weight has too many rows (", p.n, ")");
   if (p.m == 0 || p.n == 0) return;
   SmallMArgs args{};
-  GemmParams& g = args.p;
-  g.out = p.out;
-  g.ld_out = p.ld_out;
-  g.a = p.x;
-  g.lda = p.ldx;
-  g.a_k_major = true;
-  g.b = p.w;
-  g.ldb = p.ldw;
-  g.b_k_major = true;
-  g.bias = nullptr;
-  g.residual = nullptr;
-  g.ld_residual = 0;
-  g.m = p.m;
-  g.n = p.n;
-  g.k = p.k;
-  g.activation = GemmActivation::none;
-  g.in_dtype = p.in_dtype;
-  g.out_dtype = p.in_dtype;
+  args.p = plain_gemm_params(p.out, p.ld_out, p.x, p.ldx, p.w, p.ldw, p.m, p.n, p.k, p.in_dtype);
   args.g = p.g;
   args.g_f32 = p.g_dtype == DType::f32;
   args.g_aligned = aligned16(p.g);
   args.eps = static_cast<float>(p.eps);
-  const int nt = token_tiles(p.m);
+  const int nt = small_m_token_tiles(p.m);
   const int64_t chunks = (p.m + 8 * nt - 1) / (8 * nt);
   LLMK_CHECK(chunks <= 65535, "rmsnorm_linear: x has too many rows (", p.m, ")");
   launch_small_m("rmsnorm_linear", args, nt, chunks, stream);

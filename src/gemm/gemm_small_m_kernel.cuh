@@ -62,6 +62,7 @@
 #include <cuda/ptx>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/device_types.cuh"
 #include "common/ptx.cuh"
@@ -87,6 +88,13 @@ inline constexpr int kSmallMMaxClusterSize = 8;  // portable cluster size
 // from cudaFuncGetAttributes, so it may differ between architectures.)
 template <int NT>
 inline constexpr int kSmallMUnroll = NT >= 8 ? 2 : 4;
+// Quantized weights (kBits 4 or 8; 16 = the dense T weight): one 16-byte load per lane and
+// row holds 16 / kBits chunks of 32 k (4 for int4, 2 for int8); a body keeps two loads per
+// row in flight (4 KB per warp, 32 ring registers), whatever NT.
+template <int kBits>
+inline constexpr int kSmallMChunksPerLoad = 16 / kBits;
+template <int NT, int kBits>
+inline constexpr int kSmallMBodyChunks = kBits == 16 ? kSmallMUnroll<NT> : 2 * kSmallMChunksPerLoad<kBits>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 inline constexpr int kSmallMWideThreads = 256;
 #else
@@ -94,6 +102,10 @@ inline constexpr int kSmallMWideThreads = 384;
 #endif
 template <int NT, bool kNorm>
 inline constexpr int kSmallMMaxThreads = NT >= 4 ? (kNorm ? 256 : kSmallMWideThreads) : 512;
+// Quantized weights also hold each load's scales and zero operands and dequantize into
+// fragments: 256 threads (255 registers) at NT >= 4, 384 (168) below, without spills.
+template <int NT>
+inline constexpr int kSmallMQuantMaxThreads = NT >= 4 ? 256 : 384;
 
 struct SmallMArgs {
   GemmParams p;         // a = x [m, k], b = weight [n, k], out [m, n_out]; epilogue fields
@@ -101,6 +113,12 @@ struct SmallMArgs {
   bool g_f32;           // g is float32 (else x's dtype)
   bool g_aligned;       // g is 16-byte aligned (vector loads)
   float eps;
+  // quantized_gemm (p.b = the packed codes, ldb in int32 words): the scales [n, groups] of
+  // x's dtype, the zero points (uint8 [n, groups]; nullptr: 2^(bits-1)), the group size.
+  const void* scales;
+  const uint8_t* zeros;
+  int64_t groups;
+  int group_size;
   int wr, wk;           // warps along rows and along k; blockDim.x = 32 * wr * wk
   int bodies_per_tile;  // a warp's k per tile: kt_w = 32 * kSmallMUnroll * bodies_per_tile
   int tiles;            // k tiles of kt_cta = wk * kt_w
@@ -109,23 +127,35 @@ struct SmallMArgs {
   int kt_w, kt_cta, stage_elems;
 };
 
-// k of one loop body of a warp (kSmallMUnroll chunks) for `nt` token tiles.
-inline constexpr int small_m_body_k(int nt) { return kSmallMChunk * (nt >= 8 ? kSmallMUnroll<8> : kSmallMUnroll<1>); }
+// k of one loop body of a warp (kSmallMBodyChunks chunks) for `nt` token tiles and weights
+// of `bits` (16: dense).
+inline constexpr int small_m_body_k(int nt, int bits = 16) {
+  return kSmallMChunk * (bits == 4   ? kSmallMBodyChunks<1, 4>
+                         : bits == 8 ? kSmallMBodyChunks<1, 8>
+                                     : (nt >= 8 ? kSmallMUnroll<8> : kSmallMUnroll<1>));
+}
 
 // Dynamic shared memory of a launch: the x ring, and after the k loop the partial tiles
 // ([wk][tokens][rows + pad] fp32) in the same bytes.
-inline int64_t small_m_ring_bytes(int nt, int wk, int bodies_per_tile, int elem_bytes) {
-  const int64_t kt_cta = int64_t{wk} * small_m_body_k(nt) * bodies_per_tile;
+inline int64_t small_m_ring_bytes(int nt, int wk, int bodies_per_tile, int elem_bytes, int bits = 16) {
+  const int64_t kt_cta = int64_t{wk} * small_m_body_k(nt, bits) * bodies_per_tile;
   return int64_t{kSmallMStages} * 8 * nt * kt_cta * elem_bytes;
 }
 inline int64_t small_m_reduce_bytes(int nt, int wr, int wk) {
   return int64_t{wk} * 8 * nt * (kSmallMWarpRows * wr + kSmallMRedPad) * 4;
 }
-inline int64_t small_m_smem_bytes(int nt, int wr, int wk, int bodies_per_tile, int elem_bytes) {
-  const int64_t ring = small_m_ring_bytes(nt, wk, bodies_per_tile, elem_bytes);
+inline int64_t small_m_smem_bytes(int nt, int wr, int wk, int bodies_per_tile, int elem_bytes, int bits = 16) {
+  const int64_t ring = small_m_ring_bytes(nt, wk, bodies_per_tile, elem_bytes, bits);
   const int64_t red = small_m_reduce_bytes(nt, wr, wk);
   return ring > red ? ring : red;
 }
+
+// gemm_small_m.cu: the 8-token tiles for m rows (1, 2, 4 or 8), and the launch of one
+// instantiation (`bits` its kBits) over `chunks` 64-token chunks with the launch shape picked
+// for the problem.
+int small_m_token_tiles(int64_t m);
+void launch_small_m_kernel(const char* op, const void* kernel, SmallMArgs& args, int nt, int64_t chunks, int bits,
+                           cudaStream_t stream);
 
 namespace small_m {
 
@@ -213,6 +243,80 @@ __device__ __forceinline__ void load_norm_weight(const Args& a, int k, float (&g
   }
 }
 
+// Dequantization of llmk's packed codes (the layout of include/llmk/quantized_gemm.h) into
+// mma fragments: four pairs of T (the elements 2p, 2p + 1 of this lane's 8 consecutive k) as
+// ((q - z) exactly) * s, one rounding, which is what dequantize_weight writes. `zz`: the pair
+// (kMagic + z, kMagic + z); `ss`: (s, s).
+template <class T>
+struct QuantPair;
+template <>
+struct QuantPair<__nv_bfloat16> {
+  using T2 = __nv_bfloat162;
+  static constexpr uint32_t kMagic = 0x43004300u;  // bf16 128 + q for q < 16 (7 mantissa bits)
+  static constexpr float kMagicValue = 128.0f;
+};
+template <>
+struct QuantPair<__half> {
+  using T2 = __half2;
+  static constexpr uint32_t kMagic = 0x64006400u;  // f16 1024 + q for q < 1024
+  static constexpr float kMagicValue = 1024.0f;
+};
+
+template <class T>
+__device__ __forceinline__ uint32_t sub_mul_pair(uint32_t v, uint32_t zz, uint32_t ss) {
+  using T2 = typename QuantPair<T>::T2;
+  const T2 r = __hmul2(__hsub2(*reinterpret_cast<const T2*>(&v), *reinterpret_cast<const T2*>(&zz)),
+                       *reinterpret_cast<const T2*>(&ss));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// The zero operand of a load, computed once per load and row: the pair (magic + z) in T,
+// or for int8 codes with bf16 the float 2^23 + z (bits).
+template <class T, int kBits>
+__device__ __forceinline__ uint32_t zero_operand(uint32_t z) {
+  if constexpr (kBits == 8 && std::is_same_v<T, __nv_bfloat16>) {
+    return __float_as_uint(8388608.0f + static_cast<float>(z));
+  } else {
+    const T zt = from_float<T>((kBits == 8 ? 1024.0f : QuantPair<T>::kMagicValue) + static_cast<float>(z));
+    const uint32_t zu = *reinterpret_cast<const unsigned short*>(&zt);
+    return zu | (zu << 16);
+  }
+}
+
+// int4: word = codes e = 0..7 at nibbles p(2j) = j, p(2j + 1) = j + 4.
+template <class T>
+__device__ __forceinline__ void dequant_int4(uint32_t word, uint32_t zz, uint32_t ss, uint32_t (&d)[4]) {
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    uint32_t v;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(v) : "r"(word >> (4 * p)), "n"(0x000F000F), "n"(QuantPair<T>::kMagic));
+    d[p] = sub_mul_pair<T>(v, zz, ss);
+  }
+}
+
+// int8: two words of codes e = 0..3 in bytes e. f16 takes 1024 + q directly (PRMT);
+// bf16 (7 mantissa bits) goes through float 2^23 + q, exact, then one conversion.
+template <class T>
+__device__ __forceinline__ void dequant_int8(uint32_t w0, uint32_t w1, uint32_t zz, uint32_t ss, uint32_t (&d)[4]) {
+  const float zf = __uint_as_float(zz);
+  const uint32_t w[2] = {w0, w1};
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      if constexpr (std::is_same_v<T, __half>) {
+        const uint32_t v = __byte_perm(w[h], 0x64u, q == 0 ? 0x4140u : 0x4342u);
+        d[2 * h + q] = sub_mul_pair<T>(v, zz, ss);
+      } else {
+        const float lo = __uint_as_float(__byte_perm(w[h], 0x4B000000u, 0x7440u + 2 * q)) - zf;
+        const float hi = __uint_as_float(__byte_perm(w[h], 0x4B000000u, 0x7441u + 2 * q)) - zf;
+        const __nv_bfloat162 v2 = __floats2bfloat162_rn(lo, hi);
+        const __nv_bfloat162 r = __hmul2(v2, *reinterpret_cast<const __nv_bfloat162*>(&ss));
+        d[2 * h + q] = *reinterpret_cast<const uint32_t*>(&r);
+      }
+    }
+}
+
 // The epilogue of one output element, in out's type.
 template <class TOut>
 __device__ __forceinline__ void store_out(const GemmParams& p, int64_t row, int64_t col, float acc, float up) {
@@ -231,11 +335,21 @@ __device__ __forceinline__ void store_out(const GemmParams& p, int64_t row, int6
 
 // Grid: (cluster size C along K, row blocks, 64-token chunks of x); block: 32 * wr * wk.
 // T: the input dtype (__half or __nv_bfloat16); NT: 8-token tiles; kNorm: rmsnorm_linear
-// (a separate instantiation: its per-tile pass would cost the plain GEMM registers).
-template <class T, int NT, bool kNorm>
-__global__ void __launch_bounds__(kSmallMMaxThreads<NT, kNorm>) gemm_small_m_kernel(const __grid_constant__ SmallMArgs a) {
+// (a separate instantiation: its per-tile pass would cost the plain GEMM registers); kBits:
+// 16 for a dense T weight, 4 or 8 for quantized_gemm's packed codes (p.b, ldb in words).
+template <class T, int NT, bool kNorm, int kBits = 16>
+__global__ void __launch_bounds__(kBits == 16 ? kSmallMMaxThreads<NT, kNorm> : kSmallMQuantMaxThreads<NT>)
+    gemm_small_m_kernel(const __grid_constant__ SmallMArgs a) {
   constexpr int kTokens = 8 * NT;
-  constexpr int U = kSmallMUnroll<NT>;
+  constexpr bool kQuant = kBits != 16;
+  constexpr int U = kSmallMBodyChunks<NT, kBits>;
+  constexpr int CPL = kSmallMChunksPerLoad<kBits>;  // chunks of 32 k per 16-byte load
+  constexpr int L = U / CPL;                         // loads per row in a body
+  static_assert(!(kQuant && kNorm), "rmsnorm_linear has no quantized weights");
+  using W = std::conditional_t<kQuant, uint32_t, T>;  // the weight pointer's element
+  // k -> W elements: k * kBits / (8 sizeof(W)); a lane's 16 bytes at 16 t bytes of a chunk.
+  constexpr int kKPerW = 8 * static_cast<int>(sizeof(W)) / kBits;
+  constexpr int kLaneW = 16 / static_cast<int>(sizeof(W));
   constexpr int kBodyK = kSmallMChunk * U;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float norm_partial[kTokens];  // rmsnorm_linear: this CTA's sums of squares
@@ -267,7 +381,8 @@ __global__ void __launch_bounds__(kSmallMMaxThreads<NT, kNorm>) gemm_small_m_ker
   // With silu_mul the CTA's first rows_cta / 2 local rows are gate rows and the rest the
   // matching up rows. Rows past n read row 0 (their sums are never stored).
   int kb = t_lo * kt_cta + wk * kt_w;
-  const T* wptr[2][2];
+  const W* wptr[2][2];
+  int wrow[2][2];  // quantized: the row of the scales and zeros (0 past n)
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -284,20 +399,47 @@ __global__ void __launch_bounds__(kSmallMMaxThreads<NT, kNorm>) gemm_small_m_ker
         row = int64_t{blockIdx.y} * rows_cta + lr;
         valid = row < p.n;
       }
-      wptr[mt][h] = static_cast<const T*>(p.b) + (valid ? row : 0) * p.ldb + 8 * t + kb;
+      wptr[mt][h] = static_cast<const W*>(p.b) + (valid ? row : 0) * p.ldb + kLaneW * t + kb / kKPerW;
+      wrow[mt][h] = valid ? static_cast<int>(row) : 0;
     }
-
-  // The weight ring: w[j] holds chunk j of the current loop body (k = kb + 32 j + 8 t).
-  uint4 w[U][2][2];
-  {
-    const int rem = k_hi - kb - 8 * t;  // chunk j is in range when 32 j < rem
+  (void)wrow;
+  // Quantized: a load's scale pair (s, s) and zero pair (magic + z) of rows (mt, h), read
+  // with the codes (0 for a load out of range: its codes then dequantize to 0, not NaN).
+  // A load covers k [kq, kq + 32 CPL), one group (G is a multiple of 32 CPL).
+  uint32_t qs[L][2][2], qz[L][2][2];
+  (void)qs;
+  (void)qz;
+  auto load_group = [&](int l, int kq, bool pred) {
+    if constexpr (kQuant) {
+      const int64_t gi = kq / a.group_size;
 #pragma unroll
-    for (int j = 0; j < U; ++j)
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t at = wrow[mt][h] * a.groups + gi;
+          const uint32_t sv = pred ? __ldg(static_cast<const unsigned short*>(a.scales) + at) : 0u;
+          qs[l][mt][h] = sv | (sv << 16);
+          const uint32_t z = a.zeros ? (pred ? __ldg(a.zeros + at) : 0u) : (1u << (kBits - 1));
+          qz[l][mt][h] = small_m::zero_operand<T, kBits>(z);
+        }
+    }
+  };
+
+  // The weight ring: w[l] holds load l of the current loop body (dense: chunk l, k = kb +
+  // 32 l + 8 t; quantized: chunks CPL l .. CPL l + CPL - 1).
+  const int lane_k = kQuant ? 0 : 8 * t;  // a quantized load is in range as a whole
+  uint4 w[L][2][2];
+  {
+    const int rem = k_hi - kb - lane_k;  // load l is in range when 32 CPL l < rem
+#pragma unroll
+    for (int l = 0; l < L; ++l) {
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          w[j][mt][h] = small_m::load_weight(wptr[mt][h] + kSmallMChunk * j, kSmallMChunk * j < rem);
+          w[l][mt][h] = small_m::load_weight(wptr[mt][h] + kSmallMChunk * CPL * l / kKPerW, kSmallMChunk * CPL * l < rem);
+      load_group(l, kb + kSmallMChunk * CPL * l, kSmallMChunk * CPL * l < rem);
+    }
   }
 
   // The x ring: stage s holds x[m0 .. m0 + kTokens, tile k range] chunk-major: chunk c
@@ -381,7 +523,7 @@ __global__ void __launch_bounds__(kSmallMMaxThreads<NT, kNorm>) gemm_small_m_ker
   // the current body (chunk j is in range when 32 j < left).
   const int xs_lane = (wk * kt_w / kSmallMChunk * kTokens + g) * kSmallMChunk + 8 * t;
   int stage_off = 0;  // elements from the ring's start to the current tile's stage
-  int left = k_hi - kb - 8 * t;
+  int left = k_hi - kb - lane_k;
   for (int tile = 0; tile < n_tiles; ++tile) {
     ptx::cp_async_wait<kSmallMStages - 2>();
     __syncthreads();
@@ -419,24 +561,51 @@ __global__ void __launch_bounds__(kSmallMMaxThreads<NT, kNorm>) gemm_small_m_ker
           xv[nt] = small_m::load_x(xs + (j * kTokens + 8 * nt) * kSmallMChunk);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          const uint32_t a0[4] = {w[j][mt][0].x, w[j][mt][1].x, w[j][mt][0].y, w[j][mt][1].y};
-          const uint32_t a1[4] = {w[j][mt][0].z, w[j][mt][1].z, w[j][mt][0].w, w[j][mt][1].w};
+          // The fragment pairs of rows g (h = 0) and g + 8 (h = 1): elements 2p, 2p + 1 of the
+          // lane's 8 k of chunk j.
+          uint32_t d[2][4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if constexpr (kQuant) {
+              const uint4& q = w[j / CPL][mt][h];
+              const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+              const uint32_t ss = qs[j / CPL][mt][h], zz = qz[j / CPL][mt][h];
+              if constexpr (kBits == 4)
+                small_m::dequant_int4<T>(words[j % CPL], zz, ss, d[h]);
+              else
+                small_m::dequant_int8<T>(words[2 * (j % CPL)], words[2 * (j % CPL) + 1], zz, ss, d[h]);
+            } else {
+              const uint4& v = w[j][mt][h];
+              d[h][0] = v.x;
+              d[h][1] = v.y;
+              d[h][2] = v.z;
+              d[h][3] = v.w;
+            }
+          }
+          const uint32_t a0[4] = {d[0][0], d[1][0], d[0][1], d[1][1]};
+          const uint32_t a1[4] = {d[0][2], d[1][2], d[0][3], d[1][3]};
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
             ptx::mma_16x8x16<T>(acc[mt][nt], a0, xv[nt].x, xv[nt].y);
             ptx::mma_16x8x16<T>(acc[mt][nt], a1, xv[nt].z, xv[nt].w);
           }
         }
+        if (j % CPL == CPL - 1) {  // load j / CPL consumed: issue the next body's
+          const int l = j / CPL;
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+          for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            w[j][mt][h] = small_m::load_weight(wptr[mt][h] + step + kSmallMChunk * j, kSmallMChunk * j < rem);
+            for (int h = 0; h < 2; ++h)
+              w[l][mt][h] = small_m::load_weight(wptr[mt][h] + (step + kSmallMChunk * CPL * l) / kKPerW,
+                                                 kSmallMChunk * CPL * l < rem);
+          load_group(l, kb + step + kSmallMChunk * CPL * l, kSmallMChunk * CPL * l < rem);
+        }
       }
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) wptr[mt][h] += step;
+        for (int h = 0; h < 2; ++h) wptr[mt][h] += step / kKPerW;
+      kb += step;
       left = rem;
     }
     stage_off = stage_off + stage_elems == kSmallMStages * stage_elems ? 0 : stage_off + stage_elems;

@@ -1,0 +1,124 @@
+// CUDA paths of quantized_gemm (include/llmk/quantized_gemm.h has the format):
+//
+// * The weight-streaming kernel (m <= kQuantizedStreamMaxM): gemm_small_m_kernel with
+//   kBits = 4 or 8. Each lane loads 16 bytes of packed codes per weight row (32 int4 or 16
+//   int8 codes), dequantizes them in registers into mma.sync fragments ((q - z) exact in
+//   16-bit floats by the magic-number trick, then one multiply by the group's scale: the
+//   weight dequantize_weight writes) and the rest is the dense small-M kernel's: x staged
+//   in shared memory, split-K inside the CTA and over a cluster, a deterministic reduction.
+//   Roofline: bytes = N*K*bits/8 + N*K/G*2 (scales) + M*K*2 per CTA from L2; at M = 1,
+//   (14336, 4096) int4 g128 reads 29.4 + 0.9 MB: ~10 us at 3.0 TB/s (H100), 3.7x less than
+//   the bf16 weight. Dequantization costs ~2 integer/half ops per weight element, which the
+//   SM issues in ~40% of the time the bytes take at M <= 16; at M = 64 the mma.sync work
+//   (2*M FLOP per weight element) becomes the bound. Rows beyond 64 run as 64-token chunks
+//   along gridDim.z (the codes are re-read per chunk: 1/4 of a bf16 read at int4).
+// * Larger m: each slab of up to kQuantizedSlabRows weight rows is dequantized into the
+//   workspace (dequantize_kernel: one thread per packed word, 16- or 8-byte stores) and
+//   multiplied by llmk::gemm: the GEMM's speed plus one read of the codes and one write and
+//   read of the slab (~3% at M = 2048 on a 4096 x 14336 weight).
+#include <cstdint>
+
+#include "common/cuda_check.h"
+#include "common/device_types.cuh"
+#include "gemm/gemm_small_m_kernel.cuh"
+#include "gemm/quantized.h"
+
+namespace llmk::detail {
+namespace {
+
+// The compiled instantiations, in one place: dtype (f16, bf16) x bits (4, 8) x 8-token
+// tiles (1, 2, 4, 8).
+const void* quantized_stream_kernel(DType dtype, int bits, int nt) {
+  auto pick = [&](auto tag, auto bits_tag) -> const void* {
+    using T = device_type_t<decltype(tag)>;
+    constexpr int kBits = decltype(bits_tag)::value;
+    switch (nt) {
+      case 1: return reinterpret_cast<const void*>(gemm_small_m_kernel<T, 1, false, kBits>);
+      case 2: return reinterpret_cast<const void*>(gemm_small_m_kernel<T, 2, false, kBits>);
+      case 4: return reinterpret_cast<const void*>(gemm_small_m_kernel<T, 4, false, kBits>);
+      case 8: return reinterpret_cast<const void*>(gemm_small_m_kernel<T, 8, false, kBits>);
+      default: return nullptr;
+    }
+  };
+  auto by_bits = [&](auto tag) -> const void* {
+    if (bits == 4) return pick(tag, std::integral_constant<int, 4>{});
+    if (bits == 8) return pick(tag, std::integral_constant<int, 8>{});
+    return nullptr;
+  };
+  if (dtype == DType::f16) return by_bits(DTypeTag<DType::f16>{});
+  if (dtype == DType::bf16) return by_bits(DTypeTag<DType::bf16>{});
+  return nullptr;
+}
+
+// One thread per packed word: its 8 (int4) or 4 (int8) codes are consecutive input features
+// (quantized_code_k), written as one 16- or 8-byte vector of T.
+template <class T, int kBits>
+__global__ void dequantize_kernel(const QuantizedParams p, T* out, int64_t ld_out) {
+  constexpr int kCodes = 32 / kBits;
+  const int64_t words_per_row = p.k * kBits / 32;
+  const int64_t total = p.n * words_per_row;
+  const T* scales = static_cast<const T*>(p.scales);
+  const int64_t groups = p.k / p.group_size;
+  for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < total;
+       idx += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = idx / words_per_row, wi = idx - row * words_per_row;
+    const uint32_t word = static_cast<uint32_t>(p.packed[idx]);
+    const int64_t k0 = quantized_code_k(kBits, wi / 16, static_cast<int>(wi % 16), 0);
+    const int64_t gi = row * groups + k0 / p.group_size;
+    const float s = to_float(scales[gi]);
+    const int z = p.zeros ? p.zeros[gi] : (1 << (kBits - 1));
+    T v[kCodes];
+#pragma unroll
+    for (int e = 0; e < kCodes; ++e) {
+      const int q = static_cast<int>((word >> quantized_code_shift(kBits, e)) & ((1u << kBits) - 1));
+      // (q - z) is exact in T; one rounded product, as the streaming kernel's __hmul2.
+      v[e] = from_float<T>(to_float(from_float<T>(static_cast<float>(q - z))) * s);
+    }
+    T* dst = out + row * ld_out + k0;
+    if constexpr (kCodes == 8)
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(v);
+    else
+      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(v);
+  }
+}
+
+}  // namespace
+
+void quantized_gemm_stream_cuda(const QuantizedParams& p, cudaStream_t stream) {
+  SmallMArgs args{};
+  // ldb: int32 words per row of codes
+  args.p = plain_gemm_params(p.out, p.ld_out, p.x, p.ldx, p.packed, p.k * p.bits / 32, p.m, p.n, p.k, p.dtype);
+  args.p.bias = p.bias;
+  args.g = nullptr;
+  args.scales = p.scales;
+  args.zeros = p.zeros;
+  args.groups = p.k / p.group_size;
+  args.group_size = static_cast<int>(p.group_size);
+  const int nt = small_m_token_tiles(p.m);
+  const int64_t chunks = (p.m + 8 * nt - 1) / (8 * nt);
+  const void* kernel = quantized_stream_kernel(p.dtype, p.bits, nt);
+  LLMK_CHECK(kernel != nullptr, "quantized_gemm: no kernel for ", dtype_name(p.dtype), " and ", p.bits, " bits");
+  launch_small_m_kernel("quantized_gemm", kernel, args, nt, chunks, p.bits, stream);
+}
+
+void dequantize_weight_cuda(const QuantizedParams& p, void* out, int64_t ld_out, cudaStream_t stream) {
+  const int64_t words = p.n * p.k * p.bits / 32;
+  if (words == 0) return;
+  int device = 0, sms = 0;
+  LLMK_CUDA_CHECK(cudaGetDevice(&device));
+  LLMK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((words + threads - 1) / threads, int64_t{sms} * 16);
+  auto launch = [&](auto tag) {
+    using T = device_type_t<decltype(tag)>;
+    if (p.bits == 4)
+      dequantize_kernel<T, 4><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p, static_cast<T*>(out), ld_out);
+    else
+      dequantize_kernel<T, 8><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p, static_cast<T*>(out), ld_out);
+  };
+  if (p.dtype == DType::f16) launch(DTypeTag<DType::f16>{});
+  else launch(DTypeTag<DType::bf16>{});
+  LLMK_CHECK_LAUNCH("dequantize_weight", stream);
+}
+
+}  // namespace llmk::detail
