@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from llmk_bench import views  # noqa: E402
-from llmk_bench.views import e2e, gemm, generate, loss, overhead  # noqa: E402
+from llmk_bench.views import e2e, gemm, generate, loss, overhead, quantized  # noqa: E402
 from llmk_bench.views.common import fmt, parse_header, plot_title, read_csv  # noqa: E402
 
 # The page's sections in order: family -> what it covers.
@@ -38,6 +38,7 @@ FAMILIES = {
     "attention train": "attention forward + backward through autograd",
     "decode": "attention decode over a KV cache (contiguous, paged, fp8, four queries)",
     "gemm": "llmk.linear against cuBLAS, fused epilogues, rmsnorm_linear",
+    "quantized": "llmk.quantized_linear (int4 / int8 weights) against cuBLAS bf16, tinygemm and int8pack",
     "e2e": "whole Hugging Face models: prefill and a training step",
     "generation": "whole-model `generate`: time per generated token and to the first one, against transformers' "
                   "eager and static-cache + torch.compile paths",
@@ -56,6 +57,8 @@ def family_of(op):
         return "e2e"
     if gemm.is_gemm_row({"op": op}):
         return "gemm"
+    if quantized.is_quantized_row({"op": op}):
+        return "quantized"
     if op in ("cross_entropy", loss.FLCE):
         return "loss"
     if op.startswith("attention_decode"):

@@ -3,6 +3,7 @@ views/<family>.py: table and plot, without torch).
 
 python -m llmk_bench --op rmsnorm [--op ...] [--all] [--dtype float16] [--csv F] [--plot F] [--table F]
 python -m llmk_bench --op gemm [--gemm-shapes ...] [--gemm-m ...] [--gemm-parts ...]
+python -m llmk_bench --op quantized_linear [--qlinear-shapes ...] [--qlinear-m ...] [--qlinear-formats ...]
 python -m llmk_bench --e2e [--e2e-families ...] [--e2e-layers N] [--e2e-phases ...] [--e2e-impls ...]
 python -m llmk_bench --from-csv A.csv [B.csv ...] [--table F] [--plot F]
 python -m llmk_bench --op rmsnorm --tokens 8192 --hidden 4096 --impls [IMPL ...] --variant base --csv F
@@ -18,8 +19,11 @@ saying where the CSV, the table and the plot went.
 `--op overhead` (also in --all) is what an eager PyTorch user pays per call: see
 suites/overhead.py. `--op gemm` (also in --all) is the GEMM family, llmk.linear against cuBLAS
 over real models' weight shapes, the fused epilogues and rmsnorm_linear, with its own
-trimming flags: see suites/gemm.py. `--e2e` (in --all on a GPU) times whole Hugging Face
-models, eager against torch.compile, Liger-Kernel and llmk.patch: see suites/e2e.py.
+trimming flags: see suites/gemm.py. `--op quantized_linear` (also in --all) is the weight-only
+int4 / int8 llmk.quantized_linear against cuBLAS on the bf16 weight, tinygemm and int8pack over
+real models' weight shapes, with its own sweep and trimming flags: see suites/quantized.py.
+`--e2e` (in --all on a GPU) times whole Hugging Face models, eager against torch.compile,
+Liger-Kernel and llmk.patch: see suites/e2e.py.
 Liger-Kernel is a peer wherever it has the op and imports (liger_peers.py). `--impls` keeps
 llmk and the named peers (none: llmk alone), `--variant` labels the rows, and `--ab-summary`
 compares the labelled runs of an A/B (tools/gpu_ab.sh builds the base and the new tree and
@@ -41,10 +45,11 @@ from .views.common import CPU_NOTE, columns, fmt, header_line, on_cpu, parse_hea
 
 # The suites, in the order their sweeps run and their tables print: suites/<name>.py.
 SUITES = ("norm", "activation", "softmax", "rope", "optim", "loss", "attention", "decode", "chain", "gemm",
-          "overhead", "e2e", "generate")
+          "quantized", "overhead", "e2e", "generate")
 OVERHEAD = "overhead"
 GENERATE = "e2e_decode"  # generate on a whole model: suites/generate.py's run
 GEMM = "gemm"  # its own sweep over (M, N, K) and fused forms: suites/gemm.py's run
+QLINEAR = "quantized_linear"  # its own sweep over (format, M, N, K): suites/quantized.py's run
 # Peers that the CPU run leaves out, and why.
 GPU_ONLY_PEERS = {"compile": "torch.compile (Inductor's CPU backend compiles C++ per shape: minutes for a sweep)"}
 
@@ -117,10 +122,10 @@ def _cpu_name() -> str:
 def machine(device, ops) -> dict:
     """The device's name and the ceilings the rows are measured against (only what `ops` need)."""
     info = dict(device=torch.cuda.get_device_name() if device == "cuda" else _cpu_name())
-    if any(op in OPS or op == GEMM for op in ops):
+    if any(op in OPS or op in (GEMM, QLINEAR) for op in ops):
         info.update(copy_gbs=timing.copy_bandwidth_gbs(device), empty_us=timing.empty_launch_us(device))
     # The tensor-core ceiling, measured only when a compute-bound op (one that counts FLOPs) runs.
-    if any(op in MODULES["attention"].OPS or op == GEMM for op in ops):
+    if any(op in MODULES["attention"].OPS or op in (GEMM, QLINEAR) for op in ops):
         info["gemm"] = timing.gemm_tflops(device)
     return info
 
@@ -295,7 +300,7 @@ def main(argv=None):
         return 0
     _load()
     parser = argparse.ArgumentParser(prog="python -m llmk_bench")
-    parser.add_argument("--op", action="append", choices=sorted([*OPS, GEMM, OVERHEAD, GENERATE]),
+    parser.add_argument("--op", action="append", choices=sorted([*OPS, GEMM, QLINEAR, OVERHEAD, GENERATE]),
                         help="op to benchmark (repeatable); 'overhead': host time per call and eager fwd+bwd")
     parser.add_argument("--all", action="store_true", help="every op, and the overhead case")
     parser.add_argument("--tokens", type=int, nargs="*", help="token counts (default: each op's sweep; not overhead)")
@@ -313,10 +318,11 @@ def main(argv=None):
     parser.add_argument("--ab-summary", nargs="+", metavar="CSV",
                         help="no timing: per case, the variants' llmk times and new over base (tools/gpu_ab.sh)")
     MODULES["gemm"].add_arguments(parser)
+    MODULES["quantized"].add_arguments(parser)
     MODULES["e2e"].add_arguments(parser)
     MODULES["generate"].add_arguments(parser)
     args = parser.parse_args(argv)
-    ops = [*OPS, GEMM, OVERHEAD] if args.all or not (args.op or args.e2e) else args.op or []
+    ops = [*OPS, GEMM, QLINEAR, OVERHEAD] if args.all or not (args.op or args.e2e) else args.op or []
 
     device = "cuda" if torch.cuda.is_available() and llmk._C.cuda_device_count() > 0 else "cpu"
     if device == "cpu":
@@ -326,7 +332,8 @@ def main(argv=None):
         torch.set_num_threads(1)
         print(f"no CUDA GPU found: timing the CPU backend on small shapes, torch on one thread ({CPU_NOTE})",
               flush=True)
-    cases = sweep([op for op in ops if op not in (OVERHEAD, GEMM, GENERATE)], args.tokens, args.hidden, device)
+    cases = sweep([op for op in ops if op not in (OVERHEAD, GEMM, QLINEAR, GENERATE)], args.tokens, args.hidden,
+                  device)
     info = machine(device, ops + [op for op, _, _ in cases])
     print(_header(info, _commit(), datetime.date.today()), flush=True)
     failures = []
@@ -334,6 +341,8 @@ def main(argv=None):
                set(args.impls) if args.impls is not None else None)
     if GEMM in ops:
         rows += MODULES["gemm"].run(args, torch.bfloat16, device, info, failures)
+    if QLINEAR in ops:
+        rows += MODULES["quantized"].run(args, torch.bfloat16, device, info, failures)
     if "cross_entropy" in ops:  # with it, the fused linear + cross-entropy (GPU only: a note on CPU)
         rows += MODULES["loss"].run_fused_linear_cross_entropy(device, failures)
     if OVERHEAD in ops:

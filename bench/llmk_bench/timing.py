@@ -7,6 +7,7 @@ call's time is wall time around a loop of calls (perf_counter), on one input set
 shapes are small and sit in the caches, so CPU rows say how the reference backend
 compares with torch's CPU kernels, not what the memory system can do."""
 
+import os
 import statistics
 import time
 from typing import Callable, List, Sequence
@@ -104,6 +105,22 @@ def time_cpu(fn: Callable, sets: List, min_seconds: float = 0.02, replays: int =
             fn(*sets[i % len(sets)])
         times.append((time.perf_counter() - t0) * 1e6 / calls)
     return statistics.median(times), "cpu"
+
+
+def with_env(variable: str, value: str, fn: Callable) -> Callable:
+    """fn with the environment variable set to value around each call (the previous value
+    restored after): the LLMK_*_PATH switches, which the C++ reads per call."""
+    def run(*args):
+        previous = os.environ.get(variable)
+        os.environ[variable] = value
+        try:
+            return fn(*args)
+        finally:
+            if previous is None:
+                del os.environ[variable]
+            else:
+                os.environ[variable] = previous
+    return run
 
 
 def sync(device: str) -> None:

@@ -101,8 +101,12 @@ def attention_modules(model):
 
 def _local_heads_kv(model, head_dim: int) -> int:
     """The kv heads this process computes: the config's, or under tensor parallelism (k_proj's
-    weight a DTensor sharded by output rows) this rank's share."""
-    weight = attention_modules(model)[0].k_proj.weight
+    weight a DTensor sharded by output rows) this rank's share; a quantized k_proj
+    (llmk.quantization.QuantizedLinear) by its output features."""
+    k_proj = attention_modules(model)[0].k_proj
+    weight = getattr(k_proj, "weight", None)
+    if weight is None:
+        return k_proj.out_features // head_dim
     if hasattr(weight, "to_local"):
         weight = weight.to_local()
     return weight.shape[0] // head_dim

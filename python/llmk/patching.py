@@ -49,7 +49,7 @@ from typing import Dict, Optional
 
 import torch
 
-from . import _C, ops
+from . import _C, ops, quantization
 from .ops.activation import GATED_OPS, MODEL_ACTIVATIONS
 
 # model_type -> (family, norm offset, the decoder layer's norm that follows the first residual add)
@@ -81,13 +81,17 @@ class PatchReport:
 def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, mlp: bool = True,
           attention: Optional[bool] = None, linear: bool = False, cross_entropy: bool = True,
           decode: bool = False, kv_cache_dtype: Optional[torch.dtype] = None,
-          kv_page_size: Optional[int] = None) -> PatchReport:
+          kv_page_size: Optional[int] = None, quantize: Optional[str] = None) -> PatchReport:
     """Runs `model` (a transformers causal LM of a supported family, on any device) on llmk
     kernels; returns the :class:`PatchReport`. ``linear=True`` runs every nn.Linear of the
     model on llmk.linear (off by default: it is not ahead of cuBLAS at every prefill size,
     docs/benchmarks.md "GEMM"). ``decode=True`` runs ``generate`` on llmk's KV cache and decode
     kernels (``kv_cache_dtype``: the model's dtype or ``torch.float8_e4m3fn``; ``kv_page_size``:
-    a paged cache); a model it cannot serve is rejected with the reason."""
+    a paged cache); a model it cannot serve is rejected with the reason. ``quantize``
+    ("int4-g128", "int4", "int8", ...: :func:`llmk.quantization.quantize_model`'s schemes)
+    replaces the decoder's nn.Linear layers by llmk.quantized_linear on their round-to-nearest
+    quantized weights (the lm_head stays); unpatch puts back nn.Linear layers holding the
+    dequantized weights."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", type(model).__name__)
     if model_type not in FAMILIES:
@@ -106,9 +110,11 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
             raise ValueError(f"llmk.patch: {reason}")
     elif kv_cache_dtype is not None or kv_page_size is not None:
         raise ValueError("llmk.patch: kv_cache_dtype and kv_page_size configure decode=True's cache; pass decode=True")
+    if quantize is not None:
+        quantization.parse_scheme(quantize)  # a bad scheme is rejected before anything changes
     family, offset, fused_norm = FAMILIES[model_type]
     report = PatchReport(model_type)
-    state = {"rope": None, "attn_implementation": None, "loss_function": None, "decode": None}
+    state = {"rope": None, "attn_implementation": None, "loss_function": None, "decode": None, "quantized": False}
     if rmsnorm:
         report.replaced["rmsnorm modules"] = _patch_norms(model, offset)
         report.replaced["residual add + rmsnorm (decoder layers)"] = _patch_layers(model, fused_norm, offset)
@@ -146,6 +152,13 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
                 "cache), dropout, training, fp32" + (f", the {windows} sliding-window layers" if windows else ""))
     else:
         report.left["attention"] = "attention=False"
+    if quantize is not None:
+        done = quantization.quantize_model(model, quantize)
+        state["quantized"] = True
+        mib = f"{done['bytes_before'] / 2**20:.0f} -> {done['bytes_after'] / 2**20:.0f} MiB of weights"
+        report.replaced[f"linear layers quantized {quantize} (llmk.quantized_linear; {mib})"] = len(done["quantized"])
+        if done["skipped"]:
+            report.left["quantize"] = "; ".join(f"{name}: {why}" for name, why in done["skipped"].items())
     if not linear:
         report.left["linear"] = "linear=False (cuBLAS through nn.Linear)"
     else:
@@ -184,6 +197,8 @@ def unpatch(model: torch.nn.Module) -> None:
         state["rope"]()
     if state["attn_implementation"] is not None:
         model.set_attn_implementation(state["attn_implementation"])
+    if state["quantized"]:
+        _dequantize_linears(model)
     if state["decode"] is not None:
         model.__dict__.pop("_prepare_cache_for_generation", None)
         state["decode"].cache = None
@@ -346,6 +361,19 @@ def _patch_linears(model: torch.nn.Module):
     for module in linears:
         _replace_forward(module, forward)
     return len(linears)
+
+
+def _dequantize_linears(model: torch.nn.Module) -> None:
+    """unpatch of ``quantize``: each QuantizedLinear back to an nn.Linear of its dequantized weight."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, quantization.QuantizedLinear):
+                linear = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
+                                         device="meta")
+                linear.weight = torch.nn.Parameter(child.dequantize(), requires_grad=False)
+                if child.bias is not None:
+                    linear.bias = child.bias
+                setattr(parent, name, linear)
 
 
 # -- generation ----------------------------------------------------------------------------

@@ -52,7 +52,8 @@ from typing import Dict, Iterable, NamedTuple, Optional, Tuple
 import torch
 from torch import nn
 
-from .ops import dequantize_weight, pack_quantized_weight, quantize_weight, quantized_linear
+from . import ops
+from .ops import dequantize_weight, pack_quantized_weight, quantize_weight
 
 __all__ = ["QuantizedTensors", "from_gptq", "from_awq", "QuantizedLinear", "quantize_model", "parse_scheme",
            "layout_problem"]
@@ -280,7 +281,7 @@ class QuantizedLinear(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quantized_linear(x, self.packed, self.scales, self.zeros, self.bits, self.group_size, self.bias)
+        return ops.quantized_linear(x, self.packed, self.scales, self.zeros, self.bits, self.group_size, self.bias)
 
     def dequantize(self) -> torch.Tensor:
         """The weight ``[out_features, in_features]`` that forward multiplies by."""

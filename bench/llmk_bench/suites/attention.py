@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import llmk
+from .. import timing
 from .activation import grad_peer
 
 TOKENS_PER_BATCH = 16384
@@ -68,17 +69,7 @@ _NOTED = set()  # reasons already printed for leaving llmk_sm80 out
 
 def _on_path(path, fn):
     """fn with LLMK_ATTENTION_PATH = path around each call (the previous value restored after)."""
-    def run(*args):
-        previous = os.environ.get(PATH_VARIABLE)
-        os.environ[PATH_VARIABLE] = path
-        try:
-            return fn(*args)
-        finally:
-            if previous is None:
-                del os.environ[PATH_VARIABLE]
-            else:
-                os.environ[PATH_VARIABLE] = previous
-    return run
+    return timing.with_env(PATH_VARIABLE, path, fn)
 
 
 def _sm90_declines(fn, sample):

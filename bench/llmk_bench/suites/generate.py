@@ -10,7 +10,11 @@ prompts of random token ids (no padding), greedy, no EOS, ``max_new_tokens`` fix
   happen in the warm-up call, untimed (``compile_s``: the warm-up minus a timed call).
 - ``llmk``: ``llmk.patch(model, decode=True)`` (llmk.KVCache, llmk.attention prefill,
   llmk.attention_decode steps replayed from a CUDA graph, llmk's norms, RoPE and MLP gate;
-  cuBLAS projections); ``llmk_fp8``: the same with ``kv_cache_dtype=torch.float8_e4m3fn``.
+  cuBLAS projections); ``llmk_fp8``: the same with ``kv_cache_dtype=torch.float8_e4m3fn``;
+  ``llmk_int4``: the same with ``quantize="int4-g128"`` (the decoder's projections on
+  llmk.quantized_linear, round-to-nearest int4 weights in groups of 128; the lm_head stays
+  bf16), on a copy of the model (its max_rel_err and agreement include the quantization's
+  change of the model).
 
 One model is built per cell set (the weights checked equal for every impl) and patched /
 unpatched in turn. Per (context, batch) cell and impl: one warm-up ``generate`` of
@@ -33,6 +37,7 @@ Without a GPU: 2 layers of a tiny config, contexts 64 and 128, batch 1 and 2, 8 
 hf_eager and llmk only: the code path, not a measurement. The table and plot: views/generate.py.
 """
 
+import copy
 import gc
 import time
 
@@ -98,6 +103,8 @@ def _apply(model, impl):
         return llmk.patch(model, decode=True)
     if impl == "llmk_fp8":
         return llmk.patch(model, decode=True, kv_cache_dtype=torch.float8_e4m3fn)
+    if impl == "llmk_int4":
+        return llmk.patch(model, decode=True, quantize="int4-g128")
     return None
 
 
@@ -121,18 +128,21 @@ def run(args, device, failures, checkpoint=lambda rows: None):
             print(f"  {impl}: skipped on the CPU: {GPU_ONLY[impl]}", flush=True)
             continue
         report = None
+        # quantize replaces the model's weights: it runs on a copy
+        target = copy.deepcopy(model) if impl == "llmk_int4" else model
         try:
-            report = _apply(model, impl)
-            if report is not None and impl == "llmk":
+            report = _apply(target, impl)
+            if report is not None and impl in ("llmk", "llmk_int4"):
                 print(str(report), flush=True)
             for ctx in contexts:
                 for batch in batches:
-                    rows.append(_cell(model, impl, ctx, batch, new, device, setup["layers"], refs, failures))
+                    rows.append(_cell(target, impl, ctx, batch, new, device, setup["layers"], refs, failures))
                     print(_line(rows[-1]), flush=True)
                     checkpoint(rows)
         finally:
             if report is not None:
-                llmk.unpatch(model)
+                llmk.unpatch(target)
+            del target
             if impl == "hf_static_compile":
                 torch._dynamo.reset()
             gc.collect()

@@ -10,8 +10,9 @@ from .common import ms, time_ratio, times, verdict
 
 
 OP = "e2e_decode"
-IMPLS = ("hf_eager", "hf_static_compile", "llmk", "llmk_fp8")
-COLORS = dict(hf_eager="tab:orange", hf_static_compile="tab:red", llmk="tab:blue", llmk_fp8="tab:cyan")
+IMPLS = ("hf_eager", "hf_static_compile", "llmk", "llmk_fp8", "llmk_int4")
+COLORS = dict(hf_eager="tab:orange", hf_static_compile="tab:red", llmk="tab:blue", llmk_fp8="tab:cyan",
+              llmk_int4="tab:green")
 AIMS = dict(vs_compile=1.3, vs_eager=3.0, fp8=(32768, 1.15), ttft=(32768, 1.3))
 
 
@@ -39,9 +40,9 @@ def markdown(rows):
            "the GPU's part of it) and time to first token"
            + (" (CPU: a tiny config, the code path only)" if on_cpu else "") + "\n",
            "| context | batch | " + " | ".join(f"{i} step ms" for i in impls) + " | llmk graph replay ms | llmk vs static+compile | "
-           "llmk vs eager | fp8 vs llmk | " + " | ".join(f"{i} TTFT ms" for i in impls) + " | llmk TTFT vs eager | "
+           "llmk vs eager | fp8 vs llmk | int4 vs llmk | " + " | ".join(f"{i} TTFT ms" for i in impls) + " | llmk TTFT vs eager | "
            "llmk tok/s | max rel err / tokens agreeing " + " / ".join(i for i in impls if i != "hf_eager") + " |",
-           "|---:|---:|" + "---:|" * len(impls) + "---:|---:|---:|---:|" + "---:|" * len(impls) + "---:|---:|---|"]
+           "|---:|---:|" + "---:|" * len(impls) + "---:|---:|---:|---:|---:|" + "---:|" * len(impls) + "---:|---:|---|"]
     notes = {}
     for (ctx, batch), c in sorted(cells.items()):
         o = c.get("llmk")
@@ -49,7 +50,7 @@ def markdown(rows):
                             for i in impls if i != "hf_eager")
         out.append(f"| {ctx} | {batch} | " + " | ".join(ms(c.get(i)) for i in impls) +
                    f" | {ms(o, 'graph_us')} | {times(time_ratio(c.get('hf_static_compile'), o))} | {times(time_ratio(c.get('hf_eager'), o))} | "
-                   f"{times(time_ratio(o, c.get('llmk_fp8')))} | " + " | ".join(ms(c.get(i), 'ttft_us') for i in impls) +
+                   f"{times(time_ratio(o, c.get('llmk_fp8')))} | {times(time_ratio(o, c.get('llmk_int4')))} | " + " | ".join(ms(c.get(i), 'ttft_us') for i in impls) +
                    f" | {times(time_ratio(c.get('hf_eager'), o, 'ttft_us'))} | {(o.get('tokens_per_s') or '-') if o else '-'} "
                    f"| {errors} |")
         for i in impls:
