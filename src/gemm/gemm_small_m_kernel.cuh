@@ -89,12 +89,13 @@ inline constexpr int kSmallMMaxClusterSize = 8;  // portable cluster size
 template <int NT>
 inline constexpr int kSmallMUnroll = NT >= 8 ? 2 : 4;
 // Quantized weights (kBits 4 or 8; 16 = the dense T weight): one 16-byte load per lane and
-// row holds 16 / kBits chunks of 32 k (4 for int4, 2 for int8); a body keeps two loads per
-// row in flight (4 KB per warp, 32 ring registers), whatever NT.
+// row holds 16 / kBits chunks of 32 k (4 for int4, 2 for int8); a body keeps four loads
+// per row in flight (8 KB per warp, 64 ring registers), two at NT = 8 (its 64 accumulators).
 template <int kBits>
 inline constexpr int kSmallMChunksPerLoad = 16 / kBits;
 template <int NT, int kBits>
-inline constexpr int kSmallMBodyChunks = kBits == 16 ? kSmallMUnroll<NT> : 2 * kSmallMChunksPerLoad<kBits>;
+inline constexpr int kSmallMBodyChunks =
+    kBits == 16 ? kSmallMUnroll<NT> : (NT >= 8 ? 2 : 4) * kSmallMChunksPerLoad<kBits>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 inline constexpr int kSmallMWideThreads = 256;
 #else
@@ -103,9 +104,9 @@ inline constexpr int kSmallMWideThreads = 384;
 template <int NT, bool kNorm>
 inline constexpr int kSmallMMaxThreads = NT >= 4 ? (kNorm ? 256 : kSmallMWideThreads) : 512;
 // Quantized weights also hold each load's scales and zero operands and dequantize into
-// fragments: 256 threads (255 registers) at NT >= 4, 384 (168) below, without spills.
+// fragments: 256 threads (255 registers), without spills.
 template <int NT>
-inline constexpr int kSmallMQuantMaxThreads = NT >= 4 ? 256 : 384;
+inline constexpr int kSmallMQuantMaxThreads = 256;
 
 struct SmallMArgs {
   GemmParams p;         // a = x [m, k], b = weight [n, k], out [m, n_out]; epilogue fields
@@ -130,8 +131,8 @@ struct SmallMArgs {
 // k of one loop body of a warp (kSmallMBodyChunks chunks) for `nt` token tiles and weights
 // of `bits` (16: dense).
 inline constexpr int small_m_body_k(int nt, int bits = 16) {
-  return kSmallMChunk * (bits == 4   ? kSmallMBodyChunks<1, 4>
-                         : bits == 8 ? kSmallMBodyChunks<1, 8>
+  return kSmallMChunk * (bits == 4   ? (nt >= 8 ? kSmallMBodyChunks<8, 4> : kSmallMBodyChunks<1, 4>)
+                         : bits == 8 ? (nt >= 8 ? kSmallMBodyChunks<8, 8> : kSmallMBodyChunks<1, 8>)
                                      : (nt >= 8 ? kSmallMUnroll<8> : kSmallMUnroll<1>));
 }
 

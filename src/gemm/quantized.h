@@ -49,7 +49,7 @@ struct QuantizedParams {
 
 // The streaming kernel takes m <= kQuantizedStreamMaxM; above, slabs of kQuantizedSlabRows
 // weight rows are dequantized into the workspace and multiplied by llmk::gemm.
-inline constexpr int64_t kQuantizedStreamMaxM = 256;
+inline constexpr int64_t kQuantizedStreamMaxM = 64;
 inline constexpr int64_t kQuantizedSlabRows = 16384;
 
 void quantized_gemm_stream_cuda(const QuantizedParams& p, cudaStream_t stream);

@@ -1,6 +1,7 @@
 // CUDA paths of quantized_gemm (include/llmk/quantized_gemm.h has the format):
 //
-// * The weight-streaming kernel (m <= kQuantizedStreamMaxM): gemm_small_m_kernel with
+// * The weight-streaming kernel (m <= kQuantizedStreamMaxM; LLMK_QUANTIZED_PATH=stream
+//   runs it at any m): gemm_small_m_kernel with
 //   kBits = 4 or 8. Each lane loads 16 bytes of packed codes per weight row (32 int4 or 16
 //   int8 codes), dequantizes them in registers into mma.sync fragments ((q - z) exact in
 //   16-bit floats by the magic-number trick, then one multiply by the group's scale: the

@@ -2,8 +2,8 @@
 //   * CPU: quantize_weight writes codes that this file reads back by its own reading of the
 //     header's layout; dequantize_weight gives (q - z) * s; quantized_gemm's reference equals
 //     a naive double loop over that weight rounded once.
-//   * GPU: the CUDA paths (weight-streaming kernel at M <= 256 in its token-tile regimes and
-//     64-row chunks, dequantize + GEMM above, with the workspace the size function asks for)
+//   * GPU: the CUDA paths (weight-streaming kernel at M <= 64 in its token-tile regimes,
+//     dequantize + GEMM above, with the workspace the size function asks for)
 //     against the CPU reference, int4 group 128 with zero points and int8 per channel, f16 and
 //     bf16, x rows strided, out rows strided with NaN in the gaps (an unwritten element or a
 //     write into a gap fails). Tolerance: both sum exact products of T values in fp32 (GPU) or
@@ -131,7 +131,7 @@ TEST(QuantizedGemm, GpuMatchesCpu) {
         cudaMemcpy(s, q.scales.bytes.data(), q.scales.bytes.size(), cudaMemcpyHostToDevice);
         cudaMemcpy(z, q.zeros.bytes.data(), q.zeros.bytes.size(), cudaMemcpyHostToDevice);
         const int64_t ws_elems = quantized_gemm_workspace_size(m, n, k, 0);
-        EXPECT_EQ(ws_elems > 0, m > 256);
+        EXPECT_EQ(ws_elems > 0, m > 64);
         std::optional<TensorView> workspace;
         if (ws_elems > 0) {
           ASSERT_EQ(cudaMalloc(&ws, static_cast<size_t>(ws_elems * 2)), cudaSuccess);
@@ -144,6 +144,7 @@ TEST(QuantizedGemm, GpuMatchesCpu) {
         for (int64_t i = 0; i < m; ++i)
           for (int64_t j = 0; j < n + 4; ++j) {
             if (j >= n) {
+              if (i + 1 == m) break;  // the last row has no gap
               ASSERT_TRUE(std::isnan(got.get(i, j))) << "gap written at " << i << "," << j;
               continue;
             }
