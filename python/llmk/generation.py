@@ -404,9 +404,15 @@ def attention_forward(self, hidden_states, position_embeddings=None, attention_m
                                   attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
     batch, tokens = hidden_states.shape[:2]
     shape = (batch, tokens, -1, self.head_dim)
-    q = self.q_proj(hidden_states).view(shape)
-    k = self.k_proj(hidden_states).view(shape)
-    v = self.v_proj(hidden_states).view(shape)
+    qkv = self.__dict__.get("_llmk_qkv")  # patch(quantize=...)'s fused projection
+    if qkv is not None:
+        q, k, v = qkv(hidden_states).split([self.q_proj.out_features, self.k_proj.out_features,
+                                            self.v_proj.out_features], -1)
+        q, k, v = q.view(shape), k.view(shape), v.view(shape)
+    else:
+        q = self.q_proj(hidden_states).view(shape)
+        k = self.k_proj(hidden_states).view(shape)
+        v = self.v_proj(hidden_states).view(shape)
     if hasattr(self, "q_norm"):  # Qwen3: RMSNorm over each head
         q, k = self.q_norm(q), self.k_norm(k)
     out = past_key_values.attend(self.layer_idx, q, k, v, self.scaling)

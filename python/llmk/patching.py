@@ -157,6 +157,9 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
         state["quantized"] = True
         mib = f"{done['bytes_before'] / 2**20:.0f} -> {done['bytes_after'] / 2**20:.0f} MiB of weights"
         report.replaced[f"linear layers quantized {quantize} (llmk.quantized_linear; {mib})"] = len(done["quantized"])
+        fused = _fuse_quantized(model)
+        if fused:
+            report.replaced["quantized q/k/v and gate/up projections fused (one launch each)"] = fused
         if done["skipped"]:
             report.left["quantize"] = "; ".join(f"{name}: {why}" for name, why in done["skipped"].items())
     if not linear:
@@ -334,6 +337,11 @@ def _gate(act: str):
 
 def _patch_mlps(model: torch.nn.Module, gate_op: str, gate_args: tuple) -> int:
     def forward(self, x):
+        gate_up = self.__dict__.get("_llmk_gate_up")  # quantize's fused projection (_fuse_quantized)
+        if gate_up is not None:
+            h = gate_up(x)
+            n = h.shape[-1] // 2
+            return self.down_proj(getattr(ops, gate_op)(h[..., :n], h[..., n:], *gate_args))
         return self.down_proj(getattr(ops, gate_op)(self.gate_proj(x), self.up_proj(x), *gate_args))
 
     count = 0
@@ -363,8 +371,31 @@ def _patch_linears(model: torch.nn.Module):
     return len(linears)
 
 
+# (module attribute, the projections it fuses): decode=True's attention forward and the gated
+# MLP's forward run the fused one when the module has it.
+FUSED_PROJECTIONS = (("_llmk_qkv", ("q_proj", "k_proj", "v_proj")), ("_llmk_gate_up", ("gate_proj", "up_proj")))
+
+
+def _fuse_quantized(model: torch.nn.Module) -> int:
+    """quantize's q/k/v and gate/up QuantizedLinear layers of each module as one (views of its
+    rows stay the layers' buffers), kept outside the module tree; the count of fused sets."""
+    count = 0
+    for module in model.modules():
+        for attr, names in FUSED_PROJECTIONS:
+            parts = [getattr(module, n, None) for n in names]
+            if all(isinstance(p, quantization.QuantizedLinear) for p in parts):
+                fused = quantization.fuse_rows(parts)
+                if fused is not None:
+                    module.__dict__[attr] = fused  # not a submodule: state_dict and modules() unchanged
+                    count += 1
+    return count
+
+
 def _dequantize_linears(model: torch.nn.Module) -> None:
     """unpatch of ``quantize``: each QuantizedLinear back to an nn.Linear of its dequantized weight."""
+    for module in model.modules():
+        for attr, _ in FUSED_PROJECTIONS:
+            module.__dict__.pop(attr, None)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, quantization.QuantizedLinear):

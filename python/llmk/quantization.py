@@ -55,7 +55,7 @@ from torch import nn
 from . import ops
 from .ops import dequantize_weight, pack_quantized_weight, quantize_weight
 
-__all__ = ["QuantizedTensors", "from_gptq", "from_awq", "QuantizedLinear", "quantize_model", "parse_scheme",
+__all__ = ["QuantizedTensors", "from_gptq", "from_awq", "QuantizedLinear", "quantize_model", "fuse_rows", "parse_scheme",
            "layout_problem"]
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble j of an AWQ word holds column AWQ_ORDER[j] of its 8
@@ -343,6 +343,34 @@ class QuantizedLinear(nn.Module):
 
 
 # -- whole models -----------------------------------------------------------------------------
+
+
+def fuse_rows(modules) -> Optional[QuantizedLinear]:
+    """One QuantizedLinear over the output rows of ``modules`` (QuantizedLinear layers of one
+    input, format, dtype and device, all with a bias or none), for one launch where a model
+    makes several (q, k and v; gate and up); each module's buffers and bias then become views
+    of the fused ones' rows (no second copy). None when the modules do not agree."""
+    first = modules[0]
+    same = all(isinstance(m, QuantizedLinear) and m.in_features == first.in_features and m.bits == first.bits
+               and m.group_size == first.group_size and m.scales.dtype == first.scales.dtype
+               and m.packed.device == first.packed.device and (m.zeros is None) == (first.zeros is None)
+               and (m.bias is None) == (first.bias is None) for m in modules)
+    if not same:
+        return None
+    cat = lambda name: torch.cat([getattr(m, name).detach() for m in modules])  # noqa: E731
+    fused = QuantizedLinear.from_tensors(QuantizedTensors(
+        cat("packed"), cat("scales"), None if first.zeros is None else cat("zeros"), first.bits, first.group_size),
+        None if first.bias is None else cat("bias"))
+    row = 0
+    for m in modules:
+        rows = slice(row, row + m.out_features)
+        m.packed, m.scales = fused.packed[rows], fused.scales[rows]
+        if m.zeros is not None:
+            m.zeros = fused.zeros[rows]
+        if m.bias is not None:
+            m.bias = nn.Parameter(fused.bias[rows], requires_grad=m.bias.requires_grad)
+        row += m.out_features
+    return fused
 
 
 def parse_scheme(scheme: str) -> Tuple[int, Optional[int]]:

@@ -261,21 +261,24 @@ def test_cache_reuse_and_the_paths_left_to_transformers():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("scheme", ["int4-g128", "int8"])
-def test_quantized_model_generates_as_its_dequantized_weights(scheme, device, monkeypatch):
+@pytest.mark.parametrize("family,scheme", [("llama", "int4-g128"), ("llama", "int8"), ("qwen2", "int4-g128")])
+def test_quantized_model_generates_as_its_dequantized_weights(family, scheme, device, monkeypatch):
     """patch(quantize=...) with decode=True: greedy generation follows the same model whose
     nn.Linear weights are the dequantized ones (unpatch puts exactly those back), every
-    decoder projection on llmk.quantized_linear (the one-token steps graph-replayed on CUDA)."""
-    model = _model("llama", device)
+    decoder projection on llmk.quantized_linear, q/k/v and gate/up fused: four launches per
+    layer (the one-token steps graph-replayed on CUDA)."""
+    model = _model(family, device)  # (qwen2's q/k/v have biases: fused too)
     ids, mask = _prompts(device)
     report = llmk.patch(model, decode=True, quantize=scheme)
     layers = model.config.num_hidden_layers
     assert report.replaced[next(k for k in report.replaced if k.startswith(f"linear layers quantized {scheme}"))] \
         == 7 * layers
+    assert report.replaced["quantized q/k/v and gate/up projections fused (one launch each)"] == 2 * layers
     counter = OpCounter(monkeypatch, ("quantized_linear",))
     got = _generate(model, ids, mask)
-    assert counter.calls["quantized_linear"] >= 7 * layers * (1 + (NEW - 1 if device == "cpu" else 2))
+    assert counter.calls["quantized_linear"] == 4 * layers * (1 + (NEW - 1 if device == "cpu" else 2))
     llmk.unpatch(model)  # nn.Linear layers of the dequantized weights: the reference
-    assert not any(isinstance(m, llmk.quantization.QuantizedLinear) for m in model.modules())
+    assert not any(isinstance(m, llmk.quantization.QuantizedLinear) or "_llmk_qkv" in m.__dict__
+                   for m in model.modules())
     want = _generate(model, ids, mask)
-    assert_generation_follows(got, want, TOLERANCE, f"{scheme} on {device}")
+    assert_generation_follows(got, want, TOLERANCE, f"{family} {scheme} on {device}")

@@ -89,13 +89,15 @@ inline constexpr int kSmallMMaxClusterSize = 8;  // portable cluster size
 template <int NT>
 inline constexpr int kSmallMUnroll = NT >= 8 ? 2 : 4;
 // Quantized weights (kBits 4 or 8; 16 = the dense T weight): one 16-byte load per lane and
-// row holds 16 / kBits chunks of 32 k (4 for int4, 2 for int8); a body keeps four loads
-// per row in flight (8 KB per warp, 64 ring registers), two at NT = 8 (its 64 accumulators).
+// row holds 16 / kBits chunks of 32 k (4 for int4, 2 for int8); a body keeps two loads per
+// row in flight (4 KB per warp, 32 ring registers): measured on the H200, four (8 KB per
+// warp, at 256 threads per CTA for the registers) ran M = 1 slower (24.7 against 20.5 us
+// at 14336 x 4096, 34.8 against 24.0 at 4096 x 14336): the dequantization is issue-bound
+// and wants the warps more than the bytes.
 template <int kBits>
 inline constexpr int kSmallMChunksPerLoad = 16 / kBits;
 template <int NT, int kBits>
-inline constexpr int kSmallMBodyChunks =
-    kBits == 16 ? kSmallMUnroll<NT> : (NT >= 8 ? 2 : 4) * kSmallMChunksPerLoad<kBits>;
+inline constexpr int kSmallMBodyChunks = kBits == 16 ? kSmallMUnroll<NT> : 2 * kSmallMChunksPerLoad<kBits>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 inline constexpr int kSmallMWideThreads = 256;
 #else
@@ -104,9 +106,10 @@ inline constexpr int kSmallMWideThreads = 384;
 template <int NT, bool kNorm>
 inline constexpr int kSmallMMaxThreads = NT >= 4 ? (kNorm ? 256 : kSmallMWideThreads) : 512;
 // Quantized weights also hold each load's scales and zero operands and dequantize into
-// fragments: 256 threads (255 registers), without spills.
+// fragments: without spills, 384 threads (168 registers) at NT <= 2 (512 spills at NT = 1),
+// 256 (255) above.
 template <int NT>
-inline constexpr int kSmallMQuantMaxThreads = 256;
+inline constexpr int kSmallMQuantMaxThreads = NT <= 2 ? 384 : 256;
 
 struct SmallMArgs {
   GemmParams p;         // a = x [m, k], b = weight [n, k], out [m, n_out]; epilogue fields
@@ -131,8 +134,8 @@ struct SmallMArgs {
 // k of one loop body of a warp (kSmallMBodyChunks chunks) for `nt` token tiles and weights
 // of `bits` (16: dense).
 inline constexpr int small_m_body_k(int nt, int bits = 16) {
-  return kSmallMChunk * (bits == 4   ? (nt >= 8 ? kSmallMBodyChunks<8, 4> : kSmallMBodyChunks<1, 4>)
-                         : bits == 8 ? (nt >= 8 ? kSmallMBodyChunks<8, 8> : kSmallMBodyChunks<1, 8>)
+  return kSmallMChunk * (bits == 4   ? kSmallMBodyChunks<1, 4>
+                         : bits == 8 ? kSmallMBodyChunks<1, 8>
                                      : (nt >= 8 ? kSmallMUnroll<8> : kSmallMUnroll<1>));
 }
 
