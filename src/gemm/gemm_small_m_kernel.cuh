@@ -123,6 +123,7 @@ struct SmallMArgs {
   const uint8_t* zeros;
   int64_t groups;
   int group_size;
+  int group_shift;  // log2(group_size) when a power of two, 31 with one group per row, else -1
   int wr, wk;           // warps along rows and along k; blockDim.x = 32 * wr * wk
   int bodies_per_tile;  // a warp's k per tile: kt_w = 32 * kSmallMUnroll * bodies_per_tile
   int tiles;            // k tiles of kt_cta = wk * kt_w
@@ -386,7 +387,9 @@ __global__ void __launch_bounds__(kBits == 16 ? kSmallMMaxThreads<NT, kNorm> : k
   // matching up rows. Rows past n read row 0 (their sums are never stored).
   int kb = t_lo * kt_cta + wk * kt_w;
   const W* wptr[2][2];
-  int wrow[2][2];  // quantized: the row of the scales and zeros (0 past n)
+  // quantized: the rows of the scales and zeros (row 0 past n)
+  const unsigned short* srow[2][2];
+  const uint8_t* zrow[2][2];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -404,27 +407,29 @@ __global__ void __launch_bounds__(kBits == 16 ? kSmallMMaxThreads<NT, kNorm> : k
         valid = row < p.n;
       }
       wptr[mt][h] = static_cast<const W*>(p.b) + (valid ? row : 0) * p.ldb + kLaneW * t + kb / kKPerW;
-      wrow[mt][h] = valid ? static_cast<int>(row) : 0;
+      srow[mt][h] = static_cast<const unsigned short*>(a.scales) + (valid ? row : 0) * a.groups;
+      zrow[mt][h] = a.zeros + (valid ? row : 0) * a.groups;
     }
-  (void)wrow;
+  (void)srow;
+  (void)zrow;
   // Quantized: a load's scale pair (s, s) and zero pair (magic + z) of rows (mt, h), read
   // with the codes (0 for a load out of range: its codes then dequantize to 0, not NaN).
   // A load covers k [kq, kq + 32 CPL), one group (G is a multiple of 32 CPL).
   uint32_t qs[L][2][2], qz[L][2][2];
   (void)qs;
   (void)qz;
+  const uint32_t zz_symmetric = kQuant ? small_m::zero_operand<T, kBits>(1u << (kBits - 1)) : 0u;
   auto load_group = [&](int l, int kq, bool pred) {
     if constexpr (kQuant) {
-      const int64_t gi = kq / a.group_size;
+      const int gi = a.group_shift >= 0 ? kq >> a.group_shift : kq / a.group_size;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int64_t at = wrow[mt][h] * a.groups + gi;
-          const uint32_t sv = pred ? __ldg(static_cast<const unsigned short*>(a.scales) + at) : 0u;
-          qs[l][mt][h] = sv | (sv << 16);
-          const uint32_t z = a.zeros ? (pred ? __ldg(a.zeros + at) : 0u) : (1u << (kBits - 1));
-          qz[l][mt][h] = small_m::zero_operand<T, kBits>(z);
+          const uint32_t sv = pred ? __ldg(srow[mt][h] + gi) : 0u;
+          qs[l][mt][h] = __byte_perm(sv, 0u, 0x1010u);  // (s, s)
+          qz[l][mt][h] =
+              a.zeros ? small_m::zero_operand<T, kBits>(pred ? __ldg(zrow[mt][h] + gi) : 0u) : zz_symmetric;
         }
     }
   };

@@ -97,6 +97,8 @@ void quantized_gemm_stream_cuda(const QuantizedParams& p, cudaStream_t stream) {
   args.zeros = p.zeros;
   args.groups = p.k / p.group_size;
   args.group_size = static_cast<int>(p.group_size);
+  const bool pow2 = (p.group_size & (p.group_size - 1)) == 0;
+  args.group_shift = args.groups == 1 ? 31 : pow2 ? __builtin_ctzll(static_cast<unsigned long long>(p.group_size)) : -1;
   const int nt = small_m_token_tiles(p.m);
   const int64_t chunks = (p.m + 8 * nt - 1) / (8 * nt);
   const void* kernel = quantized_stream_kernel(p.dtype, p.bits, nt);
