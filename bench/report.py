@@ -38,7 +38,7 @@ FAMILIES = {
     "attention train": "attention forward + backward through autograd",
     "decode": "attention decode over a KV cache (contiguous, paged, fp8, four queries)",
     "gemm": "llmk.linear against cuBLAS, fused epilogues, rmsnorm_linear",
-    "quantized": "llmk.quantized_linear (int4 / int8 weights) against cuBLAS bf16, tinygemm and int8pack",
+    "quantized": "Weight-only quantized linear (llmk.quantized_linear, int4 / int8 weights) against cuBLAS bf16, tinygemm and int8pack",
     "e2e": "whole Hugging Face models: prefill and a training step",
     "generation": "whole-model `generate`: time per generated token and to the first one, against transformers' "
                   "eager and static-cache + torch.compile paths",
