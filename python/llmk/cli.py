@@ -59,6 +59,8 @@ def _info() -> int:
                                    if hopper else "no Hopper kernel here (needs sm_90 and an sm_90a build),")
               + " small-M weight-streaming kernel for M <= 64, mma.sync kernel for the rest"
               " (LLMK_GEMM_PATH=sm90|small_m|sm80 forces one)")
+        print("  quantized_linear: int4/int8 weights streamed and dequantized in registers for M <= 64,"
+              " dequantize into a workspace + gemm above (LLMK_QUANTIZED_PATH=stream|dequant forces one)")
         print("  attention: " + _attention_paths(hopper, ATTENTION_SM90_HEAD_DIMS))
         print("  attention backward: " + _attention_paths(hopper, ATTENTION_SM90_HEAD_DIMS))
     return 0

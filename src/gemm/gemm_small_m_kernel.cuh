@@ -57,6 +57,13 @@
 //     which mirrors rmsnorm (whose output is rounded to the dtype) followed by a linear).
 //     Rows beyond 64 run as further 64-token chunks along gridDim.z: correct for any M,
 //     built for M <= 64 (the weight is re-read per chunk).
+//   * Quantized weights (kBits = 4 or 8, quantized_gemm.cu): the weight is int4 / int8 codes in
+//     the layout of include/llmk/quantized_gemm.h, whose k order is this kernel's permutation:
+//     a lane's 16-byte load holds 32 (int4) or 16 (int8) codes of one row, i.e. 4 or 2 of the
+//     chunks above, dequantized in registers into the same A fragments ((magic + q) by one LOP3
+//     or PRMT, minus (magic + z) exactly, times the group's scale: one rounding, the weight
+//     dequantize_weight writes). Each load's scale (and zero point) is read with it; a load
+//     never spans two groups (G is a multiple of its k span).
 #pragma once
 
 #include <cuda/ptx>
@@ -275,8 +282,8 @@ __device__ __forceinline__ uint32_t sub_mul_pair(uint32_t v, uint32_t zz, uint32
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// The zero operand of a load, computed once per load and row: the pair (magic + z) in T,
-// or for int8 codes with bf16 the float 2^23 + z (bits).
+// The zero operand: the pair (magic + z) in T, or for int8 codes with bf16 the float 2^23 + z
+// (bits); per load and row with zero points, once for the symmetric z = 2^(bits-1).
 template <class T, int kBits>
 __device__ __forceinline__ uint32_t zero_operand(uint32_t z) {
   if constexpr (kBits == 8 && std::is_same_v<T, __nv_bfloat16>) {

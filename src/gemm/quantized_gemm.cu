@@ -8,11 +8,12 @@
 //   weight dequantize_weight writes) and the rest is the dense small-M kernel's: x staged
 //   in shared memory, split-K inside the CTA and over a cluster, a deterministic reduction.
 //   Roofline: bytes = N*K*bits/8 + N*K/G*2 (scales) + M*K*2 per CTA from L2; at M = 1,
-//   (14336, 4096) int4 g128 reads 29.4 + 0.9 MB: ~10 us at 3.0 TB/s (H100), 3.7x less than
-//   the bf16 weight. Dequantization costs ~2 integer/half ops per weight element, which the
-//   SM issues in ~40% of the time the bytes take at M <= 16; at M = 64 the mma.sync work
-//   (2*M FLOP per weight element) becomes the bound. Rows beyond 64 run as 64-token chunks
-//   along gridDim.z (the codes are re-read per chunk: 1/4 of a bf16 read at int4).
+//   (14336, 4096) int4 g128 reads 29.4 + 0.9 MB: 7.1 us at the H200's 4.25 TB/s copy rate,
+//   3.9x less than the bf16 weight. Dequantization costs 15 instructions per 8 int4 codes
+//   (3.7 per byte of codes), the same order as the bytes' time at 12 warps per SM: the kernel
+//   is issue-bound, at 1.0-2.0 TB/s of codes (H200, docs/kernels/quantized_linear.md). Rows
+//   beyond 64 (LLMK_QUANTIZED_PATH=stream) run as 64-token chunks along gridDim.z, each
+//   dequantizing the codes again.
 // * Larger m: each slab of up to kQuantizedSlabRows weight rows is dequantized into the
 //   workspace (dequantize_kernel: one thread per packed word, 16- or 8-byte stores) and
 //   multiplied by llmk::gemm: the GEMM's speed plus one read of the codes and one write and
