@@ -55,8 +55,8 @@ from torch import nn
 from . import ops
 from .ops import dequantize_weight, pack_quantized_weight, quantize_weight
 
-__all__ = ["QuantizedTensors", "from_gptq", "from_awq", "QuantizedLinear", "quantize_model", "fuse_rows", "parse_scheme",
-           "layout_problem"]
+__all__ = ["QuantizedTensors", "from_gptq", "from_awq", "QuantizedLinear", "quantize_model", "fuse_rows",
+           "parse_scheme", "layout_problem"]
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble j of an AWQ word holds column AWQ_ORDER[j] of its 8
 _HALF = (torch.float16, torch.bfloat16)
