@@ -47,6 +47,8 @@ same weight with less memory traffic.
 """
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Iterable, NamedTuple, Optional, Tuple
 
 import torch
@@ -477,15 +479,19 @@ def quantize_model(model: nn.Module, scheme: str = "int4-g128", skip: Iterable[s
     skip = (skip,) if isinstance(skip, str) else tuple(skip)
     report = {"quantized": [], "skipped": {}, "bytes_before": _storage_bytes(model), "bytes_after": 0}
     # A module reachable under several names is decided once, by its first name: replaced
-    # everywhere by one QuantizedLinear, or left everywhere with one reason.
+    # everywhere by one QuantizedLinear, or left everywhere with one reason. The quantization
+    # itself (host C++, which releases the GIL) runs on a thread per CPU core, up to 16.
+    linears = [(name, m) for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, nn.Linear)]
     decided: Dict[int, object] = {}
-    for name, module in list(model.named_modules(remove_duplicate=False)):
-        if not isinstance(module, nn.Linear):
-            continue
+    for name, module in linears:
         if id(module) not in decided:
-            reason = _why_not(name, module, bits, group_size, skip)
-            decided[id(module)] = reason if reason is not None else QuantizedLinear.from_linear(
-                module, bits, group_size, symmetric)
+            decided[id(module)] = _why_not(name, module, bits, group_size, skip)
+    todo = [m for name, m in dict((id(m), (n, m)) for n, m in linears).values() if decided[id(m)] is None]
+    with ThreadPoolExecutor(max_workers=max(1, min(16, os.cpu_count() or 1, len(todo)))) as pool:
+        for module, new in zip(todo, pool.map(lambda m: QuantizedLinear.from_linear(m, bits, group_size, symmetric),
+                                               todo)):
+            decided[id(module)] = new
+    for name, module in linears:
         outcome = decided[id(module)]
         if isinstance(outcome, str):
             report["skipped"][name] = outcome
