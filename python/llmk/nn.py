@@ -4,6 +4,7 @@ import torch
 from torch import Tensor
 
 from .ops import add_rmsnorm, layernorm, linear, rmsnorm
+from .quantization import QuantizedLinear  # noqa: F401 (llmk.nn.QuantizedLinear: int4 / int8 weights)
 
 
 class RMSNorm(torch.nn.Module):
