@@ -57,8 +57,8 @@ from torch import nn
 from . import ops
 from .ops import dequantize_weight, pack_quantized_weight, quantize_weight
 
-__all__ = ["QuantizedTensors", "from_gptq", "from_awq", "QuantizedLinear", "quantize_model", "fuse_rows",
-           "parse_scheme", "layout_problem"]
+__all__ = ["QuantizedTensors", "from_gptq", "from_awq", "QuantizedLinear", "quantize_model",
+           "load_quantized_state_dict", "fuse_rows", "parse_scheme", "layout_problem"]
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble j of an AWQ word holds column AWQ_ORDER[j] of its 8
 _HALF = (torch.float16, torch.bfloat16)
@@ -373,6 +373,86 @@ def fuse_rows(modules) -> Optional[QuantizedLinear]:
             m.bias = nn.Parameter(fused.bias[rows], requires_grad=m.bias.requires_grad)
         row += m.out_features
     return fused
+
+
+_QUANTIZED_KEYS = ("qweight", "qzeros", "scales", "g_idx", "bias")
+
+
+def load_quantized_state_dict(model: nn.Module, state_dict: Dict[str, torch.Tensor],
+                              quantization_config: Dict[str, object]) -> Dict[str, object]:
+    """Loads a GPTQ or AWQ checkpoint into ``model`` without the GPTQ / AWQ packages: the
+    checkpoint's tensors as saved (``safetensors.torch.load_file`` of its shards, merged) and its
+    ``config.json``'s ``quantization_config``. ``model`` is the architecture in float16 or
+    bfloat16 (``AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)``; its own
+    weights are replaced): every ``nn.Linear`` whose name has ``qweight``, ``qzeros`` and
+    ``scales`` in the checkpoint becomes a :class:`QuantizedLinear` of them (scales in the
+    Linear's dtype, on its device), every other tensor loads as ``load_state_dict`` loads it.
+
+    ``quantization_config``: ``quant_method`` "gptq" (``bits`` 4 or 8, ``group_size``,
+    ``checkpoint_format`` "gptq" (zero points stored minus one) or "gptq_v2"; act order only
+    with a trivial ``g_idx``) or "awq" (``bits`` / ``w_bit`` 4, ``version`` "gemm"). Every
+    model tensor must come from the checkpoint and every checkpoint tensor must be used, else
+    ValueError naming them. Returns ``{"quantized": [names], "loaded": [names]}``."""
+    where = "load_quantized_state_dict"
+    method = str(quantization_config.get("quant_method", "")).lower()
+    bits = int(quantization_config.get("bits", quantization_config.get("w_bit", 4)))
+    group = quantization_config.get("group_size", quantization_config.get("q_group_size"))
+    group = None if group in (None, -1) else int(group)
+    if method == "gptq":
+        fmt = str(quantization_config.get("checkpoint_format", "gptq")).lower()
+        if fmt not in ("gptq", "gptq_v2"):
+            raise ValueError(f"{where}: GPTQ checkpoint_format {fmt!r} is not read (only 'gptq' and 'gptq_v2')")
+        offset = 0 if fmt == "gptq_v2" else 1
+    elif method == "awq":
+        version = str(quantization_config.get("version", "gemm")).lower()
+        if version != "gemm":
+            raise ValueError(f"{where}: AWQ version {version!r} is not read (only 'gemm')")
+    else:
+        raise ValueError(f"{where}: quant_method {method!r} is not read (only 'gptq' and 'awq')")
+    prefixes = [key[: -len(".qweight")] for key in state_dict if key.endswith(".qweight")]
+    report = {"quantized": [], "loaded": []}
+    used = set()
+    for prefix in prefixes:
+        try:
+            linear = model.get_submodule(prefix)
+        except AttributeError:
+            raise ValueError(f"{where}: the checkpoint quantizes {prefix!r}, which the model does not have") from None
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"{where}: {prefix!r} is a {type(linear).__name__} in the model, not an nn.Linear")
+        t = {key: state_dict.get(f"{prefix}.{key}") for key in _QUANTIZED_KEYS}
+        if t["qzeros"] is None or t["scales"] is None:
+            raise ValueError(f"{where}: {prefix!r} has a qweight but no qzeros or scales")
+        device, dtype = linear.weight.device, linear.weight.dtype
+        moved = {key: None if v is None else v.to(device) for key, v in t.items()}
+        if method == "gptq":
+            new = QuantizedLinear.from_gptq(moved["qweight"], moved["qzeros"], moved["scales"], moved["g_idx"],
+                                            moved["bias"], bits, group, dtype, offset)
+        else:
+            new = QuantizedLinear.from_awq(moved["qweight"], moved["qzeros"], moved["scales"], moved["bias"], bits,
+                                           group, dtype)
+        if (new.in_features, new.out_features) != (linear.in_features, linear.out_features):
+            raise ValueError(f"{where}: {prefix!r} is [{new.out_features}, {new.in_features}] in the checkpoint but "
+                             f"[{linear.out_features}, {linear.in_features}] in the model")
+        if (linear.bias is None) != (new.bias is None):
+            raise ValueError(f"{where}: {prefix!r} has {'no ' if new.bias is None else 'a '}bias in the checkpoint, "
+                             f"the model's layer {'has' if linear.bias is not None else 'has none'}")
+        parent, _, child = prefix.rpartition(".")
+        setattr(model.get_submodule(parent), child, new)
+        report["quantized"].append(prefix)
+        used.update(f"{prefix}.{key}" for key, v in t.items() if v is not None)
+    rest = {key: v for key, v in state_dict.items() if key not in used}
+    missing, unexpected = model.load_state_dict(rest, strict=False)
+    ours = {f"{p}.{b}" for p in report["quantized"] for b in ("packed", "scales", "zeros", "bias")}
+    # a tied parameter (lm_head.weight = embed_tokens.weight) is loaded under its other name
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tied = {key for key in missing if any(params.get(key) is params.get(other) for other in rest if other != key)}
+    missing = [key for key in missing if key not in ours and key not in tied]
+    if missing or unexpected:
+        raise ValueError(f"{where}: the checkpoint does not match the model: missing {missing[:8]}"
+                         f"{' ...' if len(missing) > 8 else ''}, unexpected {list(unexpected)[:8]}"
+                         f"{' ...' if len(unexpected) > 8 else ''}")
+    report["loaded"] = sorted(rest)
+    return report
 
 
 def parse_scheme(scheme: str) -> Tuple[int, Optional[int]]:

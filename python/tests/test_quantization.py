@@ -517,3 +517,67 @@ def test_parse_scheme():
     with pytest.raises(ValueError, match="unknown scheme"):
         quantize_model(nn.Linear(128, 8), "nf4")
 
+
+
+# -- whole checkpoints ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["gptq", "gptq_v2", "awq"])
+def test_load_quantized_state_dict(method):
+    """A tiny Llama's GPTQ / AWQ checkpoint (its projections' codes packed by this file's own
+    packers, everything else as saved) loads into a freshly initialized model, whose logits then
+    follow the original model given the dequantized weights."""
+    transformers = pytest.importorskip("transformers")
+    from llmk.quantization import load_quantized_state_dict
+    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=200,
+                                      tie_word_embeddings=True)
+    torch.manual_seed(0)
+    reference = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    checkpoint = dict(reference.state_dict())
+    checkpoint.pop("lm_head.weight")  # tied: saved once, as the embedding
+    for name, module in reference.named_modules():
+        if not isinstance(module, nn.Linear) or name == "lm_head":
+            continue
+        n, k = module.weight.shape
+        codes, zeros, scales = true_weight(n, k, 4, 128, torch.float16)
+        del checkpoint[f"{name}.weight"]
+        if method == "awq":
+            qweight, qzeros, s = awq_pack(codes, zeros, scales)
+        else:
+            qweight, qzeros, s = gptq_pack(codes, zeros, scales, 4, offset=0 if method == "gptq_v2" else 1)
+            checkpoint[f"{name}.g_idx"] = torch.arange(k, dtype=torch.int32) // 128
+        checkpoint.update({f"{name}.qweight": qweight, f"{name}.qzeros": qzeros, f"{name}.scales": s})
+        with torch.no_grad():  # the weight the loaded layer must compute with (bf16 scales)
+            module.weight.copy_(expected_weight(codes, zeros, scales.to(torch.bfloat16), 128))
+    config_q = {"quant_method": "awq", "w_bit": 4, "q_group_size": 128, "version": "gemm"} if method == "awq" else \
+        {"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": method}
+    torch.manual_seed(1)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    report = load_quantized_state_dict(model, checkpoint, config_q)
+    assert len(report["quantized"]) == 14 and "model.embed_tokens.weight" in report["loaded"]
+    assert all(isinstance(model.get_submodule(n), QuantizedLinear) for n in report["quantized"])
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ids = torch.randint(0, 200, (1, 12))
+    with torch.no_grad():
+        got, want = model(ids).logits.float(), reference(ids).logits.float()
+    assert ((got - want).abs().max() / want.abs().max()).item() <= 4e-2
+
+
+def test_load_quantized_state_dict_rejects():
+    transformers = pytest.importorskip("transformers")
+    from llmk.quantization import load_quantized_state_dict
+    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=200)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    state = dict(model.state_dict())
+    with pytest.raises(ValueError, match="quant_method 'bitsandbytes' is not read"):
+        load_quantized_state_dict(model, state, {"quant_method": "bitsandbytes"})
+    with pytest.raises(ValueError, match="AWQ version 'gemv' is not read"):
+        load_quantized_state_dict(model, state, {"quant_method": "awq", "version": "gemv"})
+    state.pop("model.norm.weight")
+    with pytest.raises(ValueError, match=r"does not match the model: missing \['model.norm.weight'\]"):
+        load_quantized_state_dict(model, state, {"quant_method": "gptq", "bits": 4, "group_size": 128})
+    state = {"model.layers.0.mlp.act_fn.qweight": torch.zeros(16, 8, dtype=torch.int32)}
+    with pytest.raises(ValueError, match="not an nn.Linear"):
+        load_quantized_state_dict(model, state, {"quant_method": "gptq", "bits": 4, "group_size": 128})
