@@ -91,7 +91,9 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
     ("int4-g128", "int4", "int8", ...: :func:`llmk.quantization.quantize_model`'s schemes)
     replaces the decoder's nn.Linear layers by llmk.quantized_linear on their round-to-nearest
     quantized weights (the lm_head stays); unpatch puts back nn.Linear layers holding the
-    dequantized weights."""
+    dequantized weights. A model's quantized q/k/v and gate/up layers (``quantize``'s, or a
+    GPTQ / AWQ checkpoint's from :func:`llmk.quantization.load_quantized_state_dict`) run as
+    one launch each."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", type(model).__name__)
     if model_type not in FAMILIES:
@@ -157,11 +159,11 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
         state["quantized"] = True
         mib = f"{done['bytes_before'] / 2**20:.0f} -> {done['bytes_after'] / 2**20:.0f} MiB of weights"
         report.replaced[f"linear layers quantized {quantize} (llmk.quantized_linear; {mib})"] = len(done["quantized"])
-        fused = _fuse_quantized(model)
-        if fused:
-            report.replaced["quantized q/k/v and gate/up projections fused (one launch each)"] = fused
         if done["skipped"]:
             report.left["quantize"] = "; ".join(f"{name}: {why}" for name, why in done["skipped"].items())
+    fused = _fuse_quantized(model)  # quantize's layers, or a checkpoint's (load_quantized_state_dict)
+    if fused:
+        report.replaced[FUSED_REPORT] = fused
     if not linear:
         report.left["linear"] = "linear=False (cuBLAS through nn.Linear)"
     else:
@@ -200,6 +202,9 @@ def unpatch(model: torch.nn.Module) -> None:
         state["rope"]()
     if state["attn_implementation"] is not None:
         model.set_attn_implementation(state["attn_implementation"])
+    for module in model.modules():
+        for attr, _ in FUSED_PROJECTIONS:
+            module.__dict__.pop(attr, None)
     if state["quantized"]:
         _dequantize_linears(model)
     if state["decode"] is not None:
@@ -373,6 +378,8 @@ def _patch_linears(model: torch.nn.Module):
 
 # (module attribute, the projections it fuses): decode=True's attention forward and the gated
 # MLP's forward run the fused one when the module has it.
+FUSED_REPORT = ("quantized q/k/v and gate/up projections fused (one launch each: the gated MLP, "
+                "decode=True attention)")
 FUSED_PROJECTIONS = (("_llmk_qkv", ("q_proj", "k_proj", "v_proj")), ("_llmk_gate_up", ("gate_proj", "up_proj")))
 
 
@@ -393,9 +400,6 @@ def _fuse_quantized(model: torch.nn.Module) -> int:
 
 def _dequantize_linears(model: torch.nn.Module) -> None:
     """unpatch of ``quantize``: each QuantizedLinear back to an nn.Linear of its dequantized weight."""
-    for module in model.modules():
-        for attr, _ in FUSED_PROJECTIONS:
-            module.__dict__.pop(attr, None)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, quantization.QuantizedLinear):

@@ -273,7 +273,7 @@ def test_quantized_model_generates_as_its_dequantized_weights(family, scheme, de
     layers = model.config.num_hidden_layers
     assert report.replaced[next(k for k in report.replaced if k.startswith(f"linear layers quantized {scheme}"))] \
         == 7 * layers
-    assert report.replaced["quantized q/k/v and gate/up projections fused (one launch each)"] == 2 * layers
+    assert report.replaced[llmk.patching.FUSED_REPORT] == 2 * layers
     counter = OpCounter(monkeypatch, ("quantized_linear",))
     got = _generate(model, ids, mask)
     assert counter.calls["quantized_linear"] == 4 * layers * (1 + (NEW - 1 if device == "cpu" else 2))

@@ -562,6 +562,15 @@ def test_load_quantized_state_dict(method):
     with torch.no_grad():
         got, want = model(ids).logits.float(), reference(ids).logits.float()
     assert ((got - want).abs().max() / want.abs().max()).item() <= 4e-2
+    # llmk.patch fuses the checkpoint's q/k/v and gate/up layers; unpatch leaves them quantized
+    report = llmk.patch(model)
+    assert report.replaced[llmk.patching.FUSED_REPORT] == 4
+    with torch.no_grad():
+        patched = model(ids).logits.float()
+    assert ((patched - want).abs().max() / want.abs().max()).item() <= 4e-2
+    llmk.unpatch(model)
+    assert isinstance(model.model.layers[0].self_attn.q_proj, QuantizedLinear)
+    assert "_llmk_gate_up" not in model.model.layers[0].mlp.__dict__
 
 
 def test_load_quantized_state_dict_rejects():
