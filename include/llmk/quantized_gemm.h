@@ -41,7 +41,7 @@
 //   registers into mma.sync fragments, split-K inside the CTA and across a thread-block
 //   cluster on sm_90); above, each slab of up to 16384 weight rows is dequantized into
 //   `workspace` and multiplied by llmk::gemm (tensor-core GEMM speed plus the slab's pass).
-//   workspace: x's dtype, at least quantized_gemm_workspace_size(m, n, k, device)
+//   workspace: a 1-d contiguous tensor of x's dtype, at least quantized_gemm_workspace_size(m, n, k, device)
 //   elements on x's device (0 when the streaming kernel takes the call).
 //
 // CPU tensors run the reference (double accumulation over the dequantized weight). Nothing

@@ -105,14 +105,13 @@ bool rows_vectorizable(std::initializer_list<Rows> rows, DType dtype) {
 }
 
 void check_workspace(const char* op, const std::optional<TensorView>& workspace, const TensorView& ref,
-                     int64_t needed, const char* size_fn) {
-  LLMK_CHECK(workspace.has_value(), op, ": CUDA tensors need a float32 workspace of ", needed,
+                     int64_t needed, const char* size_fn, DType dtype) {
+  LLMK_CHECK(workspace.has_value(), op, ": CUDA tensors need a ", dtype_name(dtype), " workspace of ", needed,
              " elements (", size_fn, ")");
   check_same_device(op, "workspace", *workspace, "x", ref);
-  check_dtype(op, "workspace", *workspace, DType::f32);
-  LLMK_CHECK(workspace->ndim() == 1 && workspace->numel() >= needed, op,
-             ": workspace must be a 1-d float32 tensor of at least ", needed, " elements, got shape ",
-             shape_string(*workspace));
+  check_dtype(op, "workspace", *workspace, dtype);
+  LLMK_CHECK(workspace->ndim() == 1 && workspace->numel() >= needed, op, ": workspace must be a 1-d ",
+             dtype_name(dtype), " tensor of at least ", needed, " elements, got shape ", shape_string(*workspace));
   LLMK_CHECK(workspace->numel() <= 1 || workspace->stride(0) == 1, op,
              ": workspace must be contiguous, got stride ", workspace->stride(0));
   LLMK_CHECK(is_aligned(workspace->data(), 16), op, ": workspace data pointer ", workspace->data(),

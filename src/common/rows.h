@@ -70,10 +70,11 @@ void check_float_dtype(const char* op, const char* arg, const TensorView& t);
 // condition of the 16-byte vector kernels.
 bool rows_vectorizable(std::initializer_list<Rows> rows, DType dtype);
 
-// The CUDA workspace of a backward call: on ref's device, f32, 1-d, contiguous, 16-byte
-// aligned, at least `needed` elements (`size_fn` names the function that gives `needed`).
+// The CUDA workspace of a call: on ref's device, of `dtype` (f32: the backwards' accumulators),
+// 1-d, contiguous, 16-byte aligned, at least `needed` elements (`size_fn` names the function
+// that gives `needed`).
 void check_workspace(const char* op, const std::optional<TensorView>& workspace, const TensorView& ref,
-                     int64_t needed, const char* size_fn);
+                     int64_t needed, const char* size_fn, DType dtype = DType::f32);
 
 inline bool is_aligned(const void* p, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;

@@ -157,14 +157,7 @@ void quantized_gemm(const TensorView& out, const TensorView& x, const QuantizedW
   const bool stream_path = streams(op, m);
   const int64_t needed = x.is_cuda() ? quantized_gemm_workspace_size(m, n, k, x.device().index) : 0;
   if (needed > 0) {
-    LLMK_CHECK(workspace.has_value(), op, ": ", m, " rows of x need a workspace of ", needed, " ",
-               dtype_name(dt), " elements (quantized_gemm_workspace_size)");
-    LLMK_CHECK(workspace->dtype() == dt && workspace->numel() >= needed && detail::is_contiguous(*workspace) &&
-                   detail::is_aligned(workspace->data(), 16),
-               op, ": workspace must be a contiguous 16-byte aligned ", dtype_name(dt), " tensor of at least ",
-               needed, " elements, got ", dtype_name(workspace->dtype()), " of shape ",
-               detail::shape_string(*workspace));
-    detail::check_same_device(op, "workspace", *workspace, "x", x);
+    detail::check_workspace(op, workspace, x, needed, "quantized_gemm_workspace_size", dt);
     detail::check_no_overlap(op, "out", out, "workspace", *workspace, false);
     p.workspace = workspace->data();
     p.workspace_elems = workspace->numel();
