@@ -65,6 +65,7 @@ import torch
 
 import llmk
 from .. import timing
+from ..views.common import sig
 from ..views.e2e import IMPLS, PHASES, is_e2e_row, markdown, plot  # noqa: F401
 
 COMPILED = ("compile", "llmk_compile")
@@ -334,10 +335,6 @@ def _error(out, ref):
     return f"{(out - ref).abs().max().item() / scale:.2e}"
 
 
-def _sig(value: float) -> float:
-    return round(value, 1) if value >= 10 else float(f"{value:.3g}")
-
-
 # --------------------------------------------------------------------------------------
 # the run
 
@@ -361,7 +358,7 @@ class _Run:
         if result is not None:
             t = result["time_s"]
             r.update(time_us=round(t * 1e6, 1), max_rel_err=result["err"], timing=result["method"],
-                     tokens_per_s=_sig(size / t), **result.get("extra", {}))
+                     tokens_per_s=sig(size / t), **result.get("extra", {}))
             if self.device == "cuda":
                 r["peak_mem_gb"] = round(result["peak"] / 1e9, 2)
             if impl in COMPILED:

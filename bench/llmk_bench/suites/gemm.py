@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 import llmk
 from .. import timing
+from ..views.common import sig
 from ..views.gemm import OPS, is_gemm_row, markdown, plot  # noqa: F401
 
 SHAPES = {  # name -> (N, K) = weight.shape
@@ -252,8 +253,16 @@ def _max_rel_err(out, inputs, reference):
     return (got - ref).abs().max().item() / (ref.abs().max().item() or 1.0)
 
 
-def _sig(value: float) -> float:
-    return round(value, 1) if value >= 10 else float(f"{value:.3g}")
+def matmul_row(op, dtype, m, n, k, impl, us, method, err, weight_bytes, info, **extra) -> dict:
+    """A CSV row of an [m, k] x [k, n] product timed at `us`: the harness's columns, TFLOP/s and
+    % of the run's GEMM rate, and for M <= 64 the weight's GB/s and % of copy; then `extra`."""
+    tflops, gbs, small = 2 * m * n * k / us / 1e6, weight_bytes / us / 1e3, m <= 64
+    return dict(op=op, dtype=str(dtype).replace("torch.", ""), tokens=m, hidden=n, impl=impl,
+                time_us=round(us, 3), gbs=sig(gbs) if small else "",
+                pct_copy=round(100 * gbs / info["copy_gbs"], 1) if small else "",
+                max_rel_err=f"{err:.2e}", timing=method, copy_gbs=round(info["copy_gbs"]),
+                empty_us=round(info["empty_us"], 3), tflops=sig(tflops),
+                pct_gemm=round(100 * tflops / info["gemm"], 1), gemm_tflops=sig(info["gemm"]), k=k, **extra)
 
 
 def _measure(op, shape, m, n, k, dtype, device, info, make, impls, reference, failures):
@@ -267,22 +276,13 @@ def _measure(op, shape, m, n, k, dtype, device, info, make, impls, reference, fa
         failures.append(f"{op} {shape} M={m}: {type(e).__name__}: {e}")
         print(f"{op:15s} {shape:20s} M={m:6d}  skipped: {failures[-1]}", flush=True)
         return []
-    flops, weight_bytes = 2 * m * n * k, n * k * elt
+    weight_bytes = n * k * elt
     rows, times = [], {}
     for impl, fn, us, method, err in timing.time_each(
             impls, sets, device, lambda fn: _max_rel_err(fn(*sets[0]), sets[0], reference),
             f"{op} {shape} M={m}", f"{op:15s} {shape:20s} M={m:6d}", failures):
         times[impl] = us
-        tflops = flops / us / 1e6
-        small = m <= 64
-        gbs = weight_bytes / us / 1e3
-        rows.append(dict(op=op, dtype=str(dtype).replace("torch.", ""), tokens=m, hidden=n, impl=impl,
-                         time_us=round(us, 3), gbs=_sig(gbs) if small else "",
-                         pct_copy=round(100 * gbs / info["copy_gbs"], 1) if small else "",
-                         max_rel_err=f"{err:.2e}", timing=method, copy_gbs=round(info["copy_gbs"]),
-                         empty_us=round(info["empty_us"], 3), tflops=_sig(tflops),
-                         pct_gemm=round(100 * tflops / info["gemm"], 1), gemm_tflops=_sig(info["gemm"]), k=k,
-                         shape=shape))
+        rows.append(matmul_row(op, dtype, m, n, k, impl, us, method, err, weight_bytes, info, shape=shape))
     del sets
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -60,9 +60,8 @@ import torch.nn.functional as F
 
 import llmk
 from .. import timing
-from ..views.common import sig
 from ..views.quantized import OP, is_quantized_row, markdown, plot  # noqa: F401
-from .gemm import _env_list, _max_rel_err
+from .gemm import _env_list, _max_rel_err, matmul_row
 
 SHAPES = {  # name -> (N, K) = weight.shape
     "llama3_8b_qkv": (6144, 4096), "llama3_8b_o": (4096, 4096), "llama3_8b_gate_up": (28672, 4096),
@@ -334,19 +333,12 @@ def _measure(shape, fmt, m, n, k, bits, group, dtype, device, info, prepared, fa
             if seconds * CALLS_PER_IMPL > PEER_BUDGET_S:
                 del impls[name]
                 slow[name] = seconds, err
-    flops = 2 * m * n * k
     rows, times = [], {}
 
     def add(impl, us, method, err, note=""):
         times[impl] = us
-        tflops, gbs, small = flops / us / 1e6, nbytes[impl] / us / 1e3, m <= 64
-        rows.append(dict(op=OP, dtype=str(dtype).replace("torch.", ""), tokens=m, hidden=n, impl=impl,
-                         time_us=round(us, 3), gbs=sig(gbs) if small else "",
-                         pct_copy=round(100 * gbs / info["copy_gbs"], 1) if small else "",
-                         max_rel_err=f"{err:.2e}", timing=method, copy_gbs=round(info["copy_gbs"]),
-                         empty_us=round(info["empty_us"], 3), tflops=sig(tflops),
-                         pct_gemm=round(100 * tflops / info["gemm"], 1), gemm_tflops=sig(info["gemm"]), k=k,
-                         bits=bits, group=group, shape=shape))
+        rows.append(matmul_row(OP, dtype, m, n, k, impl, us, method, err, nbytes[impl], info, bits=bits,
+                               group=group, shape=shape))
         if note:
             rows[-1]["note"] = note
 
