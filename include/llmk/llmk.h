@@ -2,6 +2,7 @@
 #pragma once
 
 #include "llmk/activation.h"
+#include "llmk/all_reduce.h"
 #include "llmk/attention.h"
 #include "llmk/attention_decode.h"
 #include "llmk/device_info.h"

@@ -4,19 +4,109 @@ with the ops that follow them.
 A row-parallel projection (attention's o_proj, the MLP's down_proj) leaves each rank a partial
 sum of the layer's output; the layer then all-reduces it, adds it to the residual stream and
 normalizes the sum for the next block. :func:`all_reduce_add_rmsnorm` is that sequence as one
-call. It runs the group's all-reduce (NCCL on GPUs, gloo on CPUs) on ``x`` and then llmk's
-``add_rmsnorm_`` (the add and the norm in one pass), in place, on the caller's stream, so a
-CUDA graph captures it as it captures NCCL.
+call, in place, on the caller's stream, in one of two ways:
+
+- ``fused``: one llmk kernel per rank (``torch.ops.llmk.all_reduce_add_rmsnorm_``) over peer
+  buffers: every rank pushes its x into the others' buffers over NVLink with plain stores, then
+  sums, adds and normalizes its rows (include/llmk/all_reduce.h). For CUDA tensors on an NCCL
+  group whose ranks share a host (CUDA IPC), messages up to the buffers' capacity.
+- ``nccl``: the group's all-reduce (NCCL on GPUs, gloo on CPUs), then llmk's ``add_rmsnorm_``.
+
+``LLMK_ALL_REDUCE_PATH`` = ``auto`` (default: fused where it fits and is measured faster,
+:func:`all_reduce_path` says which), ``fused`` (an error where it cannot run) or ``nccl``, read
+at each call. Both are captured by CUDA graphs. The peer group is set up at a group's first
+fused call, a collective step that every rank reaches in the same call (or beforehand by
+:func:`setup_peer_group`; a call being captured into a CUDA graph cannot set one up and takes
+the nccl path).
 """
 
-from typing import Optional, Tuple
+import os
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_reduce_add_rmsnorm"]
+from . import _C
+
+__all__ = ["all_reduce_add_rmsnorm", "all_reduce_path", "setup_peer_group", "release_peer_groups"]
 
 _OP = "all_reduce_add_rmsnorm"
+PATH_VAR = "LLMK_ALL_REDUCE_PATH"
+PATHS = ("auto", "fused", "nccl")
+# Bytes of the largest message a peer group takes (x's bytes: 128 tokens x 8192 in float32).
+DEFAULT_CAPACITY = 4 << 20
+# The largest message auto sends through the fused kernel, by group size: above it NCCL's
+# all-reduce + add_rmsnorm_ was as fast or faster (docs/kernels/distributed.md).
+AUTO_MAX_BYTES = {2: 2 << 20, 4: 2 << 20, 8: 1 << 20}
+
+
+class PeerGroup:
+    """This rank's side of a group's peer buffers: its own buffer, the peers' mapped here, and
+    the id under which the op finds them. Built collectively (every rank of the group)."""
+
+    def __init__(self, group: Optional[dist.ProcessGroup], device: torch.device, capacity: int):
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.capacity = capacity
+        self.own = self.id = None
+        self.mapped = []
+        self.error = ""
+        with torch.cuda.device(device):
+            self.own = _C.allocate_peer_buffer(_C.peer_buffer_bytes(self.world, capacity))
+            handles = [None] * self.world
+            dist.all_gather_object(handles, _C.peer_buffer_handle(self.own), group=group)
+            buffers = []
+            try:
+                for r, handle in enumerate(handles):
+                    if r == self.rank:
+                        buffers.append(self.own)
+                    else:
+                        self.mapped.append(_C.open_peer_buffer(handle))
+                        buffers.append(self.mapped[-1])
+            except RuntimeError as e:  # not on one host, or no peer access: every rank falls back
+                self.error = str(e)
+            ok = torch.tensor([0 if self.error else 1], dtype=torch.int32, device=device)
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+            if int(ok.item()) == 1:
+                self.id = _C.register_peer_group(self.rank, self.world, capacity, buffers)
+            else:
+                self.error = self.error or "another rank could not map the peer buffers"
+                self.release()
+
+    def release(self) -> None:
+        if self.id is not None:
+            _C.unregister_peer_group(self.id)
+            self.id = None
+        for m in self.mapped:
+            _C.close_peer_buffer(m)
+        self.mapped = []
+        if self.own is not None:
+            _C.free_peer_buffer(self.own)
+            self.own = None
+
+
+_GROUPS: Dict[tuple, PeerGroup] = {}
+
+
+def setup_peer_group(group: Optional[dist.ProcessGroup] = None, device: Optional[torch.device] = None,
+                     capacity: int = DEFAULT_CAPACITY) -> PeerGroup:
+    """Sets up (once; a collective call on every rank of ``group``) and returns the peer group
+    that the fused path of ``group`` uses on ``device`` (default: the current CUDA device).
+    Its ``error`` says why the ranks could not map each other's buffers (the fused path is then
+    off for the group)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    key = (group, device.index)
+    if key not in _GROUPS:
+        _GROUPS[key] = PeerGroup(group, device, capacity)
+    return _GROUPS[key]
+
+
+def release_peer_groups() -> None:
+    """Frees every peer group's buffers (before ``destroy_process_group``, or to resize them)."""
+    torch.cuda.synchronize()
+    for g in _GROUPS.values():
+        g.release()
+    _GROUPS.clear()
 
 
 def _check(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> None:
@@ -41,6 +131,70 @@ def _check(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> Non
                          f"{weight.dtype} on {weight.device}")
 
 
+def _path_setting() -> str:
+    path = os.environ.get(PATH_VAR, "") or "auto"
+    if path not in PATHS:
+        raise ValueError(f"{_OP}: {PATH_VAR}={path!r}; expected one of {', '.join(PATHS)}")
+    return path
+
+
+def _fused_unfit(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> str:
+    """Why x cannot take the fused path on ``group`` ('' when it can): properties that every
+    rank's x shares (shape, dtype, the group), so that every rank picks the same path."""
+    if not x.is_cuda:
+        return "x is not a CUDA tensor"
+    backend = dist.get_backend(group)
+    if backend != "nccl":
+        return f"the group's backend is {backend}, not nccl"
+    world = dist.get_world_size(group)
+    if not 2 <= world <= 8:
+        return f"the group has {world} ranks (the fused kernel takes 2 to 8)"
+    if (x.shape[-1] * x.element_size()) % 16:
+        return f"x's rows ({x.shape[-1]} x {x.element_size()} bytes) are not whole 16-byte vectors"
+    known = _GROUPS.get((group, x.device.index))
+    capacity = known.capacity if known is not None else DEFAULT_CAPACITY
+    if x.numel() * x.element_size() > capacity:
+        return f"x holds {x.numel() * x.element_size()} bytes, more than the peer buffers' {capacity}"
+    if known is None and torch.cuda.is_current_stream_capturing():
+        return "the group's peer buffers are not set up and a CUDA graph is being captured (setup_peer_group first)"
+    return ""
+
+
+def all_reduce_path(x: torch.Tensor, group: Optional[dist.ProcessGroup] = None) -> str:
+    """The path :func:`all_reduce_add_rmsnorm` takes for ``x`` on ``group``: ``"fused"`` or
+    ``"nccl"`` (``LLMK_ALL_REDUCE_PATH`` and the message's size decide; see the module's
+    docstring). May set the group's peer buffers up (a collective call)."""
+    setting = _path_setting()
+    if setting == "nccl":
+        return "nccl"
+    unfit = _fused_unfit(x, group)
+    if setting == "fused" and unfit:
+        raise ValueError(f"{_OP}: {PATH_VAR}=fused, but {unfit}")
+    if unfit or (setting == "auto" and x.numel() * x.element_size() > AUTO_MAX_BYTES[dist.get_world_size(group)]):
+        return "nccl"
+    peers = setup_peer_group(group, x.device)
+    if peers.id is None:
+        if setting == "fused":
+            raise RuntimeError(f"{_OP}: {PATH_VAR}=fused, but the ranks could not map each other's buffers: "
+                               f"{peers.error}")
+        return "nccl"
+    return "fused"
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """t, or a copy of it that starts 16-byte aligned (the fused kernel's 16-byte vectors)."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def _fused(x, residual, weight, eps, offset, group) -> None:
+    peers = _GROUPS[(group, x.device.index)]
+    xa, ra = _aligned(x), _aligned(residual)
+    torch.ops.llmk.all_reduce_add_rmsnorm_(xa, ra, _aligned(weight), float(eps), float(offset), peers.id)
+    for t, a in ((x, xa), (residual, ra)):
+        if a is not t:
+            t.copy_(a)
+
+
 def all_reduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                            group: Optional[dist.ProcessGroup] = None,
                            offset: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -53,10 +207,13 @@ def all_reduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torc
     bfloat16), ``x`` contiguous; ``weight``: ``[hidden]`` in x's dtype or float32 (``offset=1``
     gives Gemma's ``1 + weight``). Every rank passes its own ``x`` and the same ``residual`` and
     ``weight``, and gets the same results. The sum is rounded to the dtype before it is added
-    (as NCCL's all-reduce followed by an add), the add before it is normalized (as
-    ``add_rmsnorm_``). Returns ``(x, residual)``. Arguments are checked before anything is
-    written."""
+    (NCCL's all-reduce; the fused path sums in fp32 in rank order, so every rank gets the same
+    bits), the add before it is normalized (as ``add_rmsnorm_``). Returns ``(x, residual)``.
+    Arguments are checked before anything is written."""
     _check(x, residual, weight)
-    dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
-    torch.ops.llmk.add_rmsnorm_(x, residual, weight, float(eps), float(offset))
+    if all_reduce_path(x, group) == "fused":
+        _fused(x, residual, weight, eps, offset, group)
+    else:
+        dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
+        torch.ops.llmk.add_rmsnorm_(x, residual, weight, float(eps), float(offset))
     return x, residual

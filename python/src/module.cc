@@ -5,7 +5,11 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "llmk/llmk.h"
+#include "peer_groups.h"
 #include "torch_bridge.h"
 
 namespace nb = nanobind;
@@ -28,6 +32,43 @@ NB_MODULE(_C, m) {
   // keeps the same table; test_op_table.py holds the two equal).
   m.def("gemm_activation_names", &llmk::torch_ops::gemm_activation_names);
   m.def("gelu_approximation_names", &llmk::torch_ops::gelu_approximation_names);
+  // Peer buffers and groups (include/llmk/all_reduce.h): llmk.distributed allocates one buffer
+  // per rank on the rank's current device, exchanges the handles through the process group,
+  // maps the peers' and registers the group for the op all_reduce_add_rmsnorm_.
+  m.def("peer_buffer_bytes", &llmk::peer_buffer_bytes, "world"_a, "capacity"_a);
+  m.def("allocate_peer_buffer", [](size_t bytes) { return reinterpret_cast<uintptr_t>(llmk::allocate_peer_buffer(bytes)); },
+        "bytes"_a);
+  m.def("free_peer_buffer", [](uintptr_t buffer) { llmk::free_peer_buffer(reinterpret_cast<void*>(buffer)); }, "buffer"_a);
+  m.def(
+      "peer_buffer_handle",
+      [](uintptr_t buffer) {
+        const auto h = llmk::peer_buffer_handle(reinterpret_cast<void*>(buffer));
+        return nb::bytes(reinterpret_cast<const char*>(h.data()), h.size());
+      },
+      "buffer"_a);
+  m.def(
+      "open_peer_buffer",
+      [](nb::bytes handle) {
+        return reinterpret_cast<uintptr_t>(
+            llmk::open_peer_buffer(static_cast<const uint8_t*>(handle.data()), handle.size()));
+      },
+      "handle"_a);
+  m.def("close_peer_buffer", [](uintptr_t mapped) { llmk::close_peer_buffer(reinterpret_cast<void*>(mapped)); },
+        "mapped"_a);
+  m.def(
+      "register_peer_group",
+      [](int rank, int world, size_t capacity, const std::vector<uintptr_t>& buffers) {
+        LLMK_CHECK(buffers.size() <= static_cast<size_t>(llmk::kPeerMaxRanks), "register_peer_group: ",
+                   static_cast<int64_t>(buffers.size()), " buffers, at most ", llmk::kPeerMaxRanks);
+        llmk::PeerGroup g;
+        g.rank = rank;
+        g.world = world;
+        g.capacity = capacity;
+        for (size_t r = 0; r < buffers.size(); ++r) g.buffers[r] = reinterpret_cast<void*>(buffers[r]);
+        return llmk::torch_ops::register_peer_group(g);
+      },
+      "rank"_a, "world"_a, "capacity"_a, "buffers"_a);
+  m.def("unregister_peer_group", &llmk::torch_ops::unregister_peer_group, "id"_a);
   m.def(
       "device_info",
       [](int index) {

@@ -2,7 +2,10 @@
 float64 RMSNorm of it, on the same inputs: two processes
 on the CPU over gloo (every rank checks its results), float32 and bfloat16, one row, ragged
 rows and hidden sizes, a batched x, Gemma's offset; argument errors raised before anything is
-written, and without an initialized process group."""
+written, and without an initialized process group. On 2 and 4 GPUs (NCCL, skipped with fewer):
+every path (fused, auto, nccl) over decode and ragged shapes and every dtype, the fused path's
+results the same bits on every rank, calls captured in a CUDA graph and replayed, and a message
+the peer buffers cannot take rejected before anything is written."""
 
 import os
 import tempfile
@@ -29,13 +32,14 @@ def inputs(shape, dtype, seed, rank):
     return x, residual, weight
 
 
-def reference(shape, dtype, seed, eps, offset):
-    """The sum as the unfused sequence rounds it (the ranks' x summed and rounded to the dtype,
-    as the all-reduce does with two ranks; then the add, rounded), and the float64 RMSNorm of
-    that rounded sum: the op's only own rounding is the norm's output."""
-    xs = [inputs(shape, dtype, seed, r)[0] for r in range(WORLD)]
+def reference(shape, dtype, seed, eps, offset, world=WORLD):
+    """The sum as the op rounds it (the ranks' x summed in float32 and rounded to the dtype, as
+    the all-reduce of two ranks does and the fused path does for any number; then the add,
+    rounded), and the float64 RMSNorm of that rounded sum: the op's only own rounding is the
+    norm's output."""
+    xs = [inputs(shape, dtype, seed, r)[0] for r in range(world)]
     _, residual, weight = inputs(shape, dtype, seed, 0)
-    s = (residual + (xs[0] + xs[1])).double()
+    s = (residual + sum(x.float() for x in xs).to(dtype)).double()
     y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * (offset + weight.double())
     return y, s
 
@@ -100,3 +104,106 @@ def test_bad_arguments_write_nothing(one_rank_group, case, needle):
     with pytest.raises((ValueError, TypeError), match=needle.replace("[", r"\[").replace("]", r"\]")):
         llmk.distributed.all_reduce_add_rmsnorm(x, residual, weight)
     assert torch.equal(x, x0) and torch.equal(residual, r0)
+
+
+def test_path_setting_is_checked(one_rank_group, monkeypatch):
+    x = torch.randn(4, 8)
+    monkeypatch.setenv("LLMK_ALL_REDUCE_PATH", "fast")
+    with pytest.raises(ValueError, match="LLMK_ALL_REDUCE_PATH='fast'; expected one of auto, fused, nccl"):
+        llmk.distributed.all_reduce_add_rmsnorm(x, torch.randn(4, 8), torch.ones(8))
+    monkeypatch.setenv("LLMK_ALL_REDUCE_PATH", "fused")
+    with pytest.raises(ValueError, match="x is not a CUDA tensor"):
+        llmk.distributed.all_reduce_add_rmsnorm(x, torch.randn(4, 8), torch.ones(8))
+    monkeypatch.setenv("LLMK_ALL_REDUCE_PATH", "auto")
+    assert llmk.distributed.all_reduce_path(x) == "nccl"
+
+
+# GPU: shapes of decode (1-128 tokens at Llama's hidden sizes), ragged ones, and one past what
+# auto sends through the fused kernel (2 MiB).
+GPU_SHAPES = [(1, 4096), (8, 8192), (128, 8192), (3, 5, 1000), (17, 264), (160, 8192)]
+GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def _same_on_every_rank(t, what):
+    gathered = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, t)
+    assert all(torch.equal(g, t) for g in gathered), f"{what} differs between ranks"
+
+
+def _gpu_cases(rank, world, setting):
+    os.environ["LLMK_ALL_REDUCE_PATH"] = setting
+    for seed, (shape, dtype) in enumerate((s, d) for s in GPU_SHAPES for d in GPU_DTYPES):
+        if setting == "fused" and torch.Size(shape).numel() * dtype.itemsize > llmk.distributed.DEFAULT_CAPACITY:
+            continue
+        eps, offset = 1e-5, (1.0 if seed % 4 == 1 else 0.0)
+        x, residual, weight = (t.cuda() for t in inputs(shape, dtype, seed, rank))
+        path = llmk.distributed.all_reduce_path(x)
+        llmk.distributed.all_reduce_add_rmsnorm(x, residual, weight, eps, offset=offset)
+        y, s = reference(shape, dtype, seed, eps, offset, world)
+        what = f"rank {rank} {setting} ({path}) {shape} {dtype}"
+        # NCCL may round partial sums of more than two ranks: one more step of the dtype.
+        res_rtol = RTOL[dtype] / 4 if path == "fused" or world == 2 else RTOL[dtype]
+        assert_close(residual, s, res_rtol, f"{what} residual")
+        assert_close(x, y, RTOL[dtype] + res_rtol, f"{what} out")
+        if path == "fused":
+            _same_on_every_rank(residual, f"{what} residual")
+            _same_on_every_rank(x, f"{what} out")
+
+
+def _graph_replays(rank, world):
+    """Three fused calls captured into a CUDA graph, replayed twice, against the same calls eager."""
+    os.environ["LLMK_ALL_REDUCE_PATH"] = "fused"
+    x, residual, weight = (t.cuda() for t in inputs((4, 4096), torch.bfloat16, 99, rank))
+    start = (x.clone(), residual.clone())
+    llmk.distributed.setup_peer_group()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(3):
+            llmk.distributed.all_reduce_add_rmsnorm(x, residual, weight)
+    for _ in range(2):
+        x.copy_(start[0])
+        residual.copy_(start[1])
+        graph.replay()
+        got = (x.clone(), residual.clone())
+        x.copy_(start[0])
+        residual.copy_(start[1])
+        for _ in range(3):
+            llmk.distributed.all_reduce_add_rmsnorm(x, residual, weight)
+        assert torch.equal(got[0], x) and torch.equal(got[1], residual), f"rank {rank}: replay differs from eager"
+
+
+def _too_large_writes_nothing(rank):
+    os.environ["LLMK_ALL_REDUCE_PATH"] = "fused"
+    x = torch.randn(1024, 8192, device="cuda")
+    residual, x0 = torch.randn_like(x), x.clone()
+    r0 = residual.clone()
+    with pytest.raises(ValueError, match="more than the peer buffers'"):
+        llmk.distributed.all_reduce_add_rmsnorm(x, residual, torch.ones(8192, device="cuda"))
+    assert torch.equal(x, x0) and torch.equal(residual, r0)
+
+
+def _gpu_rank(rank, path, failures, world):
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{path}", rank=rank, world_size=world,
+                            device_id=torch.device("cuda", rank))
+    try:
+        for setting in ("fused", "auto", "nccl"):
+            _gpu_cases(rank, world, setting)
+        _graph_replays(rank, world)
+        _too_large_writes_nothing(rank)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - the parent reports each rank's failure
+        failures.put(f"rank {rank}: {type(e).__name__}: {e}")
+    finally:
+        llmk.distributed.release_peer_groups()
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gpu_ranks_match_float64(world, monkeypatch):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"{world} GPUs needed, {torch.cuda.device_count()} present")
+    for k, v in NO_MULTICAST.items():
+        monkeypatch.setenv(k, v)
+    run_ranks(_gpu_rank, world, world)

@@ -67,6 +67,10 @@ def _quantized(k, n):
     return (packed, scales, zeros, 4, 128)
 
 
+def _one_rank_group():
+    return llmk._C.register_peer_group(0, 1, 16, [])
+
+
 # One sample per op: the arguments of a CPU call (tensors that should train require grad).
 SAMPLES = {
     "rmsnorm": lambda: (_rows(5, 64, grad=True), _rows(64, grad=True), 1e-6, 0.0),
@@ -118,6 +122,8 @@ SAMPLES = {
     "attention_backward": _attention_backward,
     "attention_varlen_backward": _attention_varlen_backward,
     "attention_decode": _decode,
+    # a peer group of one rank (no buffers: add_rmsnorm_, which runs on the CPU too)
+    "all_reduce_add_rmsnorm_": lambda: (_rows(5, 64), _rows(5, 64), _rows(64), 1e-6, 0.0, _one_rank_group()),
 }
 
 

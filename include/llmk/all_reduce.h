@@ -1,0 +1,82 @@
+// Tensor parallel: the all-reduce of a row-parallel projection's partial sums (attention's
+// o_proj, the MLP's down_proj) fused with the residual add and RMSNorm that follow it,
+//
+//   residual += sum over ranks of x;   x = rmsnorm(residual, weight, eps, offset)
+//
+// in one kernel per rank, over peer buffers: each rank of a group on one host maps every other
+// rank's buffer into its address space (CUDA IPC) and the kernel moves the data with plain
+// 16-byte stores and loads over NVLink (no NVLink multicast, no collective library).
+//
+// The group: every rank allocates one peer buffer (allocate_peer_buffer, sized by
+// peer_buffer_bytes for the largest message), sends its handle (peer_buffer_handle, 64 bytes)
+// to the others by any means (llmk.distributed uses the torch process group) and maps theirs
+// (open_peer_buffer). A PeerGroup then lists the buffers as this process sees them.
+//
+// Calls: every rank of the group calls all_reduce_add_rmsnorm with x of the same shape and
+// dtype, in the same order; one call at a time per group (one stream, or calls ordered
+// across streams). A rank that skips a call leaves the others waiting: the kernel stops the
+// process (a device trap, after a message naming the rank it waited for) once it has waited
+// 10 s. The state that orders the calls lives in the buffers, so a call can be captured
+// into a CUDA graph and replayed (every rank replaying the same sequence).
+//
+// Numerics: the ranks' x are summed in fp32 in rank order and rounded to x's dtype (every
+// rank computes the same bits), the sum is added to the residual and rounded, and the norm
+// is rmsnorm's (fp32, one rounding). So every rank leaves the same residual and x.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "llmk/tensor.h"
+
+namespace llmk {
+
+// The most ranks of a group.
+inline constexpr int kPeerMaxRanks = 8;
+// Bytes of a peer buffer's CUDA IPC handle.
+inline constexpr size_t kPeerHandleBytes = 64;
+
+// Bytes of each rank's peer buffer for a group of `world` ranks whose largest message (x's
+// bytes) is `capacity`: two message slots per rank (calls alternate between them) and 8 KiB
+// of flags.
+size_t peer_buffer_bytes(int world, size_t capacity);
+
+// A peer buffer of `bytes` on the current CUDA device (its own cudaMalloc: the unit CUDA IPC
+// shares), zeroed; the call returns after the zeroing completes.
+void* allocate_peer_buffer(size_t bytes);
+void free_peer_buffer(void* buffer);
+
+// The CUDA IPC handle of a buffer allocate_peer_buffer returned, for the other ranks.
+std::array<uint8_t, kPeerHandleBytes> peer_buffer_handle(void* buffer);
+// This process's mapping of another process's peer buffer, from its handle (`bytes` =
+// kPeerHandleBytes), on the current device (peer access enabled); close_peer_buffer unmaps it.
+void* open_peer_buffer(const uint8_t* handle, size_t bytes);
+void close_peer_buffer(void* mapped);
+
+struct PeerGroup {
+  int rank = 0;                             // this process's rank in the group
+  int world = 0;                            // ranks in the group, 1..kPeerMaxRanks
+  size_t capacity = 0;                      // the capacity the buffers were sized for
+  void* buffers[kPeerMaxRanks] = {};        // rank r's buffer as mapped here ([rank]: its own;
+                                            // none for a group of one)
+};
+
+// Whether x fits the one-kernel form on `group`: a CUDA tensor of f32, f16 or bf16, its rows
+// contiguous (row stride d), 16-byte aligned with d a multiple of 16 bytes, and at most
+// group.capacity bytes. (A caller with larger messages runs its collective library's
+// all-reduce and add_rmsnorm_ instead.)
+bool all_reduce_add_rmsnorm_fits(const PeerGroup& group, const TensorView& x);
+
+// residual += sum over the group's ranks of x; x = rmsnorm(residual, weight, eps, offset), in
+// place. x: [..., d] as all_reduce_add_rmsnorm_fits requires; residual: x's shape, dtype and
+// device (rows may be strided by whole 16-byte vectors); weight: [d] of x's dtype or f32.
+// Every argument (and the group) is checked before anything is written. A group of one rank
+// (no buffers needed) runs add_rmsnorm_, on the CPU too.
+void all_reduce_add_rmsnorm(const PeerGroup& group, const TensorView& x, const TensorView& residual,
+                            const TensorView& weight, double eps, double offset = 0.0,
+                            cudaStream_t stream = nullptr);
+
+}  // namespace llmk

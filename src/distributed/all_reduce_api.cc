@@ -1,0 +1,163 @@
+// all_reduce_add_rmsnorm's entry points: peer buffers (allocation, CUDA IPC handles and
+// mappings) and the fused call, which validates the group and every tensor (a rejected call
+// writes nothing) before its launch.
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "common/cuda_check.h"
+#include "common/dispatch.h"
+#include "common/rows.h"
+#include "distributed/all_reduce_params.h"
+#include "llmk/all_reduce.h"
+#include "llmk/norm.h"
+
+namespace llmk {
+
+namespace {
+
+constexpr const char* kOp = "all_reduce_add_rmsnorm";
+
+void check_world(const char* op, int world) {
+  LLMK_CHECK(world >= 1 && world <= kPeerMaxRanks, op, ": world must be 1..", kPeerMaxRanks, " ranks, got ",
+             world);
+}
+
+void check_capacity(const char* op, size_t capacity) {
+  LLMK_CHECK(capacity > 0 && capacity % 16 == 0, op, ": capacity must be a positive multiple of 16 bytes, got ",
+             static_cast<int64_t>(capacity));
+}
+
+void check_group(const PeerGroup& g) {
+  check_world(kOp, g.world);
+  LLMK_CHECK(g.rank >= 0 && g.rank < g.world, kOp, ": group rank ", g.rank, " is not in 0..", g.world - 1);
+  check_capacity(kOp, g.capacity);
+  if (g.world == 1) return;  // add_rmsnorm_, no buffers
+  for (int r = 0; r < g.world; ++r)
+    LLMK_CHECK(g.buffers[r] != nullptr && detail::is_aligned(g.buffers[r], 256), kOp, ": the group's buffer of rank ",
+               r, " is ", g.buffers[r] == nullptr ? "missing" : "not a peer buffer (misaligned)",
+               " (allocate_peer_buffer, or open_peer_buffer for another rank's)");
+}
+
+// x's rows as the kernel takes them, or the reason it cannot (empty when it can).
+std::string unfit_reason(const PeerGroup& g, const TensorView& x, const detail::Rows& rows) {
+  const int64_t elem = dtype_size(x.dtype());
+  if (rows.rows > 1 && rows.row_stride != rows.d)
+    return detail::concat("x's rows must be contiguous (row stride ", rows.row_stride, ", d ", rows.d, ")");
+  if (!detail::rows_vectorizable({rows}, x.dtype()))
+    return detail::concat("x must start 16-byte aligned and its rows hold whole 16-byte vectors (d = ", rows.d,
+                          " of ", dtype_name(x.dtype()), ")");
+  const int64_t bytes = rows.rows * rows.d * elem;
+  if (bytes > static_cast<int64_t>(g.capacity))
+    return detail::concat("x holds ", bytes, " bytes, more than the group's capacity of ",
+                          static_cast<int64_t>(g.capacity),
+                          " (a larger message takes the collective library's all-reduce and add_rmsnorm_)");
+  return {};
+}
+
+}  // namespace
+
+size_t peer_buffer_bytes(int world, size_t capacity) {
+  check_world("peer_buffer_bytes", world);
+  check_capacity("peer_buffer_bytes", capacity);
+  return detail::kPeerDataOffset + 2 * static_cast<size_t>(world) * capacity;
+}
+
+void* allocate_peer_buffer(size_t bytes) {
+  LLMK_CHECK(bytes >= detail::kPeerDataOffset, "allocate_peer_buffer: ", static_cast<int64_t>(bytes),
+             " bytes is smaller than a peer buffer's header (", static_cast<int64_t>(detail::kPeerDataOffset),
+             "); size it with peer_buffer_bytes");
+  void* p = nullptr;
+  LLMK_CUDA_CHECK(cudaMalloc(&p, bytes));
+  const cudaError_t zero = cudaMemset(p, 0, bytes);
+  const cudaError_t done = zero == cudaSuccess ? cudaDeviceSynchronize() : zero;
+  if (done != cudaSuccess) {
+    cudaFree(p);
+    LLMK_CUDA_CHECK(done);
+  }
+  return p;
+}
+
+void free_peer_buffer(void* buffer) {
+  if (buffer != nullptr) LLMK_CUDA_CHECK(cudaFree(buffer));
+}
+
+std::array<uint8_t, kPeerHandleBytes> peer_buffer_handle(void* buffer) {
+  LLMK_CHECK(buffer != nullptr, "peer_buffer_handle: the buffer is null");
+  cudaIpcMemHandle_t handle;
+  static_assert(sizeof(handle) == kPeerHandleBytes, "CUDA IPC handle size");
+  LLMK_CUDA_CHECK(cudaIpcGetMemHandle(&handle, buffer));
+  std::array<uint8_t, kPeerHandleBytes> out;
+  std::memcpy(out.data(), &handle, kPeerHandleBytes);
+  return out;
+}
+
+void* open_peer_buffer(const uint8_t* handle, size_t bytes) {
+  LLMK_CHECK(handle != nullptr && bytes == kPeerHandleBytes, "open_peer_buffer: a handle is ",
+             static_cast<int64_t>(kPeerHandleBytes), " bytes, got ", static_cast<int64_t>(bytes));
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle, kPeerHandleBytes);
+  void* p = nullptr;
+  LLMK_CUDA_CHECK(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
+  return p;
+}
+
+void close_peer_buffer(void* mapped) {
+  if (mapped != nullptr) LLMK_CUDA_CHECK(cudaIpcCloseMemHandle(mapped));
+}
+
+bool all_reduce_add_rmsnorm_fits(const PeerGroup& group, const TensorView& x) {
+  if (!x.is_cuda() || (x.dtype() != DType::f32 && x.dtype() != DType::f16 && x.dtype() != DType::bf16)) return false;
+  if (group.world < 1 || group.world > kPeerMaxRanks || group.capacity == 0 || group.capacity % 16 != 0) return false;
+  try {
+    const detail::Rows rows = detail::as_rows(kOp, "x", x);
+    return rows.d >= 1 && unfit_reason(group, x, rows).empty();
+  } catch (const Error&) {  // not rows at all
+    return false;
+  }
+}
+
+void all_reduce_add_rmsnorm(const PeerGroup& group, const TensorView& x, const TensorView& residual,
+                            const TensorView& weight, double eps, double offset, cudaStream_t stream) {
+  check_group(group);
+  detail::check_float_dtype(kOp, "x", x);
+  const detail::Rows rows = detail::as_rows(kOp, "x", x);
+  LLMK_CHECK(rows.d >= 1, kOp, ": x has an empty last dim (shape ", detail::shape_string(x), ")");
+  if (group.world == 1) return add_rmsnorm_(x, residual, weight, eps, offset, stream);  // nothing to reduce
+  LLMK_CHECK(x.is_cuda(), kOp, ": x is on the CPU; the fused all-reduce of ", group.world,
+             " ranks runs on CUDA peer buffers (on the CPU: a collective library's all-reduce, then add_rmsnorm_)");
+  const std::string unfit = unfit_reason(group, x, rows);
+  LLMK_CHECK(unfit.empty(), kOp, ": ", unfit);
+  const detail::Rows res = detail::check_like(kOp, "residual", residual, "x", x);
+  LLMK_CHECK(detail::rows_vectorizable({res}, x.dtype()), kOp,
+             ": residual must start 16-byte aligned with a row stride of whole 16-byte vectors");
+  detail::check_same_device(kOp, "weight", weight, "x", x);
+  detail::check_vector(kOp, "weight", weight, rows.d);
+  LLMK_CHECK(weight.dtype() == x.dtype() || weight.dtype() == DType::f32, kOp, ": weight has dtype ",
+             dtype_name(weight.dtype()), ", expected ", detail::act_or_f32(x.dtype(), "x's"));
+  LLMK_CHECK(detail::is_aligned(weight.data(), 16), kOp, ": weight must start 16-byte aligned");
+  LLMK_CHECK(std::isfinite(eps) && eps > 0.0, kOp, ": eps must be a finite number > 0, got ", eps);
+  LLMK_CHECK(std::isfinite(offset), kOp, ": offset must be finite, got ", offset);
+  detail::check_no_overlap(kOp, "x", x, "residual", residual, false);
+  detail::check_no_overlap(kOp, "x", x, "weight", weight, false);
+  detail::check_no_overlap(kOp, "residual", residual, "weight", weight, false);
+  if (rows.rows == 0) return;
+
+  detail::AllReduceNormParams p;
+  p.x = rows.data;
+  p.residual = res.data;
+  p.weight = weight.data();
+  p.rows = rows.rows;
+  p.d = rows.d;
+  p.residual_stride = res.row_stride;
+  p.eps = static_cast<float>(eps);
+  p.offset = static_cast<float>(offset);
+  p.rank = group.rank;
+  p.world = group.world;
+  p.capacity = static_cast<int64_t>(group.capacity);
+  for (int r = 0; r < group.world; ++r) p.buffers[r] = static_cast<uint8_t*>(group.buffers[r]);
+  detail::DeviceGuard guard(kOp, "x", x);
+  detail::all_reduce_add_rmsnorm_cuda(p, x.dtype(), weight.dtype(), stream);
+}
+
+}  // namespace llmk

@@ -1,0 +1,35 @@
+// all_reduce_add_rmsnorm's CUDA launcher and its one instantiation list: rows of f32, f16 or
+// bf16, the weight in the rows' dtype or f32, groups of up to 2, 4 or 8 ranks.
+#include <algorithm>
+
+#include "common/cuda_check.h"
+#include "common/device_types.cuh"
+#include "common/dispatch.h"
+#include "distributed/all_reduce_norm_kernel.cuh"
+
+namespace llmk::detail {
+
+namespace {
+
+template <class T, class W>
+void launch(const AllReduceNormParams& p, cudaStream_t stream) {
+  const int64_t vecs = p.d / kVec16<T>;
+  // One vector per thread up to 512 threads (rows of 4096 bf16), then loops: a row per block
+  // at decode sizes, its latency the pushes' and the flags' round trips, not the block's width.
+  const int threads = static_cast<int>(std::min<int64_t>(kAllReduceThreads, std::max<int64_t>(32, (vecs + 31) / 32 * 32)));
+  auto kernel = p.world <= 2 ? all_reduce_add_rmsnorm_kernel<T, W, 2>
+              : p.world <= 4 ? all_reduce_add_rmsnorm_kernel<T, W, 4>
+                             : all_reduce_add_rmsnorm_kernel<T, W, 8>;
+  kernel<<<kPeerBlocks, threads, 0, stream>>>(p);
+  LLMK_CHECK_LAUNCH("all_reduce_add_rmsnorm_kernel", stream);
+}
+
+}  // namespace
+
+void all_reduce_add_rmsnorm_cuda(const AllReduceNormParams& p, DType act, DType weight, cudaStream_t stream) {
+  dispatch_act_weight(act, weight, "all_reduce_add_rmsnorm", [&](auto act_tag, auto weight_tag) {
+    launch<device_type_t<decltype(act_tag)>, device_type_t<decltype(weight_tag)>>(p, stream);
+  });
+}
+
+}  // namespace llmk::detail

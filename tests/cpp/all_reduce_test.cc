@@ -1,0 +1,221 @@
+// all_reduce_add_rmsnorm: peer buffer sizes and the group's checks (CPU), a group of one rank
+// as add_rmsnorm_, and on the GPU groups of 2 and 4 ranks simulated in one process on one
+// device (each rank's buffer allocated here, each rank's call on its own stream, the calls
+// waiting for each other on the device as separate processes' do) against the reference: the
+// ranks' x summed in fp32 in rank order and rounded, added to the residual and rounded
+// (bit-exact, and the same bits on every rank), then the double RMSNorm of that. Calls in a
+// row with different row counts take both slot parities and the flags of many blocks.
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+
+#include "test_util.h"
+
+namespace llmk::test {
+namespace {
+
+TEST(AllReduceCpu, PeerBufferBytes) {
+  EXPECT_EQ(peer_buffer_bytes(2, 1 << 20), size_t{8192} + 2 * 2 * (1 << 20));
+  EXPECT_EQ(peer_buffer_bytes(8, 16), size_t{8192} + 2 * 8 * 16);
+  expect_error([] { peer_buffer_bytes(0, 1024); }, "world must be 1..8");
+  expect_error([] { peer_buffer_bytes(9, 1024); }, "world must be 1..8");
+  expect_error([] { peer_buffer_bytes(2, 24); }, "capacity must be a positive multiple of 16");
+  expect_error([] { allocate_peer_buffer(100); }, "smaller than a peer buffer's header");
+  expect_error([] { open_peer_buffer(nullptr, 64); }, "a handle is 64 bytes");
+}
+
+// A group whose buffers are never touched (the checks run first).
+PeerGroup fake_group(int rank, int world) {
+  PeerGroup g;
+  g.rank = rank;
+  g.world = world;
+  g.capacity = 1 << 20;
+  for (int r = 0; r < world; ++r) g.buffers[r] = reinterpret_cast<void*>(uintptr_t{1} << (20 + r));
+  return g;
+}
+
+TEST(AllReduceCpu, RejectsBadGroupsAndHostTensorsWithoutWriting) {
+  HostTensor x(DType::bf16, 3, 64), res(DType::bf16, 3, 64), w(DType::bf16, 1, 64);
+  x.randomize();
+  res.randomize();
+  w.randomize();
+  const HostTensor x0 = x, res0 = res;
+  auto call = [&](const PeerGroup& g) { all_reduce_add_rmsnorm(g, x.view(), res.view(), w.view(true), 1e-6); };
+  PeerGroup g = fake_group(0, 2);
+  g.world = 9;
+  expect_error([&] { call(g); }, "world must be 1..8");
+  expect_error([&] { call(fake_group(2, 2)); }, "group rank 2 is not in 0..1");
+  g = fake_group(1, 2);
+  g.buffers[0] = nullptr;
+  expect_error([&] { call(g); }, "buffer of rank 0 is missing");
+  g = fake_group(0, 2);
+  g.buffers[1] = reinterpret_cast<void*>(uintptr_t{1} << 20 | 8);
+  expect_error([&] { call(g); }, "buffer of rank 1 is not a peer buffer");
+  g = fake_group(0, 2);
+  g.capacity = 100;
+  expect_error([&] { call(g); }, "capacity must be a positive multiple of 16");
+  expect_error([&] { call(fake_group(0, 2)); }, "x is on the CPU");
+  EXPECT_FALSE(all_reduce_add_rmsnorm_fits(fake_group(0, 2), x.view()));
+  EXPECT_EQ(x.bytes, x0.bytes);
+  EXPECT_EQ(res.bytes, res0.bytes);
+}
+
+TEST(AllReduceCpu, OneRankIsAddRmsnorm) {
+  for (DType dt : all_dtypes()) {
+    HostTensor x(dt, 5, 96), res(dt, 5, 96), w(DType::f32, 1, 96);
+    x.randomize();
+    res.randomize();
+    w.randomize();
+    HostTensor want_x = x, want_res = res;
+    add_rmsnorm_(want_x.view(), want_res.view(), w.view(true), 1e-5, 1.0);
+    PeerGroup g;
+    g.world = 1;
+    g.capacity = 16;
+    all_reduce_add_rmsnorm(g, x.view(), res.view(), w.view(true), 1e-5, 1.0);
+    EXPECT_EQ(x.bytes, want_x.bytes) << dtype_name(dt);
+    EXPECT_EQ(res.bytes, want_res.bytes) << dtype_name(dt);
+  }
+}
+
+// `world` ranks on this process's device: a peer buffer each, and a stream each.
+struct SimulatedGroup {
+  int world;
+  size_t capacity;
+  std::vector<void*> buffers;
+  std::vector<cudaStream_t> streams;
+
+  SimulatedGroup(int world_, size_t capacity_) : world(world_), capacity(capacity_) {
+    for (int r = 0; r < world; ++r) {
+      buffers.push_back(allocate_peer_buffer(peer_buffer_bytes(world, capacity)));
+      streams.emplace_back();
+      EXPECT_EQ(cudaStreamCreateWithFlags(&streams.back(), cudaStreamNonBlocking), cudaSuccess);
+    }
+  }
+  ~SimulatedGroup() {
+    for (int r = 0; r < world; ++r) {
+      free_peer_buffer(buffers[r]);
+      cudaStreamDestroy(streams[r]);
+    }
+  }
+  PeerGroup group(int rank) const {
+    PeerGroup g;
+    g.rank = rank;
+    g.world = world;
+    g.capacity = capacity;
+    for (int r = 0; r < world; ++r) g.buffers[r] = buffers[r];
+    return g;
+  }
+};
+
+// One call on every rank: fresh x per rank, the same residual and weight, against the
+// reference. Every rank's blocks with rows spin until the other ranks' arrive, so the
+// simulated ranks' blocks must be resident together: more than 128 rows (every block busy)
+// only at small d (few threads per block).
+void run_call(const SimulatedGroup& sg, DType dt, DType wdt, int64_t rows, int64_t d, int64_t res_stride,
+              double offset) {
+  SCOPED_TRACE(testing::Message() << "world " << sg.world << " " << dtype_name(dt) << " weight " << dtype_name(wdt)
+                                  << " rows " << rows << " d " << d << " residual stride " << res_stride
+                                  << " offset " << offset);
+  const double eps = 1e-5;
+  std::vector<HostTensor> xs;
+  for (int r = 0; r < sg.world; ++r) {
+    xs.emplace_back(dt, rows, d);
+    xs.back().randomize();
+  }
+  HostTensor res(dt, rows, d, res_stride), w(wdt, 1, d);
+  res.randomize(0.0f, 2.0f);
+  w.randomize(1.0f, 0.2f);
+  HostTensor want_res = res, sum(dt, rows, d), want(dt, rows, d);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t c = 0; c < d; ++c) {
+      float total = 0.0f;
+      for (int r = 0; r < sg.world; ++r) total += xs[r].get(i, c);
+      sum.set(i, c, total);
+      want_res.set(i, c, sum.get(i, c) + res.get(i, c));
+    }
+  rmsnorm(want.view(), want_res.view(), w.view(true), eps, offset);
+
+  std::vector<std::unique_ptr<DeviceTensor>> dx, dres;
+  DeviceTensor dw(w);
+  for (int r = 0; r < sg.world; ++r) {
+    dx.push_back(std::make_unique<DeviceTensor>(xs[r]));
+    dres.push_back(std::make_unique<DeviceTensor>(res));
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int r = 0; r < sg.world; ++r)
+    all_reduce_add_rmsnorm(sg.group(r), dx[r]->view(), dres[r]->view(), dw.view(true), eps, offset, sg.streams[r]);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const HostTensor x0 = dx[0]->download(), res0 = dres[0]->download();
+  expect_equal_elements(res0, want_res, "residual");
+  expect_close(x0, want, dtype_rtol(dt), "x");
+  for (int r = 1; r < sg.world; ++r) {
+    EXPECT_EQ(dx[r]->download().bytes, x0.bytes) << "rank " << r << "'s x differs from rank 0's";
+    EXPECT_EQ(dres[r]->download().bytes, res0.bytes) << "rank " << r << "'s residual differs from rank 0's";
+  }
+}
+
+TEST(AllReduceGpu, RanksMatchTheReference) {
+  LLMK_REQUIRE_GPU();
+  for (int world : {2, 4}) {
+    const SimulatedGroup sg(world, 1 << 20);
+    for (DType dt : all_dtypes()) {
+      const int64_t d = dt == DType::f32 ? 2048 : 4096;
+      run_call(sg, dt, dt, 1, d, d, 0.0);
+      run_call(sg, dt, DType::f32, 3, d, d + 64, 1.0);
+      run_call(sg, dt, dt, 17, d, d, 0.0);
+      run_call(sg, dt, dt, 300, 64, 64, 0.0);  // blocks loop over rows
+      run_call(sg, dt, dt, 2, 8192 * 4 / static_cast<int64_t>(dtype_size(dt)), -1, 0.0);  // threads loop
+    }
+  }
+}
+
+TEST(AllReduceGpu, ManyCallsInARow) {
+  LLMK_REQUIRE_GPU();
+  const SimulatedGroup sg(2, 256 << 10);
+  for (int call = 0; call < 40; ++call) run_call(sg, DType::bf16, DType::bf16, 1 + call % 7 * 3, 1024, 1024, 0.0);
+}
+
+TEST(AllReduceGpu, RejectsUnfitCallsWithoutWriting) {
+  LLMK_REQUIRE_GPU();
+  const SimulatedGroup sg(2, 4096);
+  HostTensor x(DType::bf16, 4, 1024), res(DType::bf16, 4, 1024), w(DType::bf16, 1, 1024);
+  x.randomize();
+  res.randomize();
+  w.randomize();
+  DeviceTensor dx(x), dres(res), dw(w);
+  const PeerGroup g = sg.group(0);
+  auto view = [](const DeviceTensor& t, int64_t rows, int64_t d, int64_t stride, int64_t offset_elems) {
+    const int64_t shape[2] = {rows, d}, strides[2] = {stride, 1};
+    return TensorView(static_cast<uint16_t*>(t.data) + offset_elems, DType::bf16, Device{DeviceType::cuda, 0}, 2,
+                      shape, strides);
+  };
+  EXPECT_FALSE(all_reduce_add_rmsnorm_fits(g, dx.view()));
+  expect_error([&] { all_reduce_add_rmsnorm(g, dx.view(), dres.view(), dw.view(true), 1e-6); },
+               "more than the group's capacity of 4096");
+  EXPECT_TRUE(all_reduce_add_rmsnorm_fits(g, view(dx, 2, 1024, 1024, 0)));
+  EXPECT_FALSE(all_reduce_add_rmsnorm_fits(g, view(dx, 1, 1024, 1024, 4)));
+  expect_error([&] { all_reduce_add_rmsnorm(g, view(dx, 1, 1024, 1024, 4), view(dres, 1, 1024, 1024, 0),
+                                            dw.view(true), 1e-6); },
+               "16-byte aligned");
+  expect_error([&] { all_reduce_add_rmsnorm(g, view(dx, 1, 1020, 1024, 0), view(dres, 1, 1020, 1024, 0),
+                                            dw.view(true), 1e-6); },
+               "whole 16-byte vectors");
+  expect_error([&] { all_reduce_add_rmsnorm(g, view(dx, 2, 512, 1024, 0), view(dres, 2, 512, 1024, 0),
+                                            dw.view(true), 1e-6); },
+               "rows must be contiguous");
+  expect_error([&] { all_reduce_add_rmsnorm(g, view(dx, 1, 1024, 1024, 0), view(dres, 1, 1024, 1024, 4),
+                                            dw.view(true), 1e-6); },
+               "residual must start 16-byte aligned");
+  expect_error([&] { all_reduce_add_rmsnorm(g, view(dx, 1, 1024, 1024, 0), view(dres, 1, 1024, 1024, 0),
+                                            dw.view(true), 0.0); },
+               "eps must be");
+  expect_error([&] { all_reduce_add_rmsnorm(g, view(dx, 1, 1024, 1024, 0), view(dx, 1, 1024, 1024, 0),
+                                            dw.view(true), 1e-6); },
+               "overlap");
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(dx.download().bytes, x.bytes);
+  EXPECT_EQ(dres.download().bytes, res.bytes);
+}
+
+}  // namespace
+}  // namespace llmk::test
