@@ -49,7 +49,7 @@ from typing import Dict, Optional
 
 import torch
 
-from . import _C, ops, quantization
+from . import _C, ops, quantization, tensor_parallel
 from .ops.activation import GATED_OPS, MODEL_ACTIVATIONS
 
 # model_type -> (family, norm offset, the decoder layer's norm that follows the first residual add)
@@ -119,7 +119,12 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
     state = {"rope": None, "attn_implementation": None, "loss_function": None, "decode": None, "quantized": False}
     if rmsnorm:
         report.replaced["rmsnorm modules"] = _patch_norms(model, offset)
-        report.replaced["residual add + rmsnorm (decoder layers)"] = _patch_layers(model, fused_norm, offset)
+        layers = _patch_layers(model, fused_norm, offset)
+        report.replaced["residual add + rmsnorm (decoder layers)"] = len(layers)
+        if fused_norm == "post_attention_layernorm":  # Gemma normalizes attention's output before its add
+            tp_layers = tensor_parallel.patch_layers(model, layers, _replace_forward)
+            if tp_layers:
+                report.replaced["tensor-parallel all-reduce + residual add + rmsnorm (decoder layers)"] = tp_layers
     else:
         report.left["rmsnorm"] = "rmsnorm=False"
     if rope:
@@ -198,6 +203,10 @@ def unpatch(model: torch.nn.Module) -> None:
     for module in model.modules():
         if getattr(module.__dict__.get("forward"), "_llmk", False):
             del module.forward
+            if "_llmk_previous_forward" in module.__dict__:
+                module.forward = module.__dict__.pop("_llmk_previous_forward")
+        for attr in ("_llmk_tp", "_llmk_defer", "_llmk_normed_input"):
+            module.__dict__.pop(attr, None)
     if state["rope"] is not None:
         state["rope"]()
     if state["attn_implementation"] is not None:
@@ -221,6 +230,9 @@ def unpatch(model: torch.nn.Module) -> None:
 
 def _replace_forward(module: torch.nn.Module, fn) -> None:
     fn._llmk = True  # what unpatch looks for (a bound method shows its function's attributes)
+    previous = module.__dict__.get("forward")  # a forward installed on the module (a TP plan's)
+    if previous is not None:
+        module._llmk_previous_forward = previous
     module.forward = types.MethodType(fn, module)
 
 
@@ -257,12 +269,13 @@ def _patch_norms(model: torch.nn.Module, offset: float) -> int:
     return count
 
 
-def _patch_layers(model: torch.nn.Module, fused_norm: str, offset: float) -> int:
+def _patch_layers(model: torch.nn.Module, fused_norm: str, offset: float) -> list:
     """Decoder layers: ``h = residual + attn; norm(h)`` as one ``add_rmsnorm``. The Llama-like
     layer is input_layernorm, attention, [add + post_attention_layernorm], MLP, add; Gemma's
     puts post_attention_layernorm on the attention output and fuses the add into
-    pre_feedforward_layernorm, with post_feedforward_layernorm on the MLP output."""
-    count = 0
+    pre_feedforward_layernorm, with post_feedforward_layernorm on the MLP output. A layer that
+    tensor_parallel.patch_layers marks runs its own forward at inference. Returns the layers."""
+    layers = []
     for layer in model.modules():
         norm = getattr(layer, fused_norm, None)
         if norm is None or not hasattr(layer, "self_attn") or not hasattr(layer, "mlp"):
@@ -273,6 +286,8 @@ def _patch_layers(model: torch.nn.Module, fused_norm: str, offset: float) -> int
         def forward(self, hidden_states, *args, _eps=eps, _gemma=gemma, **kwargs):
             if args:  # the models call their layers with keywords; anything else runs the original
                 return type(self).forward(self, hidden_states, *args, **kwargs)
+            if "_llmk_tp" in self.__dict__ and not torch.is_grad_enabled():
+                return tensor_parallel.layer_forward(self, hidden_states, kwargs, _eps, offset)
             attn, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
             if _gemma:
                 attn = self.post_attention_layernorm(attn)
@@ -284,8 +299,8 @@ def _patch_layers(model: torch.nn.Module, fused_norm: str, offset: float) -> int
             return residual + out
 
         _replace_forward(layer, forward)
-        count += 1
-    return count
+        layers.append(layer)
+    return layers
 
 
 # -- rotary application -------------------------------------------------------------------

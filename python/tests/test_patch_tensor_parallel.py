@@ -1,7 +1,9 @@
 """llmk.patch on a model that transformers loaded tensor-parallel (``DistributedConfig(tp_plan="auto")``) over two
 processes on the CPU (gloo): every rank's logits and greedy generation (a ragged, left-padded
 batch) against the same TP model unpatched, with the default patch and with ``decode=True``
-(whose KV cache holds the rank's share of the kv heads)."""
+(whose KV cache holds the rank's share of the kv heads); every decoder layer's two all-reduces
+run through llmk.distributed.all_reduce_add_rmsnorm (its NCCL/gloo path here), and unpatch
+gives the plan's forwards back."""
 
 import os
 import tempfile
@@ -20,6 +22,7 @@ WORLD = 2
 TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, vocab_size=512)
 TOLERANCE = 4e-2  # test_patch's: bf16 logits of two models that round differently
+TP_FUSED = "tensor-parallel all-reduce + residual add + rmsnorm (decoder layers)"
 
 
 def _save_model(path):
@@ -50,8 +53,9 @@ def _rank(rank, rendezvous, failures, model_path):
         assert "tensor-parallel forward" in report.left["linear"], report
         llmk.unpatch(model)
         for options in ({}, {"decode": True}):
-            llmk.patch(model, **options)
+            report = llmk.patch(model, **options)
             try:
+                assert report.replaced[TP_FUSED] == TINY["num_hidden_layers"], report
                 with torch.no_grad():
                     got_logits = model(ids[:1]).logits.float()
                 err = ((got_logits - want_logits).abs().max() / want_logits.abs().max()).item()
@@ -62,6 +66,9 @@ def _rank(rank, rendezvous, failures, model_path):
                     assert cache.heads_kv == TINY["num_key_value_heads"] // WORLD
             finally:
                 llmk.unpatch(model)
+        with torch.no_grad():
+            again = model(ids[:1]).logits.float()
+        assert torch.equal(again, want_logits), "unpatch did not restore the TP model"
     except Exception as e:  # noqa: BLE001 - the parent reports each rank's failure
         failures.put(f"rank {rank}: {type(e).__name__}: {e}")
     finally:
