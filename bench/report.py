@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from llmk_bench import views  # noqa: E402
-from llmk_bench.views import e2e, gemm, generate, loss, overhead, quantized  # noqa: E402
+from llmk_bench.views import distributed, e2e, gemm, generate, loss, overhead, quantized  # noqa: E402
 from llmk_bench.views.common import fmt, parse_header, plot_title, read_csv  # noqa: E402
 
 # The page's sections in order: family -> what it covers.
@@ -39,6 +39,8 @@ FAMILIES = {
     "decode": "attention decode over a KV cache (contiguous, paged, fp8, four queries)",
     "gemm": "llmk.linear against cuBLAS, fused epilogues, rmsnorm_linear",
     "quantized": "Weight-only quantized linear (llmk.quantized_linear, int4 / int8 weights) against cuBLAS bf16, tinygemm and int8pack",
+    "distributed": "tensor-parallel all-reduce + residual add + RMSNorm (llmk.distributed.all_reduce_add_rmsnorm) "
+                   "against NCCL's all-reduce then add_rmsnorm_, over 2 or 4 GPUs",
     "e2e": "whole Hugging Face models: prefill and a training step",
     "generation": "whole-model `generate`: time per generated token and to the first one, against transformers' "
                   "eager and static-cache + torch.compile paths",
@@ -59,6 +61,8 @@ def family_of(op):
         return "gemm"
     if quantized.is_quantized_row({"op": op}):
         return "quantized"
+    if distributed.is_distributed_row({"op": op}):
+        return "distributed"  # before "norm": the op's name holds rmsnorm
     if op in ("cross_entropy", loss.FLCE):
         return "loss"
     if op.startswith("attention_decode"):

@@ -68,7 +68,7 @@ if [ $run_tests -eq 1 ]; then
            "GemmGpu.SplitKFewTiles*" "RmsnormLinearGpu*" "AttentionDecodeGpu.AppendAndRotary*" \
            "AttentionDecodeGpu.Fp8Cache*" "AttentionDecodeGpu.PageSizes*" "AttentionBackwardGpu.FullyMaskedRows*" \
            "AttentionBackwardVarlen.*" "SoftmaxGpu.VocabularyRows*" "BiasGeluGpu.Repeated*" "RopeGpu.OutOfPlace*" \
-           "RMSNormGpu.ManyLongRows*" "AddRMSNormGpu.ManyLongRows*"; do
+           "RMSNormGpu.ManyLongRows*" "AddRMSNormGpu.ManyLongRows*" "QuantizedGemm.GpuMatchesCpu"; do
     compute-sanitizer --tool memcheck --error-exitcode 3 $tests --gtest_filter="$f" >> "$OUT/sanitizer.log" 2>&1
     rc=$?
     note "memcheck $f: $([ $rc -eq 0 ] && echo clean || echo "FAILED rc=$rc")"

@@ -32,18 +32,22 @@ def _save_model(path):
     model.save_pretrained(path)
 
 
-def _rank(rank, rendezvous, failures, model_path):
+def _rank(rank, rendezvous, failures, model_path, backend):
     import llmk
 
     # transformers reads the world from torchrun's variables
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD))
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
     try:
         model = transformers.LlamaForCausalLM.from_pretrained(
             model_path, distributed_config=transformers.DistributedConfig(tp_plan="auto"), dtype=torch.bfloat16).eval()
         assert hasattr(model.model.layers[0].self_attn.k_proj.weight, "to_local"), "the model did not load sharded"
+        device = next(model.parameters()).device
+        assert device.type == ("cuda" if backend == "nccl" else "cpu"), device
         g = torch.Generator().manual_seed(1)
-        ids = torch.randint(1, TINY["vocab_size"], (2, 19), generator=g)
+        ids = torch.randint(1, TINY["vocab_size"], (2, 19), generator=g).to(device)
         mask = torch.ones_like(ids)
         ids[1, :5], mask[1, :5] = 0, 0
         with torch.no_grad():
@@ -79,4 +83,17 @@ def test_patch_on_a_tensor_parallel_model_over_gloo():
     with tempfile.TemporaryDirectory() as tmp:
         model_path = os.path.join(tmp, "model")
         _save_model(model_path)
-        run_ranks(_rank, WORLD, model_path)
+        run_ranks(_rank, WORLD, model_path, "gloo")
+
+
+def test_patch_on_a_tensor_parallel_model_over_nccl(monkeypatch):
+    """The same on two GPUs: the layers' all-reduces on llmk's fused kernel (decode-sized
+    messages) and NCCL + add_rmsnorm_ (the prompt's)."""
+    if torch.cuda.device_count() < WORLD:
+        pytest.skip(f"{WORLD} GPUs needed, {torch.cuda.device_count()} present")
+    for k, v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
+        monkeypatch.setenv(k, v)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_path = os.path.join(tmp, "model")
+        _save_model(model_path)
+        run_ranks(_rank, WORLD, model_path, "nccl")
