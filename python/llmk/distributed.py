@@ -37,7 +37,7 @@ PATHS = ("auto", "fused", "nccl")
 DEFAULT_CAPACITY = 4 << 20
 # The largest message auto sends through the fused kernel, by group size: above it NCCL's
 # all-reduce + add_rmsnorm_ was as fast or faster (docs/kernels/distributed.md).
-AUTO_MAX_BYTES = {2: 2 << 20, 4: 2 << 20, 8: 1 << 20}
+AUTO_MAX_BYTES = {2: 4 << 20, 4: 4 << 20, 8: 4 << 20}
 
 
 class PeerGroup:

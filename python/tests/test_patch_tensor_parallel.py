@@ -44,8 +44,8 @@ def _rank(rank, rendezvous, failures, model_path, backend):
         model = transformers.LlamaForCausalLM.from_pretrained(
             model_path, distributed_config=transformers.DistributedConfig(tp_plan="auto"), dtype=torch.bfloat16).eval()
         assert hasattr(model.model.layers[0].self_attn.k_proj.weight, "to_local"), "the model did not load sharded"
-        device = next(model.parameters()).device
-        assert device.type == ("cuda" if backend == "nccl" else "cpu"), device
+        device = next(model.parameters()).device  # gloo: the CPU, or a GPU where there is one
+        assert backend != "nccl" or device.type == "cuda", device
         g = torch.Generator().manual_seed(1)
         ids = torch.randint(1, TINY["vocab_size"], (2, 19), generator=g).to(device)
         mask = torch.ones_like(ids)

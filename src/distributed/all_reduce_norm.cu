@@ -11,17 +11,20 @@ namespace llmk::detail {
 
 namespace {
 
-template <class T, class W>
+template <class T, class W, int kMaxWorld>
 void launch(const AllReduceNormParams& p, cudaStream_t stream) {
   const int64_t vecs = p.d / kVec16<T>;
-  // One vector per thread up to 512 threads (rows of 4096 bf16), then loops: a row per block
-  // at decode sizes, its latency the pushes' and the flags' round trips, not the block's width.
-  const int threads = static_cast<int>(std::min<int64_t>(kAllReduceThreads, std::max<int64_t>(32, (vecs + 31) / 32 * 32)));
-  auto kernel = p.world <= 2 ? all_reduce_add_rmsnorm_kernel<T, W, 2>
-              : p.world <= 4 ? all_reduce_add_rmsnorm_kernel<T, W, 4>
-                             : all_reduce_add_rmsnorm_kernel<T, W, 8>;
-  kernel<<<kPeerBlocks, threads, 0, stream>>>(p);
+  const int threads = static_cast<int>(
+      std::min<int64_t>(kAllReduceThreads<kMaxWorld>, std::max<int64_t>(32, (vecs + 31) / 32 * 32)));
+  all_reduce_add_rmsnorm_kernel<T, W, kMaxWorld><<<kPeerBlocks, threads, 0, stream>>>(p);
   LLMK_CHECK_LAUNCH("all_reduce_add_rmsnorm_kernel", stream);
+}
+
+template <class T, class W>
+void launch(const AllReduceNormParams& p, cudaStream_t stream) {
+  if (p.world <= 2) return launch<T, W, 2>(p, stream);
+  if (p.world <= 4) return launch<T, W, 4>(p, stream);
+  launch<T, W, 8>(p, stream);
 }
 
 }  // namespace
