@@ -35,9 +35,15 @@ PATH_VAR = "LLMK_ALL_REDUCE_PATH"
 PATHS = ("auto", "fused", "nccl")
 # Bytes of the largest message a peer group takes (x's bytes: 128 tokens x 8192 in float32).
 DEFAULT_CAPACITY = 4 << 20
-# The largest message auto sends through the fused kernel, by group size: above it NCCL's
-# all-reduce + add_rmsnorm_ was as fast or faster (docs/kernels/distributed.md).
-AUTO_MAX_BYTES = {2: 4 << 20, 4: 4 << 20, 8: 4 << 20}
+# The largest message auto sends through the fused kernel, by the most ranks it was measured
+# for: above it NCCL's all-reduce + add_rmsnorm_ was as fast or faster (H200: 2 and 4 GPUs,
+# docs/kernels/distributed.md; 5-8 ranks unmeasured, kept to half of 4's). The one-shot kernel
+# sends (world - 1) x the message out of each GPU, NCCL's ring about 2x.
+AUTO_MAX_BYTES = ((2, 4 << 20), (4, 2 << 20), (8, 1 << 20))
+
+
+def _auto_max_bytes(world: int) -> int:
+    return next(limit for ranks, limit in AUTO_MAX_BYTES if world <= ranks)
 
 
 class PeerGroup:
@@ -170,7 +176,7 @@ def all_reduce_path(x: torch.Tensor, group: Optional[dist.ProcessGroup] = None) 
     unfit = _fused_unfit(x, group)
     if setting == "fused" and unfit:
         raise ValueError(f"{_OP}: {PATH_VAR}=fused, but {unfit}")
-    if unfit or (setting == "auto" and x.numel() * x.element_size() > AUTO_MAX_BYTES[dist.get_world_size(group)]):
+    if unfit or (setting == "auto" and x.numel() * x.element_size() > _auto_max_bytes(dist.get_world_size(group))):
         return "nccl"
     peers = setup_peer_group(group, x.device)
     if peers.id is None:

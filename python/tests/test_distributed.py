@@ -142,9 +142,12 @@ def _gpu_cases(rank, world, setting):
         llmk.distributed.all_reduce_add_rmsnorm(x, residual, weight, eps, offset=offset)
         y, s = reference(shape, dtype, seed, eps, offset, world)
         what = f"rank {rank} {setting} ({path}) {shape} {dtype}"
-        # NCCL may round partial sums of more than two ranks: one more step of the dtype.
-        res_rtol = RTOL[dtype] / 4 if path == "fused" or world == 2 else RTOL[dtype]
-        assert_close(residual, s, res_rtol, f"{what} residual")
+        # NCCL sums more than two ranks in its own order, rounding partial sums: a step of the
+        # dtype at the terms' scale (the sum may cancel to far below them).
+        exact = path == "fused" or world == 2
+        res_rtol = RTOL[dtype] / 4 if exact else RTOL[dtype]
+        terms = residual.abs().max().item() + world * 5.0  # |x| < 5 here
+        assert_close(residual, s, res_rtol, f"{what} residual", atol=None if exact else res_rtol * terms)
         assert_close(x, y, RTOL[dtype] + res_rtol, f"{what} out")
         if path == "fused":
             _same_on_every_rank(residual, f"{what} residual")
