@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from llmk_bench import views  # noqa: E402
-from llmk_bench.views import distributed, e2e, gemm, generate, loss, overhead, quantized  # noqa: E402
+from llmk_bench.views import distributed, e2e, e2e_tp, gemm, generate, loss, overhead, quantized  # noqa: E402
 from llmk_bench.views.common import fmt, parse_header, plot_title, read_csv  # noqa: E402
 
 # The page's sections in order: family -> what it covers.
@@ -44,6 +44,8 @@ FAMILIES = {
     "e2e": "whole Hugging Face models: prefill and a training step",
     "generation": "whole-model `generate`: time per generated token and to the first one, against transformers' "
                   "eager and static-cache + torch.compile paths",
+    "e2e tensor parallel": "a tensor-parallel Llama-3-8B-shaped model (its first layers) over 2 GPUs: a decode step and a "
+                           "prefill, transformers' TP forward against llmk.patch",
     "overhead": "what an eager PyTorch user pays per call, and eager fwd+bwd",
     "launch chain": "a chain of 8 small kernels at decode sizes (programmatic dependent launch)",
 }
@@ -57,6 +59,8 @@ def family_of(op):
         return "overhead"
     if e2e.is_e2e_row({"op": op}):
         return "e2e"
+    if e2e_tp.is_e2e_tp_row({"op": op}):
+        return "e2e tensor parallel"
     if gemm.is_gemm_row({"op": op}):
         return "gemm"
     if quantized.is_quantized_row({"op": op}):

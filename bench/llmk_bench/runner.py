@@ -5,6 +5,7 @@ python -m llmk_bench --op rmsnorm [--op ...] [--all] [--dtype float16] [--csv F]
 python -m llmk_bench --op gemm [--gemm-shapes ...] [--gemm-m ...] [--gemm-parts ...]
 python -m llmk_bench --op quantized_linear [--qlinear-shapes ...] [--qlinear-m ...] [--qlinear-formats ...]
 python -m llmk_bench --op all_reduce_add_rmsnorm --world 2 [--ar-tokens ...] [--ar-hidden ...]
+python -m llmk_bench --op e2e_tp --world 2 [--e2e-tp-layers N] [--e2e-tp-contexts ...] [--e2e-tp-prefill ...]
 python -m llmk_bench --e2e [--e2e-families ...] [--e2e-layers N] [--e2e-phases ...] [--e2e-impls ...]
 python -m llmk_bench --from-csv A.csv [B.csv ...] [--table F] [--plot F]
 python -m llmk_bench --op rmsnorm --tokens 8192 --hidden 4096 --impls [IMPL ...] --variant base --csv F
@@ -26,6 +27,8 @@ real models' weight shapes, with its own sweep and trimming flags: see suites/qu
 `--op all_reduce_add_rmsnorm` (not in --all: it needs `--world` GPUs) is
 llmk.distributed.all_reduce_add_rmsnorm against NCCL's all-reduce then add_rmsnorm_, over
 `--world` processes (gloo between CPU processes without a GPU): see suites/distributed.py.
+`--op e2e_tp` (not in --all: it needs `--world` GPUs) is a tensor-parallel Llama-3-8B-shaped
+model over `--world` processes, transformers' TP forward against llmk.patch: see suites/e2e_tp.py.
 `--e2e` (in --all on a GPU) times whole Hugging Face models, eager against torch.compile,
 Liger-Kernel and llmk.patch: see suites/e2e.py.
 Liger-Kernel is a peer wherever it has the op and imports (liger_peers.py). `--impls` keeps
@@ -49,12 +52,13 @@ from .views.common import CPU_NOTE, columns, fmt, header_line, on_cpu, parse_hea
 
 # The suites, in the order their sweeps run and their tables print: suites/<name>.py.
 SUITES = ("norm", "activation", "softmax", "rope", "optim", "loss", "attention", "decode", "chain", "gemm",
-          "quantized", "distributed", "overhead", "e2e", "generate")
+          "quantized", "distributed", "overhead", "e2e", "generate", "e2e_tp")
 OVERHEAD = "overhead"
 GENERATE = "e2e_decode"  # generate on a whole model: suites/generate.py's run
 GEMM = "gemm"  # its own sweep over (M, N, K) and fused forms: suites/gemm.py's run
 QLINEAR = "quantized_linear"  # its own sweep over (format, M, N, K): suites/quantized.py's run
 ALL_REDUCE = "all_reduce_add_rmsnorm"  # its own processes, one GPU each: suites/distributed.py's run
+E2E_TP = "e2e_tp"  # a tensor-parallel model over its own processes: suites/e2e_tp.py's run
 # Peers that the CPU run leaves out, and why.
 GPU_ONLY_PEERS = {"compile": "torch.compile (Inductor's CPU backend compiles C++ per shape: minutes for a sweep)"}
 
@@ -305,10 +309,11 @@ def main(argv=None):
         return 0
     _load()
     parser = argparse.ArgumentParser(prog="python -m llmk_bench")
-    parser.add_argument("--op", action="append", choices=sorted([*OPS, GEMM, QLINEAR, ALL_REDUCE, OVERHEAD, GENERATE]),
+    parser.add_argument("--op", action="append",
+                        choices=sorted([*OPS, GEMM, QLINEAR, ALL_REDUCE, E2E_TP, OVERHEAD, GENERATE]),
                         help="op to benchmark (repeatable); 'overhead': host time per call and eager fwd+bwd")
     parser.add_argument("--all", action="store_true",
-                        help=f"every op but {ALL_REDUCE} (several GPUs), and the overhead case")
+                        help=f"every op but {ALL_REDUCE} and {E2E_TP} (several GPUs), and the overhead case")
     parser.add_argument("--tokens", type=int, nargs="*", help="token counts (default: each op's sweep; not overhead)")
     parser.add_argument("--hidden", type=int, nargs="*", help="hidden sizes (default: each op's sweep; not overhead)")
     parser.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16",
@@ -328,6 +333,7 @@ def main(argv=None):
     MODULES["distributed"].add_arguments(parser)
     MODULES["e2e"].add_arguments(parser)
     MODULES["generate"].add_arguments(parser)
+    MODULES["e2e_tp"].add_arguments(parser)
     args = parser.parse_args(argv)
     ops = [*OPS, GEMM, QLINEAR, OVERHEAD] if args.all or not (args.op or args.e2e) else args.op or []
 
@@ -339,8 +345,8 @@ def main(argv=None):
         torch.set_num_threads(1)
         print(f"no CUDA GPU found: timing the CPU backend on small shapes, torch on one thread ({CPU_NOTE})",
               flush=True)
-    cases = sweep([op for op in ops if op not in (OVERHEAD, GEMM, QLINEAR, ALL_REDUCE, GENERATE)], args.tokens,
-                  args.hidden, device)
+    cases = sweep([op for op in ops if op not in (OVERHEAD, GEMM, QLINEAR, ALL_REDUCE, E2E_TP, GENERATE)],
+                  args.tokens, args.hidden, device)
     info = machine(device, ops + [op for op, _, _ in cases])
     print(_header(info, _commit(), datetime.date.today()), flush=True)
     failures = []
@@ -352,6 +358,8 @@ def main(argv=None):
         rows += MODULES["quantized"].run(args, torch.bfloat16, device, info, failures)
     if ALL_REDUCE in ops:
         rows += MODULES["distributed"].run(args, device, failures)
+    if E2E_TP in ops:
+        rows += MODULES["e2e_tp"].run(args, device, failures)
     if "cross_entropy" in ops:  # with it, the fused linear + cross-entropy (GPU only: a note on CPU)
         rows += MODULES["loss"].run_fused_linear_cross_entropy(device, failures)
     if OVERHEAD in ops:

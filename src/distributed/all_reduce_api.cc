@@ -7,6 +7,7 @@
 
 #include "common/cuda_check.h"
 #include "common/dispatch.h"
+#include "common/env_path.h"
 #include "common/rows.h"
 #include "distributed/all_reduce_params.h"
 #include "llmk/all_reduce.h"
@@ -17,6 +18,21 @@ namespace llmk {
 namespace {
 
 constexpr const char* kOp = "all_reduce_add_rmsnorm";
+// Messages from which groups of 3 or more ranks take the two-shot kernel: it sends 2 (w - 1) / w
+// x the message instead of (w - 1) x, for one more flag round trip (H200, 4 ranks:
+// docs/kernels/distributed.md).
+constexpr int64_t kTwoShotMinBytes = 512 << 10;
+
+// The kernel of a call: the rule above, or LLMK_ALL_REDUCE_KERNEL (auto | one_shot | two_shot).
+detail::AllReduceKernel pick_kernel(int world, int64_t bytes) {
+  switch (detail::env_path(kOp, "LLMK_ALL_REDUCE_KERNEL", {"auto", "one_shot", "two_shot"})) {
+    case 1: return detail::AllReduceKernel::one_shot;
+    case 2: return detail::AllReduceKernel::two_shot;
+    default:
+      return world >= 3 && bytes >= kTwoShotMinBytes ? detail::AllReduceKernel::two_shot
+                                                     : detail::AllReduceKernel::one_shot;
+  }
+}
 
 void check_world(const char* op, int world) {
   LLMK_CHECK(world >= 1 && world <= kPeerMaxRanks, op, ": world must be 1..", kPeerMaxRanks, " ranks, got ",
@@ -60,7 +76,7 @@ std::string unfit_reason(const PeerGroup& g, const TensorView& x, const detail::
 size_t peer_buffer_bytes(int world, size_t capacity) {
   check_world("peer_buffer_bytes", world);
   check_capacity("peer_buffer_bytes", capacity);
-  return detail::kPeerDataOffset + 2 * static_cast<size_t>(world) * capacity;
+  return detail::kPeerDataOffset + 2 * (static_cast<size_t>(world) + 1) * capacity;
 }
 
 void* allocate_peer_buffer(size_t bytes) {
@@ -156,8 +172,9 @@ void all_reduce_add_rmsnorm(const PeerGroup& group, const TensorView& x, const T
   p.world = group.world;
   p.capacity = static_cast<int64_t>(group.capacity);
   for (int r = 0; r < group.world; ++r) p.buffers[r] = static_cast<uint8_t*>(group.buffers[r]);
+  const detail::AllReduceKernel kernel = pick_kernel(group.world, rows.rows * rows.d * dtype_size(x.dtype()));
   detail::DeviceGuard guard(kOp, "x", x);
-  detail::all_reduce_add_rmsnorm_cuda(p, x.dtype(), weight.dtype(), stream);
+  detail::all_reduce_add_rmsnorm_cuda(p, kernel, x.dtype(), weight.dtype(), stream);
 }
 
 }  // namespace llmk

@@ -1,5 +1,6 @@
-// all_reduce_add_rmsnorm's CUDA launcher and its one instantiation list: rows of f32, f16 or
-// bf16, the weight in the rows' dtype or f32, groups of up to 2, 4 or 8 ranks.
+// all_reduce_add_rmsnorm's CUDA launcher and its one instantiation list: the one-shot and
+// two-shot kernels over rows of f32, f16 or bf16, the weight in the rows' dtype or f32, groups
+// of up to 2, 4 or 8 ranks.
 #include <algorithm>
 
 #include "common/cuda_check.h"
@@ -12,26 +13,30 @@ namespace llmk::detail {
 namespace {
 
 template <class T, class W, int kMaxWorld>
-void launch(const AllReduceNormParams& p, cudaStream_t stream) {
+void launch(const AllReduceNormParams& p, AllReduceKernel kernel, cudaStream_t stream) {
   const int64_t vecs = p.d / kVec16<T>;
   const int threads = static_cast<int>(
       std::min<int64_t>(kAllReduceThreads<kMaxWorld>, std::max<int64_t>(32, (vecs + 31) / 32 * 32)));
-  all_reduce_add_rmsnorm_kernel<T, W, kMaxWorld><<<kPeerBlocks, threads, 0, stream>>>(p);
+  if (kernel == AllReduceKernel::two_shot)
+    all_reduce_add_rmsnorm_two_shot_kernel<T, W, kMaxWorld><<<kPeerBlocks, threads, 0, stream>>>(p);
+  else
+    all_reduce_add_rmsnorm_kernel<T, W, kMaxWorld><<<kPeerBlocks, threads, 0, stream>>>(p);
   LLMK_CHECK_LAUNCH("all_reduce_add_rmsnorm_kernel", stream);
 }
 
 template <class T, class W>
-void launch(const AllReduceNormParams& p, cudaStream_t stream) {
-  if (p.world <= 2) return launch<T, W, 2>(p, stream);
-  if (p.world <= 4) return launch<T, W, 4>(p, stream);
-  launch<T, W, 8>(p, stream);
+void launch(const AllReduceNormParams& p, AllReduceKernel kernel, cudaStream_t stream) {
+  if (p.world <= 2) return launch<T, W, 2>(p, kernel, stream);
+  if (p.world <= 4) return launch<T, W, 4>(p, kernel, stream);
+  launch<T, W, 8>(p, kernel, stream);
 }
 
 }  // namespace
 
-void all_reduce_add_rmsnorm_cuda(const AllReduceNormParams& p, DType act, DType weight, cudaStream_t stream) {
+void all_reduce_add_rmsnorm_cuda(const AllReduceNormParams& p, AllReduceKernel kernel, DType act, DType weight,
+                                 cudaStream_t stream) {
   dispatch_act_weight(act, weight, "all_reduce_add_rmsnorm", [&](auto act_tag, auto weight_tag) {
-    launch<device_type_t<decltype(act_tag)>, device_type_t<decltype(weight_tag)>>(p, stream);
+    launch<device_type_t<decltype(act_tag)>, device_type_t<decltype(weight_tag)>>(p, kernel, stream);
   });
 }
 

@@ -15,8 +15,8 @@ namespace llmk::test {
 namespace {
 
 TEST(AllReduceCpu, PeerBufferBytes) {
-  EXPECT_EQ(peer_buffer_bytes(2, 1 << 20), size_t{8192} + 2 * 2 * (1 << 20));
-  EXPECT_EQ(peer_buffer_bytes(8, 16), size_t{8192} + 2 * 8 * 16);
+  EXPECT_EQ(peer_buffer_bytes(2, 1 << 20), size_t{16384} + 2 * 3 * (1 << 20));
+  EXPECT_EQ(peer_buffer_bytes(8, 16), size_t{16384} + 2 * 9 * 16);
   expect_error([] { peer_buffer_bytes(0, 1024); }, "world must be 1..8");
   expect_error([] { peer_buffer_bytes(9, 1024); }, "world must be 1..8");
   expect_error([] { peer_buffer_bytes(2, 24); }, "capacity must be a positive multiple of 16");
@@ -154,25 +154,41 @@ void run_call(const SimulatedGroup& sg, DType dt, DType wdt, int64_t rows, int64
   }
 }
 
+// Sets LLMK_ALL_REDUCE_KERNEL for one scope (nullptr: unset, the size rule).
+struct KernelScope {
+  explicit KernelScope(const char* kernel) {
+    if (kernel != nullptr) setenv("LLMK_ALL_REDUCE_KERNEL", kernel, 1);
+    else unsetenv("LLMK_ALL_REDUCE_KERNEL");
+  }
+  ~KernelScope() { unsetenv("LLMK_ALL_REDUCE_KERNEL"); }
+};
+
 TEST(AllReduceGpu, RanksMatchTheReference) {
   LLMK_REQUIRE_GPU();
-  for (int world : {2, 4}) {
-    const SimulatedGroup sg(world, 1 << 20);
-    for (DType dt : all_dtypes()) {
-      const int64_t d = dt == DType::f32 ? 2048 : 4096;
-      run_call(sg, dt, dt, 1, d, d, 0.0);
-      run_call(sg, dt, DType::f32, 3, d, d + 64, 1.0);
-      run_call(sg, dt, dt, 17, d, d, 0.0);
-      run_call(sg, dt, dt, 300, 64, 64, 0.0);  // blocks loop over rows
-      run_call(sg, dt, dt, 2, 8192 * 4 / static_cast<int64_t>(dtype_size(dt)), -1, 0.0);  // threads loop
+  for (const char* kernel : {"one_shot", "two_shot"})
+    for (int world : {2, 3, 4}) {
+      SCOPED_TRACE(kernel);
+      const KernelScope scope(kernel);
+      const SimulatedGroup sg(world, 1 << 20);
+      for (DType dt : all_dtypes()) {
+        const int64_t d = dt == DType::f32 ? 2048 : 4096;
+        run_call(sg, dt, dt, 1, d, d, 0.0);
+        run_call(sg, dt, DType::f32, 3, d, d + 64, 1.0);
+        run_call(sg, dt, dt, 17, d, d, 0.0);
+        run_call(sg, dt, dt, 300, 64, 64, 0.0);  // blocks loop over rows
+        run_call(sg, dt, dt, 2, 8192 * 4 / static_cast<int64_t>(dtype_size(dt)), -1, 0.0);  // threads loop
+        run_call(sg, dt, dt, 5, 24 / static_cast<int64_t>(dtype_size(dt)) * 8, -1, 0.0);  // 3 vectors: chunks of 1
+      }
     }
-  }
 }
 
-TEST(AllReduceGpu, ManyCallsInARow) {
+TEST(AllReduceGpu, ManyCallsInARowOnBothKernels) {
   LLMK_REQUIRE_GPU();
-  const SimulatedGroup sg(2, 256 << 10);
-  for (int call = 0; call < 40; ++call) run_call(sg, DType::bf16, DType::bf16, 1 + call % 7 * 3, 1024, 1024, 0.0);
+  const SimulatedGroup sg(4, 256 << 10);
+  for (int call = 0; call < 40; ++call) {
+    const KernelScope scope(call % 3 == 0 ? "two_shot" : call % 3 == 1 ? "one_shot" : nullptr);
+    run_call(sg, DType::bf16, DType::bf16, 1 + call % 7 * 3, 1024 + 512 * (call % 2), -1, 0.0);
+  }
 }
 
 TEST(AllReduceGpu, RejectsUnfitCallsWithoutWriting) {

@@ -18,7 +18,9 @@ needs several GPUs): a tensor-parallel layer's all-reduce + residual add + RMSNo
   ``llmk.distributed.all_reduce_path``); ``llmk_fused`` (LLMK_ALL_REDUCE_PATH=fused, set around
   each call, so inside the CUDA graph's capture, where the path is chosen), only where auto does
   not pick the fused path already and only where the message fits the fused kernel (where the op
-  raises, the row is left out and the run says why); ``nccl_unfused``, the baseline:
+  raises, the row is left out and the run says why); ``llmk_one_shot`` and ``llmk_two_shot``:
+  the fused path with its kernel forced (LLMK_ALL_REDUCE_KERNEL), where the message fits;
+  ``nccl_unfused``, the baseline:
   ``dist.all_reduce(x)`` then ``torch.ops.llmk.add_rmsnorm_(x, residual, weight, eps, 0.0)``.
 - Timing: every rank runs the same sequence, so that the collectives match; every step that may
   fail is agreed on by all ranks (an all-reduce of a flag) before the next collective. Per case
@@ -74,6 +76,9 @@ HIDDEN = [4096, 8192]
 CPU = dict(tokens=[1, 64], hidden=[512])
 DTYPE, EPS = torch.bfloat16, 1e-5
 PATH_VAR = "LLMK_ALL_REDUCE_PATH"
+KERNEL_VAR = "LLMK_ALL_REDUCE_KERNEL"  # the fused path's kernel: one_shot or two_shot (include/llmk/all_reduce.h)
+KERNELS = ("one_shot", "two_shot")
+FORCED = ("llmk_fused", *(f"llmk_{k}" for k in KERNELS))
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 WARM_UP, CALLS, REPLAYS = 3, 20, 7
 TIMEOUT_S = 120  # a collective that waits this long has lost its peers: the process group aborts
@@ -215,8 +220,8 @@ def _case(tokens, hidden, device, failures):
             us, err, method, note = _measure(fn, sets, fresh, reference, device)
         except Exception as e:  # noqa: BLE001 - report, go on with the next impl
             message = f"{type(e).__name__}: {str(e)[:300]}"
-            if impl == "llmk_fused":  # the message does not fit the fused kernel: no row
-                report(f"llmk_fused left out: {message}")
+            if impl in FORCED:  # the message does not fit the fused kernel: no row
+                report(f"{impl} left out: {message}")
                 continue
             failures.append(f"{label} {impl}: {message}")
             report(f"{impl} failed: {failures[-1]}")
@@ -224,7 +229,7 @@ def _case(tokens, hidden, device, failures):
                 return []
             continue
         times[impl] = us
-        path = {"llmk": auto, "llmk_fused": "fused"}.get(impl, backend)
+        path = auto if impl == "llmk" else "fused" if impl in FORCED else backend
         rows.append(_row(tokens, hidden, world, impl, path, us, err, method, note))
     del sets
     if device == "cuda":
@@ -296,6 +301,9 @@ def _impls(auto, device):
     impls = {"llmk": _llmk}
     if device == "cuda" and auto != "fused":
         impls["llmk_fused"] = timing.with_env(PATH_VAR, "fused", _llmk)
+    if device == "cuda":  # the fused path's two kernels, each forced (where the message fits)
+        for kernel in KERNELS:
+            impls[f"llmk_{kernel}"] = timing.with_env(PATH_VAR, "fused", timing.with_env(KERNEL_VAR, kernel, _llmk))
     impls[BASELINES[0] if device == "cuda" else BASELINES[1]] = _unfused
     return impls
 

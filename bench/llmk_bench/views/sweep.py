@@ -2,7 +2,7 @@
 beside its peers and a figure of GB/s (TFLOP/s for compute-bound ops) against tokens, a panel
 per hidden size; the overhead suite's two panels join the figure when its rows are there."""
 
-from . import distributed, e2e, gemm, generate, loss, overhead, quantized
+from . import distributed, e2e, e2e_tp, gemm, generate, loss, overhead, quantized
 from .common import fmt, panels
 
 COLORS = {"llmk": "tab:blue", "eager": "tab:orange", "F.rms_norm": "tab:green", "F.layer_norm": "tab:green",
@@ -16,7 +16,7 @@ def is_sweep_row(row) -> bool:
     return not (overhead.is_overhead_row(row) or e2e.is_e2e_row(row) or gemm.is_gemm_row(row)
                 or quantized.is_quantized_row(row) or distributed.is_distributed_row(row)
                 or loss.is_fused_linear_cross_entropy_row(row)
-                or row["op"] == generate.OP)
+                or row["op"] == generate.OP or e2e_tp.is_e2e_tp_row(row))
 
 
 def _is_decode(op) -> bool:
