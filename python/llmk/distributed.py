@@ -35,11 +35,11 @@ PATH_VAR = "LLMK_ALL_REDUCE_PATH"
 PATHS = ("auto", "fused", "nccl")
 # Bytes of the largest message a peer group takes (x's bytes: 128 tokens x 8192 in float32).
 DEFAULT_CAPACITY = 4 << 20
-# The largest message auto sends through the fused kernel, by the most ranks it was measured
-# for: above it NCCL's all-reduce + add_rmsnorm_ was as fast or faster (H200: 2 and 4 GPUs,
-# docs/kernels/distributed.md; 5-8 ranks unmeasured, kept to half of 4's). The one-shot kernel
-# sends (world - 1) x the message out of each GPU, NCCL's ring about 2x.
-AUTO_MAX_BYTES = ((2, 4 << 20), (4, 2 << 20), (8, 1 << 20))
+# The largest message auto sends through the fused kernels, by the most ranks it was measured
+# for: up to the peer buffers' 4 MiB the fused path was faster than NCCL's all-reduce +
+# add_rmsnorm_ on 2 and 4 H200s (docs/kernels/distributed.md); 5-8 ranks are unmeasured and
+# kept to 1 MiB.
+AUTO_MAX_BYTES = ((4, 4 << 20), (8, 1 << 20))
 
 
 def _auto_max_bytes(world: int) -> int:
