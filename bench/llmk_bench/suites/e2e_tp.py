@@ -12,10 +12,12 @@ processes, one GPU each (NCCL):
   ``save_pretrained`` into the run's temporary directory (under /dev/shm where it has room);
   the other ranks wait for it, then every rank loads it with ``LlamaForCausalLM.from_pretrained(
   path, distributed_config=DistributedConfig(tp_plan="auto"), dtype=torch.bfloat16)`` (RANK,
-  LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE set, the process group initialized). One model per
-  rank serves every impl, patched and unpatched in turn (its weights checked unchanged at the
-  end). On a GPU the build takes a second; on the CPU the default size took about 145 s to
-  initialize and 10 s to save on 2 cores (transformers' bf16 normal init: 20-30 M values/s).
+  LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE set, the process group initialized); rank 0 then
+  deletes the files. One model per rank serves every impl, patched and unpatched in turn (its
+  weights checked unchanged at the end). The default size is 2.8 B parameters, 5.6 GB: built on
+  the GPU that is seconds; on a CPU it is minutes (extrapolated from 1 and 2 layers on 2 cores:
+  about 145 s to initialize, transformers' bf16 normal init drawing 20-30 M values/s, and 10 s
+  to save), hence rank 0's GPU.
 - Processes, rendezvous, NVLink multicast off, failure agreement between the ranks and rank 0's
   rows coming back through a file: as suites/distributed.py (its helpers).
 - Impls: ``hf_tp``, the model as loaded (transformers' own TP forward: sharded projections, its
@@ -46,9 +48,10 @@ tokens equal to hf_tp's, of batch x NEW_TOKENS; random weights give near-ties), 
 hf_tp's on the same input (max|d| / max|ref|, the largest rank's).
 
 Trimming: ``--e2e-tp-layers``, ``--e2e-tp-contexts``, ``--e2e-tp-batches``, ``--e2e-tp-prefill``,
-``--e2e-tp-impls``. Time on 2 H200s (estimate): about 1.5 minutes for the default set (processes
-and imports 15 s, build and save 10-20 s, load 10-20 s, the 12 decode and 4 prefill cells under
-a minute).
+``--e2e-tp-impls``. Time on 2 H200s, estimated (not measured yet): about 2 minutes for the
+default set (processes and imports 15 s, build and save 10-20 s, load 10-20 s, the 12 decode and
+4 prefill cells about a minute, most of it hf_tp's and llmk's host-bound decode steps and the
+batch-16 x 8192 prompts' prefills inside generate).
 
 Without a GPU: the same code over gloo between `world` CPU processes (one torch thread each), the
 tiny config (2 layers, hidden 256, 4 heads and 2 kv heads of 64, vocab 1024), contexts 32 and 64
@@ -58,6 +61,7 @@ table and plot: views/e2e_tp.py.
 
 import argparse
 import datetime
+import faulthandler
 import gc
 import json
 import os
@@ -120,7 +124,7 @@ def run(args, device, failures):
     config = e2e.config_of("llama", setup["layers"], device)
     print(f"{OP} on {device}: world {world}, {e2e.FAMILIES['llama'][3]} shapes"
           f"{' (a tiny config on the CPU)' if device == 'cpu' else ''}, {setup['layers']} layers, bf16, "
-          f"{_weight_bytes(config) / 1e9:.1f} GB of weights; decode contexts {list(setup['contexts'])} x batches "
+          f"{_weight_bytes(config) / 1e9:.3g} GB of weights; decode contexts {list(setup['contexts'])} x batches "
           f"{list(setup['batches'])}, {setup['new_tokens']} new tokens; prefill {list(setup['prefill'])}; impls "
           f"{', '.join(setup['impls'])}", flush=True)
     os.environ.update(NO_MULTICAST)
@@ -162,6 +166,7 @@ def _scratch(size):
 def _rank(rank, world, device, setup, tmp):
     """A rank's run: the checkpoint (rank 0 saves it), the process group, the model loaded
     tensor-parallel, then every impl in turn (rank 0 prints and saves the rows)."""
+    faulthandler.enable()  # a rank that crashes says where
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     if device == "cuda":
         torch.cuda.set_device(rank)
@@ -175,9 +180,9 @@ def _rank(rank, world, device, setup, tmp):
     try:
         with torch.no_grad():
             model = _load(path, rank)
-            weights = _fingerprint(model)
+            weights, refs = _fingerprint(model), {}
             for impl in setup["impls"]:
-                _run_impl(model, impl, setup, device, rows, failures, tmp)
+                _run_impl(model, impl, setup, device, refs, rows, failures, tmp)
             if _fingerprint(model) != weights:
                 failures.append(f"{OP}: the model's weights changed during the run")
             _save(rank, tmp, rows, failures)
@@ -219,6 +224,8 @@ def _checkpoint(rank, tmp, layers, device):
 
 
 def _load(path, rank):
+    """The checkpoint loaded tensor-parallel on every rank (rank 0 then deletes the files: on
+    /dev/shm they hold memory)."""
     import transformers
 
     t0 = time.perf_counter()
@@ -226,7 +233,9 @@ def _load(path, rank):
         path, distributed_config=transformers.DistributedConfig(tp_plan="auto"), dtype=torch.bfloat16).eval()
     if not hasattr(model.model.layers[0].self_attn.o_proj.weight, "to_local"):
         raise RuntimeError(f"{OP}: the model did not load sharded (tp_plan='auto')")
+    dist.barrier()
     if rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
         print(f"{OP}: loaded tensor-parallel in {time.perf_counter() - t0:.1f} s", flush=True)
     return model
 
@@ -252,7 +261,7 @@ def _apply(model, impl):
     return None
 
 
-def _run_impl(model, impl, setup, device, rows, failures, tmp):
+def _run_impl(model, impl, setup, device, refs, rows, failures, tmp):
     """Every cell of one impl (rows on rank 0); a failure that every rank agrees on skips the
     cell (or, in the patch, the impl) and goes on."""
     rank = dist.get_rank()
@@ -273,7 +282,8 @@ def _run_impl(model, impl, setup, device, rows, failures, tmp):
         for phase, tokens, batch in cells:
             row = _row(impl, phase, tokens, batch, setup["layers"], fused)
             try:
-                row.update(_together(lambda: MEASURE[phase](model, tokens, batch, setup, device, impl), device))
+                result = _together(lambda: MEASURE[phase](model, tokens, batch, setup, device, impl, refs), device)
+                row.update(result)
             except Exception as e:  # noqa: BLE001 - every rank skips the cell
                 failures.append(f"{OP} {phase} {tokens} x {batch} {impl}: {type(e).__name__}: {str(e)[:300]}")
                 row["note"] = f"failed: {failures[-1]}"
@@ -304,9 +314,6 @@ def _free(device):
 # timing (every rank; the results are the slowest rank's)
 
 
-_REFS = {}  # (phase, tokens, batch) -> hf_tp's (logits of the prompt's last token, generated tokens)
-
-
 def _slowest_seconds(fn, device, calls):
     """The seconds of each of `calls` calls of fn, each started after a barrier and a
     synchronize on every rank, the slowest rank's."""
@@ -333,18 +340,18 @@ def _peak_gb(device):
     return round(_largest([torch.cuda.max_memory_allocated()], device)[0] / 1e9, 2)
 
 
-def _error(key, logits, impl, device):
+def _error(logits, ref, device):
     """max|logits - hf_tp's| / max|hf_tp's|, the largest rank's ("" without hf_tp's)."""
-    ref = _REFS.get(key)
     if ref is None:
         return ""
-    err = (logits - ref[0]).abs().max().item() / (ref[0].abs().max().item() or 1.0)
+    err = (logits - ref).abs().max().item() / (ref.abs().max().item() or 1.0)
     return f"{_largest([err], device)[0]:.2e}"
 
 
-def decode(model, ctx, batch, setup, device, impl):
+def decode(model, ctx, batch, setup, device, impl, refs):
     """The decode step of `generate` at (ctx, batch): a warm-up of 1 + NEW tokens, then 1 and
-    1 + NEW tokens timed DECODE_CALLS times each; results as the row's columns."""
+    1 + NEW tokens timed DECODE_CALLS times each; results as the row's columns. refs: hf_tp's
+    (logits of the prompt's last token, generated tokens) per cell, hf_tp's run filling it."""
     new = setup["new_tokens"]
     ids = generate._ids(model.config.vocab_size, batch, ctx, next(model.parameters()).device)
     max_cache_len = ctx + 1 + new
@@ -357,15 +364,16 @@ def decode(model, ctx, batch, setup, device, impl):
     step = (full - first) / new
     key, logits, tokens = ("decode", ctx, batch), out.scores[0].float(), out.sequences[:, ctx:]
     if impl == "hf_tp":
-        _REFS[key] = (logits, tokens)
+        refs[key] = (logits, tokens)
+    ref_logits, ref_tokens = refs.get(key, (None, None))
     result = dict(time_us=round(step * 1e6, 1), ttft_us=round(first * 1e6, 1), tokens_per_s=sig(batch / step),
-                  max_rel_err=_error(key, logits, impl, device), peak_mem_gb=_peak_gb(device))
-    if key in _REFS:
-        result["agree"] = f"{int((tokens == _REFS[key][1]).sum())}/{tokens.numel()}"
+                  max_rel_err=_error(logits, ref_logits, device), peak_mem_gb=_peak_gb(device))
+    if ref_tokens is not None:
+        result["agree"] = f"{int((tokens == ref_tokens).sum())}/{tokens.numel()}"
     return result
 
 
-def prefill(model, size, batch, setup, device, impl):
+def prefill(model, size, batch, setup, device, impl, refs):
     """One forward of [1, size] ids without a cache, logits of the last token: warm-up calls,
     then the median of the timed ones; results as the row's columns."""
     warmup, calls = setup["prefill_calls"]
@@ -381,9 +389,9 @@ def prefill(model, size, batch, setup, device, impl):
     seconds = statistics.median(_slowest_seconds(forward, device, calls))
     key = ("prefill", size, batch)
     if impl == "hf_tp":
-        _REFS[key] = (logits, None)
+        refs[key] = (logits, None)
     return dict(time_us=round(seconds * 1e6, 1), tokens_per_s=sig(batch * size / seconds),
-                max_rel_err=_error(key, logits, impl, device), peak_mem_gb=_peak_gb(device))
+                max_rel_err=_error(logits, refs.get(key, (None,))[0], device), peak_mem_gb=_peak_gb(device))
 
 
 MEASURE = {"decode": decode, "prefill": prefill}

@@ -36,6 +36,32 @@ def _on_cpu(rows) -> bool:
     return not any(r.get("peak_mem_gb") not in (None, "") for r in rows)
 
 
+def _error(row, phase) -> str:
+    """A row's max_rel_err, and on decode rows its tokens agreeing with hf_tp's."""
+    if row is None:
+        return "-"
+    return (row.get("max_rel_err") or "-") + (f" ({row.get('agree') or '-'})" if phase == "decode" else "")
+
+
+def _table(phase, cells):
+    """The markdown lines of one (world, phase) table: a column per impl's time, per llmk impl's
+    speedup over hf_tp and error, and hf_tp's time to first token on decode rows."""
+    impls = [i for i in IMPLS if any(i in c for c in cells.values())]
+    peers = [i for i in PEERS if i in impls]
+    decode = phase == "decode"
+    head = (["context" if decode else "tokens", "batch"] + [f"{i} ms" for i in impls]
+            + [f"{i} vs hf_tp" for i in peers] + (["hf_tp TTFT ms"] if decode else [])
+            + [f"{i} max rel err" + (" (tokens agreeing)" if decode else "") for i in peers])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * (len(head) - len(peers)) + "---|" * len(peers)]
+    for (tokens, batch), c in cells.items():
+        base = c.get("hf_tp")
+        cols = ([str(tokens), str(batch)] + [ms(c.get(i)) for i in impls]
+                + [times(time_ratio(base, c.get(i))) for i in peers] + ([ms(base, "ttft_us")] if decode else [])
+                + [_error(c.get(i), phase) for i in peers])
+        lines.append("| " + " | ".join(cols) + " |")
+    return lines
+
+
 def markdown(rows):
     """A table per (world, phase): each impl's time, llmk's speedups over hf_tp, the errors; the
     aims below the GPU tables; markdown lines."""
@@ -46,32 +72,19 @@ def markdown(rows):
     captions = {"decode": "`generate`, greedy: ms per generated token after the first (decode step)",
                 "prefill": "one forward of batch 1 without a cache, logits of the last token"}
     for (world, phase), cells in _cells(rows).items():
-        impls = [i for i in IMPLS if any(i in c for c in cells.values())]
-        peers = [i for i in PEERS if i in impls]
         fused = next((r["tp_fused"] for c in cells.values() for r in c.values() if r.get("tp_fused") not in (None, "")),
                      "-")
         out += [f"\n### e2e tensor-parallel {phase}, world {world}: a Llama-3-8B-shaped model, {rows[0]['layers']} "
                 f"layers, loaded with tp_plan=\"auto\"; {captions[phase]}; llmk.patch fused the all-reduces of "
-                f"{fused} layers" + (" (CPU: gloo, a tiny config, the code path only)" if cpu else "") + "\n",
-                f"| {'context' if phase == 'decode' else 'tokens'} | batch | " + " | ".join(f"{i} ms" for i in impls)
-                + " | " + " | ".join(f"{i} vs hf_tp" for i in peers) + " | "
-                + ("hf_tp TTFT ms | " if phase == "decode" else "")
-                + "max rel err " + " / ".join(peers) + (" (tokens agreeing)" if phase == "decode" else "") + " |",
-                "|---:|---:|" + "---:|" * (len(impls) + len(peers)) + ("---:|" if phase == "decode" else "") + "---|"]
+                f"{fused} layers" + (" (CPU: gloo, a tiny config, the code path only)" if cpu else "") + "\n"]
+        out += _table(phase, cells)
+        if not cpu and world == AIMS["world"]:
+            out += _aims(phase, cells)
         notes = {}
         for (tokens, batch), c in cells.items():
-            base = c.get("hf_tp")
-            errors = " / ".join((c[i].get("max_rel_err") or "-") + (f" ({c[i].get('agree') or '-'})"
-                                                                     if phase == "decode" else "")
-                                if i in c else "-" for i in peers)
-            out.append(f"| {tokens} | {batch} | " + " | ".join(ms(c.get(i)) for i in impls) + " | "
-                       + " | ".join(times(time_ratio(base, c.get(i))) for i in peers) + " | "
-                       + (f"{ms(base, 'ttft_us')} | " if phase == "decode" else "") + f"{errors} |")
             for i, r in c.items():
                 if r.get("note"):
                     notes.setdefault(r["note"], []).append(f"{tokens} x {batch} {i}")
-        if not cpu and world == AIMS["world"]:
-            out += _aims(phase, cells)
         if notes:
             out += ["", "Notes:"] + [f"- {', '.join(where)}: {note}" for note, where in notes.items()]
     return out
@@ -83,12 +96,14 @@ def _aims(phase, cells):
         impl, aim = AIMS["decode"]
         for (ctx, batch), c in cells.items():
             r = time_ratio(c.get("hf_tp"), c.get(impl))
-            lines.append(f"- {ctx} x {batch}: {impl}'s step {times(r)} hf_tp's (>= {aim}x: {verdict(r and r >= aim)}).")
+            lines.append(f"- {ctx} x {batch}: {impl}'s step {times(r)} hf_tp's (>= {aim}x: "
+                         f"{verdict(r and r >= aim) if r else 'not measured'}).")
     else:
         impl, size, aim = AIMS["prefill"]
         c = cells.get((size, 1), {})
         r = time_ratio(c.get("hf_tp"), c.get(impl))
-        lines.append(f"- 1 x {size}: {impl} {times(r)} hf_tp (>= {aim}x: {verdict(r and r >= aim)}).")
+        lines.append(f"- 1 x {size}: {impl} {times(r)} hf_tp (>= {aim}x: "
+                     f"{verdict(r and r >= aim) if r else 'not measured'}).")
     return lines
 
 
@@ -113,8 +128,10 @@ def plot(rows, path, title=""):
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], [g[0] for g in groups], fontsize=7,
                       rotation=15)
         ax.set_ylabel("speedup over hf_tp", fontsize=8)
-        ax.set_title(f"{OP}: tensor-parallel Llama-3-8B shapes, world {world} (decode step; prefill forward)",
-                     fontsize=9)
+        layers = groups[0][1][next(iter(groups[0][1]))]["layers"]
+        ax.set_title(f"{OP}: tensor-parallel Llama-3-8B shapes, {layers} layers, world {world} (decode step; "
+                     "prefill forward)", fontsize=9)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=7)
+        if peers:
+            ax.legend(fontsize=7)
     fig.savefig(path, dpi=110)
