@@ -5,6 +5,7 @@ batch) against the same TP model unpatched, with the default patch and with ``de
 run through llmk.distributed.all_reduce_add_rmsnorm (its NCCL/gloo path here), and unpatch
 gives the plan's forwards back."""
 
+import gc
 import os
 import tempfile
 
@@ -33,8 +34,11 @@ def _save_model(path):
 
 
 def _rank(rank, rendezvous, failures, model_path, backend):
+    import faulthandler
+
     import llmk
 
+    faulthandler.dump_traceback_later(240, exit=True)  # a rank stuck in a collective says where
     # transformers reads the world from torchrun's variables
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD))
     if backend == "nccl":
@@ -76,10 +80,17 @@ def _rank(rank, rendezvous, failures, model_path, backend):
     except Exception as e:  # noqa: BLE001 - the parent reports each rank's failure
         failures.put(f"rank {rank}: {type(e).__name__}: {e}")
     finally:
+        # the decode step's CUDA graphs (which hold NCCL work) and the peer buffers go before the
+        # process group: with them alive the NCCL ranks hung in destroy_process_group
+        model = None  # noqa: F841 (its graphs go with it)
+        gc.collect()
+        if backend == "nccl":
+            llmk.distributed.release_peer_groups()
         dist.destroy_process_group()
 
 
-def test_patch_on_a_tensor_parallel_model_over_gloo():
+def test_patch_on_a_tensor_parallel_model_over_gloo(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the CPU processes of CI, on any machine
     with tempfile.TemporaryDirectory() as tmp:
         model_path = os.path.join(tmp, "model")
         _save_model(model_path)
