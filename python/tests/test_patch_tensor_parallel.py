@@ -3,7 +3,8 @@ processes on the CPU (gloo): every rank's logits and greedy generation (a ragged
 batch) against the same TP model unpatched, with the default patch and with ``decode=True``
 (whose KV cache holds the rank's share of the kv heads); every decoder layer's two all-reduces
 run through llmk.distributed.all_reduce_add_rmsnorm (its NCCL/gloo path here), and unpatch
-gives the plan's forwards back."""
+gives the plan's forwards back. A training step (float32) of the patched TP model against the
+unpatched one: the loss and a row-parallel weight's gradient shard."""
 
 import gc
 import os
@@ -108,3 +109,41 @@ def test_patch_on_a_tensor_parallel_model_over_nccl(monkeypatch):
         model_path = os.path.join(tmp, "model")
         _save_model(model_path)
         run_ranks(_rank, WORLD, model_path, "nccl")
+
+
+def _train_rank(rank, rendezvous, failures, model_path):
+    import llmk
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD))
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
+    try:
+        model = transformers.LlamaForCausalLM.from_pretrained(
+            model_path, distributed_config=transformers.DistributedConfig(tp_plan="auto"), dtype=torch.float32)
+        ids = torch.randint(1, TINY["vocab_size"], (2, 17), generator=torch.Generator().manual_seed(3))
+
+        def step():
+            model.zero_grad()
+            out = model(ids, labels=ids)
+            out.loss.backward()
+            grad = model.model.layers[0].self_attn.o_proj.weight.grad
+            return out.loss.item(), (grad.to_local() if hasattr(grad, "to_local") else grad).clone()
+
+        want_loss, want_grad = step()
+        llmk.patch(model)
+        got_loss, got_grad = step()
+        assert abs(got_loss - want_loss) <= 1e-5 * abs(want_loss), (got_loss, want_loss)
+        err = ((got_grad - want_grad).abs().max() / want_grad.abs().max()).item()
+        assert err <= 1e-5, f"rank {rank}: o_proj's gradient shard off by {err:.3g}"
+    except Exception as e:  # noqa: BLE001 - the parent reports each rank's failure
+        failures.put(f"rank {rank}: {type(e).__name__}: {e}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_training_step_on_a_tensor_parallel_model_over_gloo(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with tempfile.TemporaryDirectory() as tmp:
+        model_path = os.path.join(tmp, "model")
+        torch.manual_seed(0)
+        transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY)).save_pretrained(model_path)
+        run_ranks(_train_rank, WORLD, model_path)
