@@ -16,11 +16,15 @@
 // (open_peer_buffer). A PeerGroup then lists the buffers as this process sees them.
 //
 // Calls: every rank of the group calls all_reduce_add_rmsnorm with x of the same shape and
-// dtype, in the same order; one call at a time per group (one stream, or calls ordered
-// across streams). A rank that skips a call leaves the others waiting: the kernel stops the
-// process (a device trap, after a message naming the rank it waited for) once it has waited
-// 10 s. The state that orders the calls lives in the buffers, so a call can be captured
-// into a CUDA graph and replayed (every rank replaying the same sequence).
+// dtype, in the same order, with the same LLMK_ALL_REDUCE_KERNEL setting; one call at a time
+// per group (one stream, or calls ordered across streams; no programmatic dependent launch
+// into it). A rank that skips a call leaves the others waiting: the kernel stops the process
+// (a device trap, after a message naming the rank it waited for) once it has waited
+// LLMK_ALL_REDUCE_TIMEOUT_S seconds (600 by default, NCCL's watchdog). The state that orders
+// the calls lives in the buffers, so a call can be captured into a CUDA graph and replayed
+// (every rank replaying the same sequence); such a graph holds the buffers' addresses, so it
+// must be dropped before they are freed. Free a group's buffers only once every rank has
+// closed its mapping of them.
 //
 // Numerics: the ranks' x are summed in fp32 in rank order and rounded to x's dtype (every
 // rank computes the same bits), the sum is added to the residual and rounded, and the norm

@@ -20,6 +20,7 @@ fused call, a collective step that every rank reaches in the same call (or befor
 the nccl path).
 """
 
+import math
 import os
 from typing import Dict, Optional, Tuple
 
@@ -48,44 +49,70 @@ def _auto_max_bytes(world: int) -> int:
 
 class PeerGroup:
     """This rank's side of a group's peer buffers: its own buffer, the peers' mapped here, and
-    the id under which the op finds them. Built collectively (every rank of the group)."""
+    the id under which the op finds them. Built collectively (every rank of the group): a rank
+    that cannot allocate or map the buffers tells the others, and the group's fused path is off
+    on every rank (``error`` says why)."""
 
-    def __init__(self, group: Optional[dist.ProcessGroup], device: torch.device, capacity: int):
+    def __init__(self, group: dist.ProcessGroup, device: torch.device, capacity: int):
+        self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.capacity = capacity
+        self.device = device
         self.own = self.id = None
         self.mapped = []
         self.error = ""
         with torch.cuda.device(device):
-            self.own = _C.allocate_peer_buffer(_C.peer_buffer_bytes(self.world, capacity))
+            handle = self._attempt(lambda: self._allocate())
             handles = [None] * self.world
-            dist.all_gather_object(handles, _C.peer_buffer_handle(self.own), group=group)
+            dist.all_gather_object(handles, handle, group=group)
+            failed = [r for r, h in enumerate(handles) if h is None]
             buffers = []
-            try:
-                for r, handle in enumerate(handles):
-                    if r == self.rank:
-                        buffers.append(self.own)
-                    else:
-                        self.mapped.append(_C.open_peer_buffer(handle))
-                        buffers.append(self.mapped[-1])
-            except RuntimeError as e:  # not on one host, or no peer access: every rank falls back
-                self.error = str(e)
-            ok = torch.tensor([0 if self.error else 1], dtype=torch.int32, device=device)
-            dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
-            if int(ok.item()) == 1:
+            if not failed:
+                self._attempt(lambda: buffers.extend(self._map(handles)))
+            if self._agree(not failed and not self.error):
                 self.id = _C.register_peer_group(self.rank, self.world, capacity, buffers)
             else:
-                self.error = self.error or "another rank could not map the peer buffers"
+                self.error = self.error or f"rank(s) {failed or '?'} could not allocate or map the peer buffers"
                 self.release()
 
+    def _attempt(self, step):
+        try:
+            return step()
+        except RuntimeError as e:  # out of memory, not on one host, no peer access
+            self.error = self.error or str(e)
+            return None
+
+    def _allocate(self) -> bytes:
+        self.own = _C.allocate_peer_buffer(_C.peer_buffer_bytes(self.world, self.capacity))
+        return _C.peer_buffer_handle(self.own)
+
+    def _map(self, handles) -> list:
+        buffers = []
+        for r, handle in enumerate(handles):
+            if r != self.rank:
+                self.mapped.append(_C.open_peer_buffer(handle))
+            buffers.append(self.own if r == self.rank else self.mapped[-1])
+        return buffers
+
+    def _agree(self, ok: bool) -> bool:
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return int(flag.item()) == 1
+
     def release(self) -> None:
+        """Unmaps the peers' buffers and frees this rank's, collectively: every rank closes its
+        mappings before any rank frees (barriers between). A CUDA graph that captured a fused
+        call on the group holds the buffers' addresses: drop it first."""
+        torch.cuda.synchronize(self.device)
+        dist.barrier(group=self.group)
         if self.id is not None:
             _C.unregister_peer_group(self.id)
             self.id = None
         for m in self.mapped:
             _C.close_peer_buffer(m)
         self.mapped = []
+        dist.barrier(group=self.group)
         if self.own is not None:
             _C.free_peer_buffer(self.own)
             self.own = None
@@ -94,28 +121,35 @@ class PeerGroup:
 _GROUPS: Dict[tuple, PeerGroup] = {}
 
 
+def _key(group: Optional[dist.ProcessGroup], device: torch.device) -> tuple:
+    """A group's entry: the process group object itself (the default group resolved, so a new
+    one after destroy_process_group / init_process_group is a new entry), and the device."""
+    return (dist.group.WORLD if group is None else group, device.index)
+
+
 def setup_peer_group(group: Optional[dist.ProcessGroup] = None, device: Optional[torch.device] = None,
                      capacity: int = DEFAULT_CAPACITY) -> PeerGroup:
     """Sets up (once; a collective call on every rank of ``group``) and returns the peer group
     that the fused path of ``group`` uses on ``device`` (default: the current CUDA device).
-    Its ``error`` says why the ranks could not map each other's buffers (the fused path is then
-    off for the group)."""
+    Its ``error`` says why the ranks could not allocate or map each other's buffers (the fused
+    path is then off for the group)."""
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    key = (group, device.index)
+    key = _key(group, device)
     if key not in _GROUPS:
-        _GROUPS[key] = PeerGroup(group, device, capacity)
+        _GROUPS[key] = PeerGroup(key[0], device, capacity)
     return _GROUPS[key]
 
 
 def release_peer_groups() -> None:
-    """Frees every peer group's buffers (before ``destroy_process_group``, or to resize them)."""
-    torch.cuda.synchronize()
+    """Frees every peer group's buffers, collectively (every rank calls it): before
+    ``destroy_process_group``, or to set groups up again with another capacity. CUDA graphs that
+    captured fused calls must be dropped first."""
     for g in _GROUPS.values():
         g.release()
     _GROUPS.clear()
 
 
-def _check(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> None:
+def _check(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> None:
     """Every argument, before anything is written (the all-reduce modifies x in place)."""
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(f"{_OP}: torch.distributed is not initialized (call init_process_group first)")
@@ -135,6 +169,28 @@ def _check(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> Non
     if weight.dtype not in (x.dtype, torch.float32) or weight.device != x.device:
         raise ValueError(f"{_OP}: weight must be on x's device ({x.device}) in x's dtype or float32, got "
                          f"{weight.dtype} on {weight.device}")
+    if residual.stride(-1) != 1 or weight.stride(0) != 1:
+        raise ValueError(f"{_OP}: residual's last dim and weight must be contiguous, got strides "
+                         f"{residual.stride()} and {weight.stride()}")
+    if not (math.isfinite(eps) and eps > 0) or not math.isfinite(offset):
+        raise ValueError(f"{_OP}: eps must be a finite number > 0 and offset finite, got {eps} and {offset}")
+    for (a, ta), (b, tb) in (((("x", x), ("residual", residual))), (("x", x), ("weight", weight)),
+                             (("residual", residual), ("weight", weight))):
+        if _overlap(ta, tb):
+            raise ValueError(f"{_OP}: {a} and {b} overlap in memory; they must be disjoint")
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory spans of a and b (non-negative strides) intersect."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+
+    def span(t):
+        start = t.data_ptr()
+        return start, start + (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 def _path_setting() -> str:
@@ -157,7 +213,7 @@ def _fused_unfit(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> str:
         return f"the group has {world} ranks (the fused kernel takes 2 to 8)"
     if (x.shape[-1] * x.element_size()) % 16:
         return f"x's rows ({x.shape[-1]} x {x.element_size()} bytes) are not whole 16-byte vectors"
-    known = _GROUPS.get((group, x.device.index))
+    known = _GROUPS.get(_key(group, x.device))
     capacity = known.capacity if known is not None else DEFAULT_CAPACITY
     if x.numel() * x.element_size() > capacity:
         return f"x holds {x.numel() * x.element_size()} bytes, more than the peer buffers' {capacity}"
@@ -188,12 +244,13 @@ def all_reduce_path(x: torch.Tensor, group: Optional[dist.ProcessGroup] = None) 
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """t, or a copy of it that starts 16-byte aligned (the fused kernel's 16-byte vectors)."""
-    return t if t.data_ptr() % 16 == 0 else t.clone()
+    """t, or a contiguous copy of it that starts 16-byte aligned (the fused kernel's 16-byte
+    vectors; a strided residual is copied too, whatever its rows' spacing)."""
+    return t if t.data_ptr() % 16 == 0 and t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
 
 
 def _fused(x, residual, weight, eps, offset, group) -> None:
-    peers = _GROUPS[(group, x.device.index)]
+    peers = _GROUPS[_key(group, x.device)]
     xa, ra = _aligned(x), _aligned(residual)
     torch.ops.llmk.all_reduce_add_rmsnorm_(xa, ra, _aligned(weight), float(eps), float(offset), peers.id)
     for t, a in ((x, xa), (residual, ra)):
@@ -216,7 +273,7 @@ def all_reduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torc
     (NCCL's all-reduce; the fused path sums in fp32 in rank order, so every rank gets the same
     bits), the add before it is normalized (as ``add_rmsnorm_``). Returns ``(x, residual)``.
     Arguments are checked before anything is written."""
-    _check(x, residual, weight)
+    _check(x, residual, weight, eps, offset)
     if all_reduce_path(x, group) == "fused":
         _fused(x, residual, weight, eps, offset, group)
     else:

@@ -66,10 +66,10 @@ def patch_layers(model: torch.nn.Module, layers: list, replace_forward) -> int:
     for i, (layer, group) in enumerate(marked):
         following = marked[i + 1][0] if i + 1 < len(marked) else None
         layer._llmk_tp = (group, following)
-    if marked:
-        device = next(model.parameters()).device
-        if device.type == "cuda" and dist.get_backend(marked[0][1]) == "nccl":
-            distributed.setup_peer_group(marked[0][1], device)
+    if marked:  # the fused kernel's buffers (2-8 ranks of NCCL on GPUs); else the layers take NCCL's path
+        group, device = marked[0][1], next(model.parameters()).device
+        if device.type == "cuda" and dist.get_backend(group) == "nccl" and 2 <= dist.get_world_size(group) <= 8:
+            distributed.setup_peer_group(group, device)
     return len(marked)
 
 

@@ -82,6 +82,9 @@ def one_rank_group():
 
 
 @pytest.mark.parametrize("case,needle", [
+    ("eps", "eps must be a finite number > 0"),
+    ("residual_is_x", "x and residual overlap in memory"),
+    ("strided_residual", "residual's last dim and weight must be contiguous"),
     ("weight_shape", "weight must be [hidden] = [8]"),
     ("weight_dtype", "weight must be on x's device"),
     ("residual_shape", "residual must match x"),
@@ -100,9 +103,14 @@ def test_bad_arguments_write_nothing(one_rank_group, case, needle):
         x = torch.randn(8, 4).t()
     elif case == "int_x":
         x = torch.ones(4, 8, dtype=torch.int32)
+    eps = 0.0 if case == "eps" else 1e-6
+    if case == "residual_is_x":
+        residual = x
+    elif case == "strided_residual":
+        residual = torch.randn(8, 4).t()
     x0, r0 = x.clone(), residual.clone()
     with pytest.raises((ValueError, TypeError), match=needle.replace("[", r"\[").replace("]", r"\]")):
-        llmk.distributed.all_reduce_add_rmsnorm(x, residual, weight)
+        llmk.distributed.all_reduce_add_rmsnorm(x, residual, weight, eps)
     assert torch.equal(x, x0) and torch.equal(residual, r0)
 
 
@@ -118,8 +126,8 @@ def test_path_setting_is_checked(one_rank_group, monkeypatch):
     assert llmk.distributed.all_reduce_path(x) == "nccl"
 
 
-# GPU: shapes of decode (1-128 tokens at Llama's hidden sizes), ragged ones, and one past what
-# auto sends through the fused kernel (2 MiB).
+# GPU: shapes of decode (1-128 tokens at Llama's hidden sizes), ragged ones, and one past the
+# peer buffers' 4 MiB in float32 (auto takes NCCL there).
 GPU_SHAPES = [(1, 4096), (8, 8192), (128, 8192), (3, 5, 1000), (17, 264), (160, 8192)]
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

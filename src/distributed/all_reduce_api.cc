@@ -2,6 +2,7 @@
 // mappings) and the fused call, which validates the group and every tensor (a rejected call
 // writes nothing) before its launch.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -22,6 +23,18 @@ constexpr const char* kOp = "all_reduce_add_rmsnorm";
 // x the message instead of (w - 1) x, for one more flag round trip (H200, 4 ranks:
 // docs/kernels/distributed.md).
 constexpr int64_t kTwoShotMinBytes = 512 << 10;
+
+// How long a kernel's block waits for a peer before it traps (a rank that skipped a call):
+// LLMK_ALL_REDUCE_TIMEOUT_S seconds, 600 (NCCL's default watchdog) without it.
+unsigned long long timeout_ns() {
+  const char* env = std::getenv("LLMK_ALL_REDUCE_TIMEOUT_S");
+  if (env == nullptr || *env == '\0') return 600ull * 1000000000ull;
+  char* end = nullptr;
+  const double seconds = std::strtod(env, &end);
+  LLMK_CHECK(end != env && *end == '\0' && std::isfinite(seconds) && seconds > 0 && seconds < 1e9, kOp,
+             ": LLMK_ALL_REDUCE_TIMEOUT_S=", env, " is not a positive number of seconds");
+  return static_cast<unsigned long long>(seconds * 1e9);
+}
 
 // The kernel of a call: the rule above, or LLMK_ALL_REDUCE_KERNEL (auto | one_shot | two_shot).
 detail::AllReduceKernel pick_kernel(int world, int64_t bytes) {
@@ -172,6 +185,7 @@ void all_reduce_add_rmsnorm(const PeerGroup& group, const TensorView& x, const T
   p.world = group.world;
   p.capacity = static_cast<int64_t>(group.capacity);
   for (int r = 0; r < group.world; ++r) p.buffers[r] = static_cast<uint8_t*>(group.buffers[r]);
+  p.timeout_ns = timeout_ns();
   const detail::AllReduceKernel kernel = pick_kernel(group.world, rows.rows * rows.d * dtype_size(x.dtype()));
   detail::DeviceGuard guard(kOp, "x", x);
   detail::all_reduce_add_rmsnorm_cuda(p, kernel, x.dtype(), weight.dtype(), stream);

@@ -34,9 +34,11 @@
 // block 0 (every call has a row 0) waited for the peer's block 0 of call c + 1, which started
 // after the peer's whole call-c kernel finished. Blocks without rows only count the call, so
 // every block's count stays the number of calls (either kernel's). A peer may be one call
-// ahead, so a flag may already hold c + 1: the wait compares c - flag <= 0 (wrapping).
-// A peer that never arrives (a rank skipped a call) would hang the kernel: after
-// kPeerWaitSeconds it prints the ranks and the block and traps.
+// ahead, so a flag may already hold c + 1: the peer has arrived when the flag is c or c + 1.
+// Any other value is an older call's (a block that had no rows for a while, or the gather
+// flags through one-shot calls) and means not yet, however far back (no wrapping window).
+// A peer that never arrives (a rank skipped a call) would hang the kernel: after the call's
+// timeout (p.timeout_ns, LLMK_ALL_REDUCE_TIMEOUT_S) it prints the ranks and the block and traps.
 //
 // Roofline (bf16, t rows of d, world w): the message is t * d * 2 bytes per rank; one-shot
 // sends (w - 1) x it out of each GPU over NVLink (and receives as much), two-shot 2 (w - 1) / w
@@ -56,8 +58,6 @@
 
 namespace llmk::detail {
 
-inline constexpr unsigned long long kPeerWaitSeconds = 60;
-
 __device__ __forceinline__ void store_release_sys(uint32_t* p, uint32_t v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
@@ -74,13 +74,15 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 
-// Spins until *flag has reached `call` (rank `peer`'s block has pushed its rows).
-__device__ __forceinline__ void wait_for_peer(const uint32_t* flag, uint32_t call, int peer, int rank) {
+// Spins until *flag holds `call` or `call + 1` (rank `peer`'s block has pushed its rows).
+__device__ __forceinline__ void wait_for_peer(const uint32_t* flag, uint32_t call, int peer, int rank,
+                                              unsigned long long timeout_ns) {
   const unsigned long long start = global_ns();
-  while (static_cast<int32_t>(call - load_acquire_sys(flag)) > 0) {
-    if (global_ns() - start > kPeerWaitSeconds * 1000000000ull) {
+  while (load_acquire_sys(flag) - call > 1u) {
+    if (global_ns() - start > timeout_ns) {
       printf("llmk all_reduce_add_rmsnorm: rank %d waited %llu s for rank %d (block %d, call %u): every rank "
-             "must make the same calls\n", rank, kPeerWaitSeconds, peer, static_cast<int>(blockIdx.x), call);
+             "must make the same calls\n", rank, timeout_ns / 1000000000ull, peer, static_cast<int>(blockIdx.x),
+             call);
       __trap();
     }
   }
@@ -125,7 +127,7 @@ __device__ __forceinline__ void meet_peers(const AllReduceNormParams& p, size_t 
   if (peer < p.world && peer != p.rank) {
     store_release_sys(reinterpret_cast<uint32_t*>(p.buffers[peer] + flags_offset) + slot + p.rank, call);
     wait_for_peer(reinterpret_cast<const uint32_t*>(p.buffers[p.rank] + flags_offset) + slot + peer, call, peer,
-                  p.rank);
+                  p.rank, p.timeout_ns);
   }
   __syncthreads();
 }

@@ -43,6 +43,7 @@ struct AllReduceNormParams {
   int rank = 0;
   int world = 0;
   int64_t capacity = 0;                // bytes of one message slot
+  unsigned long long timeout_ns = 0;   // how long a block waits for a peer before it traps
   uint8_t* buffers[kPeerMaxRanks] = {};
 };
 

@@ -107,51 +107,74 @@ struct SimulatedGroup {
   }
 };
 
-// One call on every rank: fresh x per rank, the same residual and weight, against the
-// reference. Every rank's blocks with rows spin until the other ranks' arrive, so the
-// simulated ranks' blocks must be resident together: more than 128 rows (every block busy)
-// only at small d (few threads per block).
+// One call on every rank: fresh x per rank, the same residual and weight, and the reference.
+// Every rank's blocks with rows spin until the other ranks' arrive, so the simulated ranks'
+// blocks must be resident together: more than 128 rows (every block busy) only at small d
+// (few threads per block).
+struct Call {
+  DType dt;
+  int64_t rows, d;
+  double offset, eps = 1e-5;
+  std::vector<HostTensor> xs;  // the device copies below refer to these (and to res, w)
+  HostTensor res, want_res, want, w;
+  std::vector<std::unique_ptr<DeviceTensor>> dx, dres;
+  std::unique_ptr<DeviceTensor> dw;
+
+  Call(int world, DType dt_, DType wdt, int64_t rows_, int64_t d_, int64_t res_stride, double offset_)
+      : dt(dt_), rows(rows_), d(d_), offset(offset_) {
+    for (int r = 0; r < world; ++r) {
+      xs.emplace_back(dt, rows, d);
+      xs.back().randomize();
+    }
+    res = HostTensor(dt, rows, d, res_stride);
+    res.randomize(0.0f, 2.0f);
+    w = HostTensor(wdt, 1, d);
+    w.randomize(1.0f, 0.2f);
+    want_res = res;
+    want = HostTensor(dt, rows, d);
+    HostTensor sum(dt, rows, d);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t c = 0; c < d; ++c) {
+        float total = 0.0f;
+        for (int r = 0; r < world; ++r) total += xs[r].get(i, c);
+        sum.set(i, c, total);
+        want_res.set(i, c, sum.get(i, c) + res.get(i, c));
+      }
+    rmsnorm(want.view(), want_res.view(), w.view(true), eps, offset);
+    dw = std::make_unique<DeviceTensor>(w);
+    for (int r = 0; r < world; ++r) {
+      dx.push_back(std::make_unique<DeviceTensor>(xs[r]));
+      dres.push_back(std::make_unique<DeviceTensor>(res));
+    }
+  }
+  void launch(const SimulatedGroup& sg, int rank) const {
+    all_reduce_add_rmsnorm(sg.group(rank), dx[rank]->view(), dres[rank]->view(), dw->view(true), eps, offset,
+                           sg.streams[rank]);
+  }
+  // After the device is synchronized: rank 0's results against the reference, every rank's
+  // bits equal to rank 0's.
+  void check() const {
+    SCOPED_TRACE(testing::Message() << dtype_name(dt) << " weight " << dtype_name(w.dtype) << " rows " << rows
+                                    << " d " << d << " residual stride " << want_res.row_stride << " offset "
+                                    << offset);
+    const HostTensor x0 = dx[0]->download(), res0 = dres[0]->download();
+    expect_equal_elements(res0, want_res, "residual");
+    expect_close(x0, want, dtype_rtol(dt), "x");
+    for (size_t r = 1; r < dx.size(); ++r) {
+      EXPECT_EQ(dx[r]->download().bytes, x0.bytes) << "rank " << r << "'s x differs from rank 0's";
+      EXPECT_EQ(dres[r]->download().bytes, res0.bytes) << "rank " << r << "'s residual differs from rank 0's";
+    }
+  }
+};
+
 void run_call(const SimulatedGroup& sg, DType dt, DType wdt, int64_t rows, int64_t d, int64_t res_stride,
               double offset) {
-  SCOPED_TRACE(testing::Message() << "world " << sg.world << " " << dtype_name(dt) << " weight " << dtype_name(wdt)
-                                  << " rows " << rows << " d " << d << " residual stride " << res_stride
-                                  << " offset " << offset);
-  const double eps = 1e-5;
-  std::vector<HostTensor> xs;
-  for (int r = 0; r < sg.world; ++r) {
-    xs.emplace_back(dt, rows, d);
-    xs.back().randomize();
-  }
-  HostTensor res(dt, rows, d, res_stride), w(wdt, 1, d);
-  res.randomize(0.0f, 2.0f);
-  w.randomize(1.0f, 0.2f);
-  HostTensor want_res = res, sum(dt, rows, d), want(dt, rows, d);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t c = 0; c < d; ++c) {
-      float total = 0.0f;
-      for (int r = 0; r < sg.world; ++r) total += xs[r].get(i, c);
-      sum.set(i, c, total);
-      want_res.set(i, c, sum.get(i, c) + res.get(i, c));
-    }
-  rmsnorm(want.view(), want_res.view(), w.view(true), eps, offset);
-
-  std::vector<std::unique_ptr<DeviceTensor>> dx, dres;
-  DeviceTensor dw(w);
-  for (int r = 0; r < sg.world; ++r) {
-    dx.push_back(std::make_unique<DeviceTensor>(xs[r]));
-    dres.push_back(std::make_unique<DeviceTensor>(res));
-  }
+  SCOPED_TRACE(testing::Message() << "world " << sg.world);
+  const Call call(sg.world, dt, wdt, rows, d, res_stride, offset);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  for (int r = 0; r < sg.world; ++r)
-    all_reduce_add_rmsnorm(sg.group(r), dx[r]->view(), dres[r]->view(), dw.view(true), eps, offset, sg.streams[r]);
+  for (int r = 0; r < sg.world; ++r) call.launch(sg, r);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const HostTensor x0 = dx[0]->download(), res0 = dres[0]->download();
-  expect_equal_elements(res0, want_res, "residual");
-  expect_close(x0, want, dtype_rtol(dt), "x");
-  for (int r = 1; r < sg.world; ++r) {
-    EXPECT_EQ(dx[r]->download().bytes, x0.bytes) << "rank " << r << "'s x differs from rank 0's";
-    EXPECT_EQ(dres[r]->download().bytes, res0.bytes) << "rank " << r << "'s residual differs from rank 0's";
-  }
+  call.check();
 }
 
 // Sets LLMK_ALL_REDUCE_KERNEL for one scope (nullptr: unset, the size rule).
@@ -177,9 +200,32 @@ TEST(AllReduceGpu, RanksMatchTheReference) {
         run_call(sg, dt, dt, 17, d, d, 0.0);
         run_call(sg, dt, dt, 300, 64, 64, 0.0);  // blocks loop over rows
         run_call(sg, dt, dt, 2, 8192 * 4 / static_cast<int64_t>(dtype_size(dt)), -1, 0.0);  // threads loop
-        run_call(sg, dt, dt, 5, 24 / static_cast<int64_t>(dtype_size(dt)) * 8, -1, 0.0);  // 3 vectors: chunks of 1
+        run_call(sg, dt, dt, 5, 48 / static_cast<int64_t>(dtype_size(dt)), -1, 0.0);  // 3 vectors: chunks of 1 or 0
       }
     }
+}
+
+// Calls queued back to back on each rank's stream, rank by rank (rank 0's whole sequence is
+// launched before rank 1's first call): ranks run calls ahead of each other as far as the flags
+// let them, through both slot parities and both kernels (the kernel is picked at launch, the
+// same for a call on every rank).
+TEST(AllReduceGpu, CallsBackToBackOnBothKernels) {
+  LLMK_REQUIRE_GPU();
+  for (int world : {2, 4}) {
+    SCOPED_TRACE(testing::Message() << "world " << world);
+    const SimulatedGroup sg(world, 256 << 10);
+    std::vector<std::unique_ptr<Call>> calls;
+    for (int k = 0; k < 12; ++k)
+      calls.push_back(std::make_unique<Call>(world, DType::bf16, DType::bf16, 1 + k % 5 * 7, 1024 + 512 * (k % 2), -1, 0.0));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (int r = 0; r < world; ++r)
+      for (size_t k = 0; k < calls.size(); ++k) {
+        const KernelScope scope(k % 3 == 0 ? "two_shot" : k % 3 == 1 ? "one_shot" : nullptr);
+        calls[k]->launch(sg, r);
+      }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (const auto& call : calls) call->check();
+  }
 }
 
 TEST(AllReduceGpu, ManyCallsInARowOnBothKernels) {
