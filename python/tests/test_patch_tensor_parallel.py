@@ -4,7 +4,8 @@ batch) against the same TP model unpatched, with the default patch and with ``de
 (whose KV cache holds the rank's share of the kv heads); every decoder layer's two all-reduces
 run through llmk.distributed.all_reduce_add_rmsnorm (its NCCL/gloo path here), and unpatch
 gives the plan's forwards back. A training step (float32) of the patched TP model against the
-unpatched one: the loss and a row-parallel weight's gradient shard."""
+unpatched one: the loss and a row-parallel weight's gradient shard; the patched TP model under
+torch.compile (Dynamo and AOTAutograd, graph breaks allowed) against the unpatched logits."""
 
 import gc
 import os
@@ -111,7 +112,7 @@ def test_patch_on_a_tensor_parallel_model_over_nccl(monkeypatch):
         run_ranks(_rank, WORLD, model_path, "nccl")
 
 
-def _train_rank(rank, rendezvous, failures, model_path):
+def _train_and_compile_rank(rank, rendezvous, failures, model_path):
     import llmk
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD))
@@ -129,21 +130,27 @@ def _train_rank(rank, rendezvous, failures, model_path):
             return out.loss.item(), (grad.to_local() if hasattr(grad, "to_local") else grad).clone()
 
         want_loss, want_grad = step()
+        with torch.no_grad():
+            want_logits = model(ids).logits
         llmk.patch(model)
         got_loss, got_grad = step()
         assert abs(got_loss - want_loss) <= 1e-5 * abs(want_loss), (got_loss, want_loss)
         err = ((got_grad - want_grad).abs().max() / want_grad.abs().max()).item()
         assert err <= 1e-5, f"rank {rank}: o_proj's gradient shard off by {err:.3g}"
+        with torch.no_grad():
+            compiled = torch.compile(model, backend="aot_eager")(ids).logits
+        err = ((compiled - want_logits).abs().max() / want_logits.abs().max()).item()
+        assert err <= 1e-5, f"rank {rank}: the compiled patched model's logits off by {err:.3g}"
     except Exception as e:  # noqa: BLE001 - the parent reports each rank's failure
         failures.put(f"rank {rank}: {type(e).__name__}: {e}")
     finally:
         dist.destroy_process_group()
 
 
-def test_training_step_on_a_tensor_parallel_model_over_gloo(monkeypatch):
+def test_training_and_compile_on_a_tensor_parallel_model_over_gloo(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with tempfile.TemporaryDirectory() as tmp:
         model_path = os.path.join(tmp, "model")
         torch.manual_seed(0)
         transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY)).save_pretrained(model_path)
-        run_ranks(_train_rank, WORLD, model_path)
+        run_ranks(_train_and_compile_rank, WORLD, model_path)
