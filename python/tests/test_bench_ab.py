@@ -2,28 +2,11 @@
 keeps llmk and the named peers, --variant labels every row, --ab-summary compares the labelled
 runs. Checked on the CPU backend at a small shape (the GPU run is the device's)."""
 
-import csv
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from bench_cli import bench
+from bench_cli import csv_rows as rows
 from conftest import HAS_CUDA
-
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(ROOT / "bench")])}
-
-
-def bench(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "llmk_bench", *map(str, args)], check=True, cwd=cwd, env=ENV,
-                          capture_output=True, text=True, timeout=300).stdout
-
-
-def rows(path):
-    with open(path) as f:
-        return list(csv.DictReader(line for line in f if not line.startswith("#")))
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the CPU backend's run; on a GPU the same flags time the GPU kernels")

@@ -3,36 +3,24 @@ e2e_tp.py) on the CPU: their processes over gloo at small shapes, one row per im
 the suites' columns, llmk's results at the unfused sequence's error, and the tables rebuilt from
 the CSVs. The GPU runs (NCCL, several GPUs) are the device's."""
 
-import csv
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 import llmk  # noqa: F401  (registers torch.ops.llmk)
+from bench_cli import csv_rows
+from bench_cli import bench as run_bench
 from conftest import HAS_CUDA
 
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(ROOT / "bench")])}
 CPU_ONLY = pytest.mark.skipif(HAS_CUDA, reason="the CPU processes' run; on GPUs the suites are the benchmark")
 
 
 def bench(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "llmk_bench", *map(str, args)], check=True, cwd=cwd, env=ENV,
-                          capture_output=True, text=True, timeout=600).stdout
-
-
-def rows_of(path):
-    with open(path) as f:
-        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+    return run_bench(*args, cwd=cwd, timeout=600)  # spawned processes over gloo
 
 
 @CPU_ONLY
 def test_all_reduce_suite_over_gloo(tmp_path):
     bench("--op", "all_reduce_add_rmsnorm", "--world", 2, "--csv", tmp_path / "ar.csv", cwd=tmp_path)
-    rows = rows_of(tmp_path / "ar.csv")
+    rows = csv_rows(tmp_path / "ar.csv")
     cases = {}
     for r in rows:
         assert r["op"] == "all_reduce_add_rmsnorm" and r["world"] == "2" and r["path"] == "gloo"
@@ -48,7 +36,7 @@ def test_all_reduce_suite_over_gloo(tmp_path):
 @CPU_ONLY
 def test_e2e_tp_suite_over_gloo(tmp_path):
     bench("--op", "e2e_tp", "--world", 2, "--csv", tmp_path / "tp.csv", cwd=tmp_path)
-    rows = rows_of(tmp_path / "tp.csv")
+    rows = csv_rows(tmp_path / "tp.csv")
     phases = {(r["phase"], r["impl"]) for r in rows}
     assert {("decode", "hf_tp"), ("decode", "llmk"), ("decode", "llmk_decode"), ("prefill", "hf_tp"),
             ("prefill", "llmk")} <= phases, phases

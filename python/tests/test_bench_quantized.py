@@ -2,35 +2,21 @@
 CPU backend at its small shapes: one row per impl and case with the suite's columns, llmk's
 error at the reference's, and the table rebuilt from the CSV. The GPU run is the device's."""
 
-import csv
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import llmk  # noqa: F401  (registers torch.ops.llmk)
+from bench_cli import bench, csv_rows
 from conftest import HAS_CUDA
-
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(ROOT / "bench")])}
 HAS_OP = hasattr(torch.ops.llmk, "quantized_linear") and torch._C._dispatch_has_kernel_for_dispatch_key(
     "llmk::quantized_linear", "CPU")
-
-
-def bench(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "llmk_bench", *map(str, args)], check=True, cwd=cwd, env=ENV,
-                          capture_output=True, text=True, timeout=300).stdout
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the CPU backend's run; on a GPU the suite times the GPU kernels")
 @pytest.mark.skipif(not HAS_OP, reason="llmk._C without the quantized_linear CPU kernel")
 def test_quantized_suite_on_the_cpu(tmp_path):
     bench("--op", "quantized_linear", "--qlinear-m", 1, 16, "--csv", tmp_path / "q.csv", cwd=tmp_path)
-    with open(tmp_path / "q.csv") as f:
-        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    rows = csv_rows(tmp_path / "q.csv")
     cases = {}
     for r in rows:
         assert r["op"] == "quantized_linear" and r["dtype"] == "bfloat16"

@@ -120,18 +120,25 @@ def run(args, device, failures):
           "rows", flush=True)
     if os.environ.get(PATH_VAR):
         print(f"{OP}: {PATH_VAR}={os.environ[PATH_VAR]} is set: impl llmk takes that path", flush=True)
+    return spawn_ranks(OP, _rank, (world, device, cases), world, failures)
+
+
+def spawn_ranks(op, rank_fn, args, world, failures, scratch=None):
+    """Runs ``rank_fn(rank, *args, tmp)`` in `world` spawned processes (NVLink multicast off),
+    ``tmp`` a temporary directory (under `scratch` if given) where rank 0 leaves its rows and
+    failures (RESULTS); returns the rows, `failures` extended. A rank that dies keeps what rank 0
+    measured before."""
     os.environ.update(NO_MULTICAST)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=scratch) as tmp:
         try:
-            mp.start_processes(_rank, args=(world, device, cases, tmp), nprocs=world, join=True,
-                               start_method="spawn")
+            mp.start_processes(rank_fn, args=(*args, tmp), nprocs=world, join=True, start_method="spawn")
         except Exception as e:  # noqa: BLE001 - a rank died: keep what rank 0 measured before
-            failures.append(f"{OP} world={world}: {type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
-            print(f"{OP}: {failures[-1]}", flush=True)
+            failures.append(f"{op} world={world}: {type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
+            print(f"{op}: {failures[-1]}", flush=True)
         rows, rank_failures = _results(tmp)
     failures += rank_failures
-    print(f"{OP}: {len(rows)} rows in {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"{op}: {len(rows)} rows in {time.perf_counter() - t0:.0f} s", flush=True)
     return rows
 
 

@@ -67,19 +67,17 @@ import json
 import os
 import shutil
 import statistics
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import llmk
 from .. import timing
 from ..views.common import sig
 from ..views.e2e_tp import IMPLS, OP
 from . import e2e, generate
-from .distributed import NO_MULTICAST, RESULTS, TIMEOUT_S, _largest, _release, _results, _together
+from .distributed import RESULTS, TIMEOUT_S, _largest, _release, _together, spawn_ranks
 
 GPU = dict(layers=8, contexts=(1024, 8192), batches=(1, 16), prefill=(2048, 8192), new_tokens=64,
            prefill_calls=(2, 5))
@@ -127,19 +125,7 @@ def run(args, device, failures):
           f"{_weight_bytes(config) / 1e9:.3g} GB of weights; decode contexts {list(setup['contexts'])} x batches "
           f"{list(setup['batches'])}, {setup['new_tokens']} new tokens; prefill {list(setup['prefill'])}; impls "
           f"{', '.join(setup['impls'])}", flush=True)
-    os.environ.update(NO_MULTICAST)
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=_scratch(_weight_bytes(config))) as tmp:
-        try:
-            mp.start_processes(_rank, args=(world, device, setup, tmp), nprocs=world, join=True,
-                               start_method="spawn")
-        except Exception as e:  # noqa: BLE001 - a rank died: keep what rank 0 measured before
-            failures.append(f"{OP} world={world}: {type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
-            print(f"{OP}: {failures[-1]}", flush=True)
-        rows, rank_failures = _results(tmp)
-    failures += rank_failures
-    print(f"{OP}: {len(rows)} rows in {time.perf_counter() - t0:.0f} s", flush=True)
-    return rows
+    return spawn_ranks(OP, _rank, (world, device, setup), world, failures, scratch=_scratch(_weight_bytes(config)))
 
 
 def _weight_bytes(config):

@@ -11,7 +11,8 @@ from .common import as_float, fmt, time_ratio, times
 
 OP = "all_reduce_add_rmsnorm"
 BASELINES = ("nccl_unfused", "gloo_unfused")  # the GPU's and the CPU's name of the baseline
-COLORS = {"llmk": "tab:blue", "llmk_fused": "tab:cyan", "llmk_one_shot": "tab:green", "llmk_two_shot": "tab:red", "nccl_unfused": "tab:orange", "gloo_unfused": "tab:orange"}
+COLORS = {"llmk": "tab:blue", "llmk_fused": "tab:cyan", "llmk_one_shot": "tab:green", "llmk_two_shot": "tab:red",
+          "nccl_unfused": "tab:orange", "gloo_unfused": "tab:orange"}
 
 
 def is_distributed_row(row) -> bool:
