@@ -63,7 +63,7 @@ class PeerGroup:
         self.mapped = []
         self.error = ""
         with torch.cuda.device(device):
-            handle = self._attempt(lambda: self._allocate())
+            handle = self._attempt(self._allocate)
             handles = [None] * self.world
             dist.all_gather_object(handles, handle, group=group)
             failed = [r for r, h in enumerate(handles) if h is None]

@@ -122,7 +122,7 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
         layers = _patch_layers(model, fused_norm, offset)
         report.replaced["residual add + rmsnorm (decoder layers)"] = len(layers)
         if fused_norm == "post_attention_layernorm":  # Gemma normalizes attention's output before its add
-            tp_layers = tensor_parallel.patch_layers(model, layers, _replace_forward)
+            tp_layers = tensor_parallel.patch_layers(model, layers, _replace_forward, _norm_eps)
             if tp_layers:
                 report.replaced["tensor-parallel all-reduce + residual add + rmsnorm (decoder layers)"] = tp_layers
     else:

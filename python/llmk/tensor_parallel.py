@@ -48,11 +48,12 @@ def _deferred_forward(self, x):
     return F.linear(x.to_local() if hasattr(x, "to_local") else x, self.weight.to_local())
 
 
-def patch_layers(model: torch.nn.Module, layers: list, replace_forward) -> int:
+def patch_layers(model: torch.nn.Module, layers: list, replace_forward, norm_eps) -> int:
     """Marks the Llama-like decoder ``layers`` of a tensor-parallel model whose o_proj and
     down_proj are row-parallel over one group (their forwards replaced through
-    ``replace_forward``, which keeps the plan's for unpatch) and sets that group's peer buffers
-    up on CUDA (a collective step: every rank patches). Returns how many layers were marked."""
+    ``replace_forward``, which keeps the plan's for unpatch; the next layer's input_layernorm
+    eps read once through ``norm_eps``) and sets that group's peer buffers up on CUDA (a
+    collective step: every rank patches). Returns how many layers were marked."""
     marked = []
     for layer in layers:
         projections = (layer.self_attn.o_proj, layer.mlp.down_proj)
@@ -65,16 +66,12 @@ def patch_layers(model: torch.nn.Module, layers: list, replace_forward) -> int:
         marked.append((layer, groups.pop()))
     for i, (layer, group) in enumerate(marked):
         following = marked[i + 1][0] if i + 1 < len(marked) else None
-        layer._llmk_tp = (group, following)
+        layer._llmk_tp = (group, following, norm_eps(following.input_layernorm) if following is not None else None)
     if marked:  # the fused kernel's buffers (2-8 ranks of NCCL on GPUs); else the layers take NCCL's path
         group, device = marked[0][1], next(model.parameters()).device
         if device.type == "cuda" and dist.get_backend(group) == "nccl" and 2 <= dist.get_world_size(group) <= 8:
             distributed.setup_peer_group(group, device)
     return len(marked)
-
-
-def _norm_eps(norm: torch.nn.Module) -> float:
-    return getattr(norm, "variance_epsilon", None) or getattr(norm, "eps")
 
 
 def _partial(projection: torch.nn.Module, run, *args, **kwargs):
@@ -90,7 +87,7 @@ def layer_forward(layer: torch.nn.Module, hidden_states: torch.Tensor, kwargs: d
     """A marked layer at inference: input_layernorm (or the previous layer's fused one),
     attention's partial sums reduced with the residual add and post_attention_layernorm, the
     MLP's reduced with the next layer's input_layernorm (or all-reduced and added)."""
-    group, following = layer._llmk_tp
+    group, following, following_eps = layer._llmk_tp
     handed = layer.__dict__.pop("_llmk_normed_input", None)
     normed = handed[1] if handed is not None and handed[0] is hidden_states else layer.input_layernorm(hidden_states)
     attn, _ = _partial(layer.self_attn.o_proj, layer.self_attn, hidden_states=normed, **kwargs)
@@ -101,7 +98,6 @@ def layer_forward(layer: torch.nn.Module, hidden_states: torch.Tensor, kwargs: d
     if following is None:
         dist.all_reduce(out, group=group)
         return residual + out
-    norm = following.input_layernorm
-    distributed.all_reduce_add_rmsnorm(out, residual, norm.weight, _norm_eps(norm), group, offset)
+    distributed.all_reduce_add_rmsnorm(out, residual, following.input_layernorm.weight, following_eps, group, offset)
     following._llmk_normed_input = (residual, out)
     return residual

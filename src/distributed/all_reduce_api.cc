@@ -7,12 +7,12 @@
 #include <string>
 
 #include "common/cuda_check.h"
-#include "common/dispatch.h"
 #include "common/env_path.h"
 #include "common/rows.h"
 #include "distributed/all_reduce_params.h"
 #include "llmk/all_reduce.h"
 #include "llmk/norm.h"
+#include "norm/norm_checks.h"
 
 namespace llmk {
 
@@ -160,13 +160,10 @@ void all_reduce_add_rmsnorm(const PeerGroup& group, const TensorView& x, const T
   const detail::Rows res = detail::check_like(kOp, "residual", residual, "x", x);
   LLMK_CHECK(detail::rows_vectorizable({res}, x.dtype()), kOp,
              ": residual must start 16-byte aligned with a row stride of whole 16-byte vectors");
-  detail::check_same_device(kOp, "weight", weight, "x", x);
-  detail::check_vector(kOp, "weight", weight, rows.d);
-  LLMK_CHECK(weight.dtype() == x.dtype() || weight.dtype() == DType::f32, kOp, ": weight has dtype ",
-             dtype_name(weight.dtype()), ", expected ", detail::act_or_f32(x.dtype(), "x's"));
+  detail::check_column_param(kOp, "weight", weight, x, rows.d);
   LLMK_CHECK(detail::is_aligned(weight.data(), 16), kOp, ": weight must start 16-byte aligned");
-  LLMK_CHECK(std::isfinite(eps) && eps > 0.0, kOp, ": eps must be a finite number > 0, got ", eps);
-  LLMK_CHECK(std::isfinite(offset), kOp, ": offset must be finite, got ", offset);
+  detail::check_eps(kOp, eps);
+  detail::check_offset(kOp, offset);
   detail::check_no_overlap(kOp, "x", x, "residual", residual, false);
   detail::check_no_overlap(kOp, "x", x, "weight", weight, false);
   detail::check_no_overlap(kOp, "residual", residual, "weight", weight, false);

@@ -10,30 +10,17 @@
 #include "common/occupancy.h"
 #include "common/rows.h"
 #include "llmk/norm.h"
+#include "norm/norm_checks.h"
 #include "norm/norm_launchers.h"
 
 namespace llmk {
 
+using detail::check_column_param;
+using detail::check_eps;
+using detail::check_offset;
 using detail::Rows;
 
 namespace {
-
-void check_eps(const char* op, double eps) {
-  LLMK_CHECK(std::isfinite(eps) && eps > 0.0, op, ": eps must be a finite number > 0, got ", eps);
-}
-
-void check_offset(const char* op, double offset) {
-  LLMK_CHECK(std::isfinite(offset), op, ": offset must be finite, got ", offset);
-}
-
-// A per-column parameter (weight, bias): [d], x's dtype or f32, on x's device.
-void check_column_param(const char* op, const char* arg, const TensorView& t, const TensorView& x,
-                        int64_t d) {
-  detail::check_same_device(op, arg, t, "x", x);
-  detail::check_vector(op, arg, t, d);
-  LLMK_CHECK(t.dtype() == x.dtype() || t.dtype() == DType::f32, op, ": ", arg, " has dtype ",
-             dtype_name(t.dtype()), ", expected ", detail::act_or_f32(x.dtype(), "x's"));
-}
 
 // A tensor that must match x in shape, dtype and device.
 Rows check_like_x(const char* op, const char* arg, const TensorView& t, const TensorView& x) {
