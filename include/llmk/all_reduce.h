@@ -5,7 +5,8 @@
 //
 // in one kernel per rank, over peer buffers: each rank of a group on one host maps every other
 // rank's buffer into its address space (CUDA IPC) and the kernel moves the data with plain
-// 16-byte stores and loads over NVLink (no NVLink multicast, no collective library). Small
+// 16-byte stores and loads over NVLink (no NVLink multicast, no collective library); the data
+// are their own arrival flags (an empty slot holds a mark no value sent holds). Small
 // messages take a one-shot kernel (every rank sends its x to every other); from 512 KiB, groups
 // of 3 or more ranks a two-shot one (a reduce-scatter then an all-gather of the sums: less
 // NVLink traffic, one more exchange). LLMK_ALL_REDUCE_KERNEL=one_shot|two_shot forces one.
@@ -48,11 +49,12 @@ inline constexpr size_t kPeerHandleBytes = 64;
 
 // Bytes of each rank's peer buffer for a group of `world` ranks whose largest message (x's
 // bytes) is `capacity`: two message slots per rank and two for the two-shot kernel's gather
-// (calls alternate between the two of each) and 16 KiB of flags.
+// (calls alternate between the two of each) and a 16 KiB header (the calls' counts).
 size_t peer_buffer_bytes(int world, size_t capacity);
 
 // A peer buffer of `bytes` on the current CUDA device (its own cudaMalloc: the unit CUDA IPC
-// shares), zeroed; the call returns after the zeroing completes.
+// shares), its header zeroed and its message slots marked empty; the call returns after both
+// complete.
 void* allocate_peer_buffer(size_t bytes);
 void free_peer_buffer(void* buffer);
 

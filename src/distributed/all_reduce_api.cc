@@ -1,6 +1,7 @@
 // all_reduce_add_rmsnorm's entry points: peer buffers (allocation, CUDA IPC handles and
 // mappings) and the fused call, which validates the group and every tensor (a rejected call
 // writes nothing) before its launch.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -24,16 +25,17 @@ constexpr const char* kOp = "all_reduce_add_rmsnorm";
 // docs/kernels/distributed.md).
 constexpr int64_t kTwoShotMinBytes = 512 << 10;
 
-// How long a kernel's block waits for a peer before it traps (a rank that skipped a call):
-// LLMK_ALL_REDUCE_TIMEOUT_S seconds, 600 (NCCL's default watchdog) without it.
-unsigned long long timeout_ns() {
+// How long a kernel's thread waits for a peer before it traps (a rank that skipped a call):
+// LLMK_ALL_REDUCE_TIMEOUT_S seconds, 600 (NCCL's default watchdog) without it; in the
+// kernel's ticks of 2^20 ns, at least one.
+uint32_t timeout_ticks() {
   const char* env = std::getenv("LLMK_ALL_REDUCE_TIMEOUT_S");
-  if (env == nullptr || *env == '\0') return 600ull * 1000000000ull;
+  if (env == nullptr || *env == '\0') return static_cast<uint32_t>(600e9 / (1 << 20));
   char* end = nullptr;
   const double seconds = std::strtod(env, &end);
-  LLMK_CHECK(end != env && *end == '\0' && std::isfinite(seconds) && seconds > 0 && seconds < 1e9, kOp,
-             ": LLMK_ALL_REDUCE_TIMEOUT_S=", env, " is not a positive number of seconds");
-  return static_cast<unsigned long long>(seconds * 1e9);
+  LLMK_CHECK(end != env && *end == '\0' && std::isfinite(seconds) && seconds > 0 && seconds <= 4e6, kOp,
+             ": LLMK_ALL_REDUCE_TIMEOUT_S=", env, " is not a number of seconds in (0, 4e6]");
+  return static_cast<uint32_t>(std::max(1.0, seconds * 1e9 / (1 << 20)));
 }
 
 // The kernel of a call: the rule above, or LLMK_ALL_REDUCE_KERNEL (auto | one_shot | two_shot).
@@ -98,8 +100,16 @@ void* allocate_peer_buffer(size_t bytes) {
              "); size it with peer_buffer_bytes");
   void* p = nullptr;
   LLMK_CUDA_CHECK(cudaMalloc(&p, bytes));
-  const cudaError_t zero = cudaMemset(p, 0, bytes);
-  const cudaError_t done = zero == cudaSuccess ? cudaDeviceSynchronize() : zero;
+  cudaError_t done = cudaMemset(p, 0, detail::kPeerDataOffset);
+  if (done == cudaSuccess) {
+    try {
+      detail::fill_peer_slots_cuda(p, bytes);
+    } catch (const Error&) {
+      cudaFree(p);
+      throw;
+    }
+    done = cudaDeviceSynchronize();
+  }
   if (done != cudaSuccess) {
     cudaFree(p);
     LLMK_CUDA_CHECK(done);
@@ -182,7 +192,7 @@ void all_reduce_add_rmsnorm(const PeerGroup& group, const TensorView& x, const T
   p.world = group.world;
   p.capacity = static_cast<int64_t>(group.capacity);
   for (int r = 0; r < group.world; ++r) p.buffers[r] = static_cast<uint8_t*>(group.buffers[r]);
-  p.timeout_ns = timeout_ns();
+  p.timeout_ticks = timeout_ticks();
   const detail::AllReduceKernel kernel = pick_kernel(group.world, rows.rows * rows.d * dtype_size(x.dtype()));
   detail::DeviceGuard guard(kOp, "x", x);
   detail::all_reduce_add_rmsnorm_cuda(p, kernel, x.dtype(), weight.dtype(), stream);

@@ -1,6 +1,6 @@
 // all_reduce_add_rmsnorm's CUDA launcher and its one instantiation list: the one-shot and
 // two-shot kernels over rows of f32, f16 or bf16, the weight in the rows' dtype or f32, groups
-// of up to 2, 4 or 8 ranks.
+// of up to 2, 4 or 8 ranks; and the fill that marks a new peer buffer's slots empty.
 #include <algorithm>
 
 #include "common/cuda_check.h"
@@ -11,6 +11,11 @@
 namespace llmk::detail {
 
 namespace {
+
+__global__ void fill_words_kernel(uint32_t* words, int64_t count, uint32_t value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x)
+    words[i] = value;
+}
 
 template <class T, class W, int kMaxWorld>
 void launch(const AllReduceNormParams& p, AllReduceKernel kernel, cudaStream_t stream) {
@@ -32,6 +37,13 @@ void launch(const AllReduceNormParams& p, AllReduceKernel kernel, cudaStream_t s
 }
 
 }  // namespace
+
+void fill_peer_slots_cuda(void* buffer, size_t bytes) {
+  const int64_t words = static_cast<int64_t>((bytes - kPeerDataOffset) / sizeof(uint32_t));
+  fill_words_kernel<<<256, 256>>>(reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(buffer) + kPeerDataOffset), words,
+                                  kEmptyWord);
+  LLMK_CHECK_LAUNCH("fill_words_kernel", nullptr);
+}
 
 void all_reduce_add_rmsnorm_cuda(const AllReduceNormParams& p, AllReduceKernel kernel, DType act, DType weight,
                                  cudaStream_t stream) {

@@ -3,49 +3,52 @@
 //   residual += sum over ranks of x;   x = residual * rsqrt(mean(residual^2) + eps) * (offset + w)
 //
 // Every rank launches the same grid of kPeerBlocks blocks; block b owns rows b, b +
-// kPeerBlocks, ... (the same rows on every rank), and meets the same block of the other ranks
-// at flags: after a barrier, thread r (r != rank) stores the block's call count c into flag
-// [b][rank] of rank r's buffer, a release at system scope (what the block stored into rank r's
-// buffer is visible before the flag), then spins on this rank's flag [b][r] until it reaches c
-// (an acquire); a barrier releases the block.
+// kPeerBlocks, ... (the same rows on every rank).
+//
+// The data are their own flags (the "Lamport" exchange). A message slot's empty state is a
+// mark no value sent ever holds: every 16-bit half 0x8000 (f16 / bf16 -0.0; an f32 word
+// 0x80008000, -2^-134). A sender stores its vectors into a peer's slot with plain 16-byte
+// stores over NVLink, after mapping a value equal to the mark to a neighbour (f16 / bf16 -0.0
+// to +0.0, which changes no sum: the sums start at +0.0f; the f32 word 0x80008000 to the next
+// float toward zero, 2^-149 away); the receiver polls each vector of its own slot (volatile
+// 16-byte loads, through L2 where the NVLink stores land) until none of its elements holds
+// the mark, and stores the mark back (the slot is empty for its next use). So a vector costs
+// one NVLink write's latency: no fence, no flag, no block barrier.
 //
 // One-shot (all_reduce_add_rmsnorm_kernel): block b stores its rows of x into slot
-// [parity][rank] of every other rank's buffer (16-byte stores over NVLink), meets the peers,
-// then sums each row's ranks in fp32 in rank order (its own x, the others' from its own
-// slots, read through L2), rounds (the all-reduce's result), adds the residual and rounds
-// (the new residual), reduces the sum of squares over the block and writes x. Each rank sends
-// (w - 1) x the message.
+// [parity][rank] of every other rank's buffer, then sums each row's ranks in fp32 in rank order
+// (its own x, the others' polled from its own slots), rounds (the all-reduce's result), adds
+// the residual and rounds (the new residual), reduces the sum of squares over the block and
+// writes x. Each rank sends (w - 1) x the message.
 // Two-shot (all_reduce_add_rmsnorm_two_shot_kernel): the row's vectors split into w chunks,
 // rank s owning chunk s. Block b stores chunk s of its rows into slot [parity][rank] of rank
-// s, meets the peers (flags A), sums its own chunk over the ranks, rounds, and stores the sum
-// into the gather slot [parity] of every rank (its own included), meets the peers again
-// (flags B), then adds and normalizes the whole rows from its gather slot. Each rank sends 2
-// (w - 1) / w x the message: half of one-shot's at 4 ranks, for one more flag round trip.
-// Both round the same sum the same way, so every rank, on either kernel, leaves the same bits.
+// s, sums its own chunk over the ranks as they arrive, rounds, and stores the sum into the
+// gather slot [parity] of every rank (its own included), then adds and normalizes the whole
+// rows as its gather slot fills. Each rank sends 2 (w - 1) / w x the message: half of
+// one-shot's at 4 ranks, for a second NVLink latency.
+// Both round the same sum the same way (a sum equal to the mark mapped as above, as sent), so
+// every rank, on either kernel, leaves the same bits.
 // A thread's first vectors of the block's first row stay in registers (kAllReduceKept: a row
-// of up to 1024 vectors whole): its residual and weight loaded before the first wait, and in
-// one-shot its x from the push; so after the peers arrive a decode row costs one round trip
-// to L2 per exchange.
+// of up to 1024 vectors whole): its residual and weight loaded before the first poll, and in
+// one-shot its x from the push.
 //
 // Slots and ordering. The call count c is kept per block in this rank's buffer; every rank
 // makes the same calls with the same grid, so the counts agree. Its parity picks the slots: a
 // rank that pushes call c + 1's rows while a peer still reads call c's writes the other
 // parity. It cannot get two calls ahead: to start call c + 2 it finished call c + 1, whose
-// block 0 (every call has a row 0) waited for the peer's block 0 of call c + 1, which started
-// after the peer's whole call-c kernel finished. Blocks without rows only count the call, so
-// every block's count stays the number of calls (either kernel's). A peer may be one call
-// ahead, so a flag may already hold c + 1: the peer has arrived when the flag is c or c + 1.
-// Any other value is an older call's (a block that had no rows for a while, or the gather
-// flags through one-shot calls) and means not yet, however far back (no wrapping window).
-// A peer that never arrives (a rank skipped a call) would hang the kernel: after the call's
-// timeout (p.timeout_ns, LLMK_ALL_REDUCE_TIMEOUT_S) it prints the ranks and the block and traps.
+// row 0 needed this rank's call c + 1 data, sent after this rank's whole call-c kernel (its
+// stores of the mark included) finished; so the mark a receiver stores into a slot always
+// lands before the slot's next data. Blocks without rows only count the call, so every
+// block's count stays the number of calls (either kernel's). A peer that never sends (a rank
+// skipped a call) would hang the kernel: after the call's timeout (p.timeout_ns,
+// LLMK_ALL_REDUCE_TIMEOUT_S) the waiting thread prints the ranks and the block and traps.
 //
 // Roofline (bf16, t rows of d, world w): the message is t * d * 2 bytes per rank; one-shot
 // sends (w - 1) x it out of each GPU over NVLink (and receives as much), two-shot 2 (w - 1) / w
-// x; locally x, the residual (read, written) and x's output. At decode sizes (t <= 128, d =
-// 8192: <= 2 MiB) the time is the launch and one or two NVLink write + flag round trips (~1-2
-// us each); from about 1 MiB at 4 ranks one-shot's 3 x the message is the bound (~200 GB/s out
-// of a GPU measured), where two-shot's 1.5 x is not.
+// x; locally x, the residual (read, written), x's output and the marks stored back. At decode
+// sizes (t <= 128, d = 8192: <= 2 MiB) the time is the launch and one or two NVLink write
+// latencies (~1 us each); from about 1 MiB at 4 ranks one-shot's 3 x the message is the
+// bound (~200 GB/s out of a GPU measured), where two-shot's 1.5 x is not.
 #pragma once
 
 #include <cstdint>
@@ -58,42 +61,74 @@
 
 namespace llmk::detail {
 
-__device__ __forceinline__ void store_release_sys(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+// The global timer in ticks of 2^20 ns (~1 ms; 32 bits span 52 days), for the waits' timeout.
+__device__ __forceinline__ uint32_t coarse_clock() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return static_cast<uint32_t>(t >> 20);
 }
 
-__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+// A slot's empty mark, as 32-bit words (see the header).
+inline constexpr uint32_t kEmptyWord = 0x80008000u;
+
+// Whether a word of a polled vector still holds (part of) the mark.
+template <class T>
+__device__ __forceinline__ bool empty_word(uint32_t w) {
+  if constexpr (sizeof(T) == 4) return w == kEmptyWord;
+  else return (w & 0xffffu) == 0x8000u || (w >> 16) == 0x8000u;
+}
+
+// v as sent: an element equal to the mark mapped to its neighbour (see the header).
+template <class T, int N>
+__device__ __forceinline__ Vec<T, N> sendable(Vec<T, N> v) {
+  static_assert(sizeof(Vec<T, N>) == 16, "messages move in 16-byte vectors");
+  uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if constexpr (sizeof(T) == 4) {
+      if (w[k] == kEmptyWord) w[k] = kEmptyWord - 1u;
+    } else {
+      if ((w[k] & 0xffffu) == 0x8000u) w[k] &= 0xffff0000u;
+      if ((w[k] >> 16) == 0x8000u) w[k] &= 0x0000ffffu;
+    }
+  }
   return v;
 }
 
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
+__device__ __forceinline__ uint4 load_volatile(const uint4* at) {
+  uint4 raw;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+               : "l"(at)
+               : "memory");
+  return raw;
 }
 
-// Spins until *flag holds `call` or `call + 1` (rank `peer`'s block has pushed its rows).
-__device__ __forceinline__ void wait_for_peer(const uint32_t* flag, uint32_t call, int peer, int rank,
-                                              unsigned long long timeout_ns) {
-  const unsigned long long start = global_ns();
-  while (load_acquire_sys(flag) - call > 1u) {
-    if (global_ns() - start > timeout_ns) {
-      printf("llmk all_reduce_add_rmsnorm: rank %d waited %llu s for rank %d (block %d, call %u): every rank "
-             "must make the same calls\n", rank, timeout_ns / 1000000000ull, peer, static_cast<int>(blockIdx.x),
-             call);
-      __trap();
-    }
-  }
+template <class T>
+__device__ __forceinline__ bool holds_mark(const uint4& raw) {
+  return empty_word<T>(raw.x) || empty_word<T>(raw.y) || empty_word<T>(raw.z) || empty_word<T>(raw.w);
 }
 
-// A 16-byte vector of a slot that peers wrote: through L2 (the point where their NVLink
-// stores land), never a stale L1 line.
+// A vector of this rank's slot that `peer` sends in this call: polled until none of its
+// elements holds the mark, then the mark stored back. A peer that does not send within
+// p.timeout_ns stops the kernel with a message.
 template <class T, int N>
-__device__ __forceinline__ Vec<T, N> load_slot(const T* p) {
-  static_assert(sizeof(Vec<T, N>) == 16, "slots are read in 16-byte vectors");
-  const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p));
+__device__ __forceinline__ Vec<T, N> receive(T* slot, const AllReduceNormParams& p, int peer, uint32_t call) {
+  uint4* at = reinterpret_cast<uint4*>(slot);
+  uint4 raw = load_volatile(at);
+  if (holds_mark<T>(raw)) {
+    const uint32_t start = coarse_clock();
+    do {
+      if (coarse_clock() - start > p.timeout_ticks) {
+        printf("llmk all_reduce_add_rmsnorm: rank %d waited %u s for rank %d (block %d, call %u): every rank must "
+               "make the same calls\n", p.rank, static_cast<unsigned>((uint64_t{p.timeout_ticks} << 20) / 1000000000u),
+               peer, static_cast<int>(blockIdx.x), call);
+        __trap();
+      }
+      raw = load_volatile(at);
+    } while (holds_mark<T>(raw));
+  }
+  *at = make_uint4(kEmptyWord, kEmptyWord, kEmptyWord, kEmptyWord);
   return *reinterpret_cast<const Vec<T, N>*>(&raw);
 }
 
@@ -117,19 +152,6 @@ __device__ __forceinline__ Vec<W, N> load_weights(const W* p) {
     for (int j = 0; j < kPer; ++j) w.v[i + j] = part.v[j];
   }
   return w;
-}
-
-// Meets block blockIdx.x of every other rank at `flags_offset` (see above).
-__device__ __forceinline__ void meet_peers(const AllReduceNormParams& p, size_t flags_offset, uint32_t call) {
-  __syncthreads();
-  const int peer = static_cast<int>(threadIdx.x);
-  const int slot = static_cast<int>(blockIdx.x) * kPeerMaxRanks;
-  if (peer < p.world && peer != p.rank) {
-    store_release_sys(reinterpret_cast<uint32_t*>(p.buffers[peer] + flags_offset) + slot + p.rank, call);
-    wait_for_peer(reinterpret_cast<const uint32_t*>(p.buffers[p.rank] + flags_offset) + slot + peer, call, peer,
-                  p.rank, p.timeout_ns);
-  }
-  __syncthreads();
 }
 
 // A block's view of the call: its call count, the slots of the count's parity, the row walk
@@ -222,7 +244,7 @@ struct RowBlock {
   }
 };
 
-// The ranks' vectors summed in fp32 in rank order, rounded to T.
+// The ranks' vectors summed in fp32 in rank order, rounded to T, as sent (see the header).
 template <class T, int N, int kMaxWorld>
 __device__ __forceinline__ Vec<T, N> rank_sum(const Vec<T, N> (&parts)[kMaxWorld], int world) {
   Vec<T, N> out;
@@ -234,7 +256,7 @@ __device__ __forceinline__ Vec<T, N> rank_sum(const Vec<T, N> (&parts)[kMaxWorld
       if (r < world) total += to_float(parts[r].v[j]);
     out.v[j] = from_float<T>(total);
   }
-  return out;
+  return sendable(out);
 }
 
 // kMaxWorld: a bound on p.world (2, 4 or 8), so the per-rank loops unroll.
@@ -249,7 +271,7 @@ __global__ void __launch_bounds__(kAllReduceThreads<kMaxWorld>) all_reduce_add_r
     for (int64_t row = blockIdx.x; row < p.rows; row += kPeerBlocks) {
       const T* x = static_cast<const T*>(p.x) + row * p.d;
       b.for_each_vector(row, [&](int64_t v, int i, bool is_kept) {
-        const V value = load_vec<T, N>(x + v * N);
+        const V value = sendable(load_vec<T, N>(x + v * N));
 #pragma unroll
         for (int r = 0; r < kMaxWorld; ++r)
           if (r < p.world && r != p.rank) store_vec(b.scatter_row(p.buffers[r], p.rank, row) + v * N, value);
@@ -257,7 +279,6 @@ __global__ void __launch_bounds__(kAllReduceThreads<kMaxWorld>) all_reduce_add_r
       });
     }
     b.load_kept();
-    meet_peers(p, kPeerFlagsOffset, b.call);
     for (int64_t row = blockIdx.x; row < p.rows; row += kPeerBlocks) {
       const T* x = static_cast<const T*>(p.x) + row * p.d;
       b.add_norm_row(row, [&](int64_t v, int i, bool is_kept) {
@@ -265,9 +286,9 @@ __global__ void __launch_bounds__(kAllReduceThreads<kMaxWorld>) all_reduce_add_r
 #pragma unroll
         for (int r = 0; r < kMaxWorld; ++r)
           if (r < p.world)
-            parts[r] = r != p.rank ? load_slot<T, N>(b.scatter_row(p.buffers[p.rank], r, row) + v * N)
+            parts[r] = r != p.rank ? receive<T, N>(b.scatter_row(p.buffers[p.rank], r, row) + v * N, p, r, b.call)
                        : is_kept   ? mine[i]
-                                   : load_vec<T, N>(x + v * N);
+                                   : sendable(load_vec<T, N>(x + v * N));
         return rank_sum<T, N, kMaxWorld>(parts, p.world);
       });
     }
@@ -288,12 +309,12 @@ __global__ void __launch_bounds__(kAllReduceThreads<kMaxWorld>) all_reduce_add_r
       const T* x = static_cast<const T*>(p.x) + row * p.d;
       b.for_each_vector(row, [&](int64_t v, int, bool) {
         const int owner = static_cast<int>(v / chunk);
-        if (owner != p.rank) store_vec(b.scatter_row(p.buffers[owner], p.rank, row) + v * N, load_vec<T, N>(x + v * N));
+        if (owner != p.rank)
+          store_vec(b.scatter_row(p.buffers[owner], p.rank, row) + v * N, sendable(load_vec<T, N>(x + v * N)));
       });
     }
     b.load_kept();
-    meet_peers(p, kPeerFlagsOffset, b.call);
-    // Reduce this rank's chunk; its sum to every rank's gather slot.
+    // Reduce this rank's chunk as it arrives; its sum to every rank's gather slot.
     const int64_t first = p.rank * chunk, last = first + chunk < b.vecs ? first + chunk : b.vecs;
     for (int64_t row = blockIdx.x; row < p.rows; row += kPeerBlocks) {
       const T* x = static_cast<const T*>(p.x) + row * p.d;
@@ -302,18 +323,17 @@ __global__ void __launch_bounds__(kAllReduceThreads<kMaxWorld>) all_reduce_add_r
 #pragma unroll
         for (int r = 0; r < kMaxWorld; ++r)
           if (r < p.world)
-            parts[r] = r != p.rank ? load_slot<T, N>(b.scatter_row(p.buffers[p.rank], r, row) + v * N)
-                                   : load_vec<T, N>(x + v * N);
+            parts[r] = r != p.rank ? receive<T, N>(b.scatter_row(p.buffers[p.rank], r, row) + v * N, p, r, b.call)
+                                   : sendable(load_vec<T, N>(x + v * N));
         const V total = rank_sum<T, N, kMaxWorld>(parts, p.world);
 #pragma unroll
         for (int r = 0; r < kMaxWorld; ++r)
           if (r < p.world) store_vec(b.gather_row(p.buffers[r], row) + v * N, total);
       }
     }
-    meet_peers(p, kPeerGatherFlagsOffset, b.call);
     for (int64_t row = blockIdx.x; row < p.rows; row += kPeerBlocks)
       b.add_norm_row(row, [&](int64_t v, int, bool) {
-        return load_slot<T, N>(b.gather_row(p.buffers[p.rank], row) + v * N);
+        return receive<T, N>(b.gather_row(p.buffers[p.rank], row) + v * N, p, static_cast<int>(v / chunk), b.call);
       });
   }
   b.count_call();

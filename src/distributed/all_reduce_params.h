@@ -15,15 +15,11 @@ namespace llmk::detail {
 // The kernel's grid, the same at every call (see the kernel's header: the call count that
 // picks a call's message slots is kept per block).
 inline constexpr int kPeerBlocks = 128;
-// A peer buffer: flags at 0, uint32 [kPeerBlocks][kPeerMaxRanks], where rank r's block b
-// stores its call count at [b][r] once its rows are in this rank's slots (the two-shot
-// kernel's second exchange uses the gather flags, the same array at kPeerGatherFlagsOffset);
-// this rank's call counts per block at kPeerCountsOffset, uint32 [kPeerBlocks]; then the
-// message slots at kPeerDataOffset, capacity bytes each: [2 (call count parity)][world
-// (source rank)], then the two-shot kernel's gather slots [2 (parity)].
-inline constexpr size_t kPeerFlagsOffset = 0;
-inline constexpr size_t kPeerGatherFlagsOffset = sizeof(uint32_t) * kPeerBlocks * kPeerMaxRanks;
-inline constexpr size_t kPeerCountsOffset = 2 * kPeerGatherFlagsOffset;
+// A peer buffer: this rank's call counts per block at kPeerCountsOffset, uint32 [kPeerBlocks]
+// (zero at allocation); then the message slots at kPeerDataOffset, capacity bytes each: [2
+// (call count parity)][world (source rank)], then the two-shot kernel's gather slots [2
+// (parity)], every word kEmptyWord at allocation (fill_peer_slots_cuda) and after each read.
+inline constexpr size_t kPeerCountsOffset = 0;
 inline constexpr size_t kPeerDataOffset = 16384;
 static_assert(kPeerCountsOffset + sizeof(uint32_t) * kPeerBlocks <= kPeerDataOffset, "peer buffer header");
 
@@ -43,9 +39,13 @@ struct AllReduceNormParams {
   int rank = 0;
   int world = 0;
   int64_t capacity = 0;                // bytes of one message slot
-  unsigned long long timeout_ns = 0;   // how long a block waits for a peer before it traps
+  uint32_t timeout_ticks = 0;          // how long a thread waits for a peer before it traps, in
+                                       // 2^20 ns ticks
   uint8_t* buffers[kPeerMaxRanks] = {};
 };
+
+// Marks every message slot of a new buffer of `bytes` empty (stream 0; the caller synchronizes).
+void fill_peer_slots_cuda(void* buffer, size_t bytes);
 
 void all_reduce_add_rmsnorm_cuda(const AllReduceNormParams& p, AllReduceKernel kernel, DType act, DType weight,
                                  cudaStream_t stream);

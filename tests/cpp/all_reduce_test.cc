@@ -4,9 +4,11 @@
 // waiting for each other on the device as separate processes' do) against the reference: the
 // ranks' x summed in fp32 in rank order and rounded, added to the residual and rounded
 // (bit-exact, and the same bits on every rank), then the double RMSNorm of that. Calls in a
-// row with different row counts take both slot parities and the flags of many blocks.
+// row with different row counts take both slot parities and the call counts of many blocks;
+// values equal to a slot's empty mark (bf16 / f16 -0.0, the f32 word 0x80008000) arrive.
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #include "test_util.h"
@@ -120,11 +122,23 @@ struct Call {
   std::vector<std::unique_ptr<DeviceTensor>> dx, dres;
   std::unique_ptr<DeviceTensor> dw;
 
-  Call(int world, DType dt_, DType wdt, int64_t rows_, int64_t d_, int64_t res_stride, double offset_)
+  // marks: x holds values equal to a slot's empty mark, on every rank (every 7th column) or
+  // on one rank (every 5th).
+  Call(int world, DType dt_, DType wdt, int64_t rows_, int64_t d_, int64_t res_stride, double offset_,
+       bool marks = false)
       : dt(dt_), rows(rows_), d(d_), offset(offset_) {
     for (int r = 0; r < world; ++r) {
       xs.emplace_back(dt, rows, d);
       xs.back().randomize();
+    }
+    if (marks) {
+      const uint32_t f32_mark = 0x80008000u;
+      float mark = -0.0f;
+      if (dt == DType::f32) std::memcpy(&mark, &f32_mark, sizeof(mark));
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t c = 0; c < d; ++c)
+          for (int r = 0; r < world; ++r)
+            if (c % 7 == 0 || (c % 5 == 0 && r == (c / 5) % world)) xs[r].set(i, c, mark);
     }
     res = HostTensor(dt, rows, d, res_stride);
     res.randomize(0.0f, 2.0f);
@@ -168,9 +182,9 @@ struct Call {
 };
 
 void run_call(const SimulatedGroup& sg, DType dt, DType wdt, int64_t rows, int64_t d, int64_t res_stride,
-              double offset) {
+              double offset, bool marks = false) {
   SCOPED_TRACE(testing::Message() << "world " << sg.world);
-  const Call call(sg.world, dt, wdt, rows, d, res_stride, offset);
+  const Call call(sg.world, dt, wdt, rows, d, res_stride, offset, marks);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (int r = 0; r < sg.world; ++r) call.launch(sg, r);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -205,8 +219,26 @@ TEST(AllReduceGpu, RanksMatchTheReference) {
     }
 }
 
+// A value equal to the empty mark travels as its neighbour (a lost mark would leave the receiver
+// waiting: the short timeout turns that into a trap instead of a hang).
+TEST(AllReduceGpu, ValuesEqualToTheEmptyMarkArrive) {
+  LLMK_REQUIRE_GPU();
+  setenv("LLMK_ALL_REDUCE_TIMEOUT_S", "20", 1);
+  for (const char* kernel : {"one_shot", "two_shot"})
+    for (int world : {2, 4}) {
+      SCOPED_TRACE(kernel);
+      const KernelScope scope(kernel);
+      const SimulatedGroup sg(world, 1 << 20);
+      for (DType dt : all_dtypes()) {
+        run_call(sg, dt, dt, 3, 2048, -1, 0.0, true);
+        run_call(sg, dt, dt, 130, 256, -1, 0.0, true);
+      }
+    }
+  unsetenv("LLMK_ALL_REDUCE_TIMEOUT_S");
+}
+
 // Calls queued back to back on each rank's stream, rank by rank (rank 0's whole sequence is
-// launched before rank 1's first call): ranks run calls ahead of each other as far as the flags
+// launched before rank 1's first call): ranks run calls ahead of each other as far as the slots
 // let them, through both slot parities and both kernels (the kernel is picked at launch, the
 // same for a call on every rank).
 TEST(AllReduceGpu, CallsBackToBackOnBothKernels) {
