@@ -71,9 +71,8 @@ def _rank(rank, rendezvous, failures, model_path, backend):
                 err = ((got_logits - want_logits).abs().max() / want_logits.abs().max()).item()
                 assert err <= TOLERANCE, f"{options}: logits off by {err:.3g}"
                 assert_generation_follows(greedy(model, ids, mask, 8), want, TOLERANCE, f"rank {rank} {options}")
-                if options:
-                    cache = model._llmk_patch["decode"].cache
-                    assert cache.heads_kv == TINY["num_key_value_heads"] // WORLD
+                if options:  # (no local name for the cache: its CUDA graph must go with the model)
+                    assert model._llmk_patch["decode"].cache.heads_kv == TINY["num_key_value_heads"] // WORLD
             finally:
                 llmk.unpatch(model)
         with torch.no_grad():
@@ -87,6 +86,7 @@ def _rank(rank, rendezvous, failures, model_path, backend):
         model = None  # noqa: F841 (its graphs go with it)
         gc.collect()
         if backend == "nccl":
+            torch.cuda.synchronize()
             llmk.distributed.release_peer_groups()
         dist.destroy_process_group()
 

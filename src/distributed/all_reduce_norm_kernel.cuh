@@ -109,26 +109,58 @@ __device__ __forceinline__ bool holds_mark(const uint4& raw) {
   return empty_word<T>(raw.x) || empty_word<T>(raw.y) || empty_word<T>(raw.z) || empty_word<T>(raw.w);
 }
 
-// A vector of this rank's slot that `peer` sends in this call: polled until none of its
-// elements holds the mark, then the mark stored back. A peer that does not send within
-// p.timeout_ns stops the kernel with a message.
+// Polls a vector of this rank's slot that `peer` sends in this call until none of its elements
+// holds the mark (raw: its first load). A peer that does not send within the timeout stops the
+// kernel with a message.
+template <class T>
+__device__ __forceinline__ void wait_while_marked(uint4& raw, const uint4* at, const AllReduceNormParams& p,
+                                                  int peer, uint32_t call) {
+  if (!holds_mark<T>(raw)) return;
+  const uint32_t start = coarse_clock();
+  do {
+    if (coarse_clock() - start > p.timeout_ticks) {
+      printf("llmk all_reduce_add_rmsnorm: rank %d waited %u s for rank %d (block %d, call %u): every rank must "
+             "make the same calls\n", p.rank, static_cast<unsigned>((uint64_t{p.timeout_ticks} << 20) / 1000000000u),
+             peer, static_cast<int>(blockIdx.x), call);
+      __trap();
+    }
+    raw = load_volatile(at);
+  } while (holds_mark<T>(raw));
+}
+
+__device__ __forceinline__ void store_mark(uint4* at) { *at = make_uint4(kEmptyWord, kEmptyWord, kEmptyWord, kEmptyWord); }
+
+// One vector from each of the group's ranks (slot(r): where rank r's lands in this rank's
+// buffer): the first loads of up to four ranks issued before any is waited on (eight would
+// spill), then each polled until it arrives and its slot marked empty again.
+template <class T, int N, int kMaxWorld, class Slot>
+__device__ __forceinline__ void receive_ranks(Vec<T, N> (&parts)[kMaxWorld], Slot&& slot, const AllReduceNormParams& p,
+                                              uint32_t call) {
+  constexpr int kBatch = kMaxWorld < 4 ? kMaxWorld : 4;
+#pragma unroll
+  for (int first = 0; first < kMaxWorld; first += kBatch) {
+    uint4 raw[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+      if (first + k < p.world) raw[k] = load_volatile(reinterpret_cast<const uint4*>(slot(first + k)));
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+      if (first + k < p.world) {
+        uint4* at = reinterpret_cast<uint4*>(slot(first + k));
+        wait_while_marked<T>(raw[k], at, p, first + k, call);
+        store_mark(at);
+        parts[first + k] = *reinterpret_cast<const Vec<T, N>*>(&raw[k]);
+      }
+  }
+}
+
+// One vector that `peer` sends in this call (see receive_ranks).
 template <class T, int N>
 __device__ __forceinline__ Vec<T, N> receive(T* slot, const AllReduceNormParams& p, int peer, uint32_t call) {
   uint4* at = reinterpret_cast<uint4*>(slot);
   uint4 raw = load_volatile(at);
-  if (holds_mark<T>(raw)) {
-    const uint32_t start = coarse_clock();
-    do {
-      if (coarse_clock() - start > p.timeout_ticks) {
-        printf("llmk all_reduce_add_rmsnorm: rank %d waited %u s for rank %d (block %d, call %u): every rank must "
-               "make the same calls\n", p.rank, static_cast<unsigned>((uint64_t{p.timeout_ticks} << 20) / 1000000000u),
-               peer, static_cast<int>(blockIdx.x), call);
-        __trap();
-      }
-      raw = load_volatile(at);
-    } while (holds_mark<T>(raw));
-  }
-  *at = make_uint4(kEmptyWord, kEmptyWord, kEmptyWord, kEmptyWord);
+  wait_while_marked<T>(raw, at, p, peer, call);
+  store_mark(at);
   return *reinterpret_cast<const Vec<T, N>*>(&raw);
 }
 
@@ -188,6 +220,20 @@ struct RowBlock {
   }
   __device__ T* gather_row(uint8_t* buffer, int64_t row) const { return slot_row(buffer, 2 * p.world + parity, row); }
   __device__ bool kept(int64_t row, int64_t base) const { return row == blockIdx.x && base == threadIdx.x; }
+
+  // f(row, v) over the block's share of the call's vectors: all rows' vectors (row-major) in
+  // even contiguous shares over every block, so that every SM sends a little (one SM's stores
+  // over NVLink flow at only ~10 GB/s). A row's block never overwrites x before every share
+  // of its row was read: it waits for this rank's own part, sent with the others'.
+  template <class F>
+  __device__ void for_each_share(F&& f) const {
+    const int64_t vectors = p.rows * vecs, share = (vectors + kPeerBlocks - 1) / kPeerBlocks;
+    const int64_t end = min(vectors, (blockIdx.x + 1) * share);
+    for (int64_t i = blockIdx.x * share + threadIdx.x; i < end; i += blockDim.x) {
+      const int64_t row = i / vecs;
+      f(row, i - row * vecs);
+    }
+  }
 
   // f(row, v, i, kept) over every vector of the block's rows.
   template <class F>
@@ -266,32 +312,22 @@ __global__ void __launch_bounds__(kAllReduceThreads<kMaxWorld>) all_reduce_add_r
   RowBlock<T, W, kAllReduceKept<kMaxWorld>> b(p);
   using V = typename decltype(b)::V;
   constexpr int N = decltype(b)::N;
+  // Send: x to every rank's slot [parity][rank], this rank's own included.
+  b.for_each_share([&](int64_t row, int64_t v) {
+    const V value = sendable(load_vec<T, N>(static_cast<const T*>(p.x) + row * p.d + v * N));
+#pragma unroll
+    for (int r = 0; r < kMaxWorld; ++r)
+      if (r < p.world) store_vec(b.scatter_row(p.buffers[r], p.rank, row) + v * N, value);
+  });
   if (blockIdx.x < p.rows) {
-    V mine[kAllReduceKept<kMaxWorld>] = {};
-    for (int64_t row = blockIdx.x; row < p.rows; row += kPeerBlocks) {
-      const T* x = static_cast<const T*>(p.x) + row * p.d;
-      b.for_each_vector(row, [&](int64_t v, int i, bool is_kept) {
-        const V value = sendable(load_vec<T, N>(x + v * N));
-#pragma unroll
-        for (int r = 0; r < kMaxWorld; ++r)
-          if (r < p.world && r != p.rank) store_vec(b.scatter_row(p.buffers[r], p.rank, row) + v * N, value);
-        if (is_kept) mine[i] = value;
-      });
-    }
     b.load_kept();
-    for (int64_t row = blockIdx.x; row < p.rows; row += kPeerBlocks) {
-      const T* x = static_cast<const T*>(p.x) + row * p.d;
-      b.add_norm_row(row, [&](int64_t v, int i, bool is_kept) {
+    for (int64_t row = blockIdx.x; row < p.rows; row += kPeerBlocks)
+      b.add_norm_row(row, [&](int64_t v, int, bool) {
         V parts[kMaxWorld];
-#pragma unroll
-        for (int r = 0; r < kMaxWorld; ++r)
-          if (r < p.world)
-            parts[r] = r != p.rank ? receive<T, N>(b.scatter_row(p.buffers[p.rank], r, row) + v * N, p, r, b.call)
-                       : is_kept   ? mine[i]
-                                   : sendable(load_vec<T, N>(x + v * N));
+        receive_ranks<T, N, kMaxWorld>(parts, [&](int r) { return b.scatter_row(p.buffers[p.rank], r, row) + v * N; },
+                                       p, b.call);
         return rank_sum<T, N, kMaxWorld>(parts, p.world);
       });
-    }
   }
   b.count_call();
 }
@@ -303,28 +339,20 @@ __global__ void __launch_bounds__(kAllReduceThreads<kMaxWorld>) all_reduce_add_r
   using V = typename decltype(b)::V;
   constexpr int N = decltype(b)::N;
   const int64_t chunk = (b.vecs + p.world - 1) / p.world;  // vectors; rank s owns [s * chunk, (s + 1) * chunk)
+  // Scatter: chunk s of x's rows to rank s's slot [parity][rank] (this rank's own included).
+  b.for_each_share([&](int64_t row, int64_t v) {
+    store_vec(b.scatter_row(p.buffers[v / chunk], p.rank, row) + v * N,
+              sendable(load_vec<T, N>(static_cast<const T*>(p.x) + row * p.d + v * N)));
+  });
   if (blockIdx.x < p.rows) {
-    // Scatter: chunk s of the block's rows to rank s.
-    for (int64_t row = blockIdx.x; row < p.rows; row += kPeerBlocks) {
-      const T* x = static_cast<const T*>(p.x) + row * p.d;
-      b.for_each_vector(row, [&](int64_t v, int, bool) {
-        const int owner = static_cast<int>(v / chunk);
-        if (owner != p.rank)
-          store_vec(b.scatter_row(p.buffers[owner], p.rank, row) + v * N, sendable(load_vec<T, N>(x + v * N)));
-      });
-    }
     b.load_kept();
     // Reduce this rank's chunk as it arrives; its sum to every rank's gather slot.
     const int64_t first = p.rank * chunk, last = first + chunk < b.vecs ? first + chunk : b.vecs;
     for (int64_t row = blockIdx.x; row < p.rows; row += kPeerBlocks) {
-      const T* x = static_cast<const T*>(p.x) + row * p.d;
       for (int64_t v = first + threadIdx.x; v < last; v += blockDim.x) {
         V parts[kMaxWorld];
-#pragma unroll
-        for (int r = 0; r < kMaxWorld; ++r)
-          if (r < p.world)
-            parts[r] = r != p.rank ? receive<T, N>(b.scatter_row(p.buffers[p.rank], r, row) + v * N, p, r, b.call)
-                                   : sendable(load_vec<T, N>(x + v * N));
+        receive_ranks<T, N, kMaxWorld>(parts, [&](int r) { return b.scatter_row(p.buffers[p.rank], r, row) + v * N; },
+                                       p, b.call);
         const V total = rank_sum<T, N, kMaxWorld>(parts, p.world);
 #pragma unroll
         for (int r = 0; r < kMaxWorld; ++r)
