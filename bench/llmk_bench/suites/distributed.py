@@ -26,11 +26,12 @@ needs several GPUs): a tensor-parallel layer's all-reduce + residual add + RMSNo
   fail is agreed on by all ranks (an all-reduce of a flag) before the next collective. Per case
   and impl: input sets rotated as the harness does (timing.buffer_sets: at least 256 MiB of x
   and residual per cycle; the same values on every rank, as a tensor-parallel layer's residual
-  is), warm-up calls (3, and one per set at least) on a side stream, then a CUDA graph of 20 calls captured on every
+  is), warm-up calls (3, and one per set at least) on a side stream, then a CUDA graph of 100 calls captured on every
   rank and replayed 8 times (the first untimed), each replay after dist.barrier() and a
   synchronize so that the ranks start together, timed by CUDA events. A call's time is the
-  replay's over 20; a rank's the median of the 7 replays; the row's the largest rank's
-  (timing ``graph``). When any rank fails to capture, every rank times the 20 calls launched
+  replay's over 100 (so the ranks' start skew after the barrier weighs a hundredth of itself
+  on a call); a rank's the median of the 7 replays; the row's the largest rank's
+  (timing ``graph``). When any rank fails to capture, every rank times the 100 calls launched
   one by one the same way (timing ``events``, the error in ``note``).
 - Correctness: on one fresh input per case and impl. Every rank draws every rank's x (seeded)
   and so computes the reference locally: the ranks' x summed in float64 and rounded to bf16
@@ -50,7 +51,7 @@ _HIDDEN (comma-separated); ``--tokens`` / ``--hidden`` of the harness take prece
 run is 24 cases of up to 3 rows each.
 Without a GPU: the same protocol over gloo between `world` CPU processes (one torch thread
 each) at tokens 1, 64 x hidden 512, impls ``llmk`` (gloo's all-reduce then add_rmsnorm_ inside
-the op; path ``gloo``) and ``gloo_unfused``, timed by perf_counter around the 20 calls (timing
+the op; path ``gloo``) and ``gloo_unfused``, timed by perf_counter around the 100 calls (timing
 ``cpu``)."""
 
 import argparse
@@ -80,7 +81,7 @@ KERNEL_VAR = "LLMK_ALL_REDUCE_KERNEL"  # the fused path's kernel: one_shot or tw
 KERNELS = ("one_shot", "two_shot")
 FORCED = ("llmk_fused", *(f"llmk_{k}" for k in KERNELS))
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-WARM_UP, CALLS, REPLAYS = 3, 20, 7
+WARM_UP, CALLS, REPLAYS = 3, 100, 7
 TIMEOUT_S = 120  # a collective that waits this long has lost its peers: the process group aborts
 RESULTS = "rows.json"  # rank 0's rows and failures, rewritten after every case
 

@@ -34,7 +34,10 @@ processes, one GPU each (NCCL):
   each; the decode step is (t(1 + NEW) - t(1)) / NEW, ``ttft_us`` is t(1).
 - Prefill (``phase`` prefill; tokens = prompt length, hidden = batch = 1): one forward of
   [1, 2048] and [1, 8192] ids without a cache, ``logits_to_keep=1``; warm-up calls, then the
-  median of the timed calls.
+  median of the timed calls. An impl's prefill cells run before its decode cells (as a server
+  prefills before it decodes; after the decode cells, one run had both impls' 2048-token prefill
+  1.4-6 ms slower, the host-bound part of it, not reproduced on the CPU). ``note`` counts the
+  device allocations (cudaMalloc) the caching allocator made during the timed calls, if any.
 - Timing: every call after dist.barrier() and a synchronize, so that the ranks start together,
   timed by perf_counter with the device synchronized after (what the caller waits for, the
   host's work included); a call's time is the slowest rank's; a cell's the smaller of the two
@@ -261,9 +264,8 @@ def _run_impl(model, impl, setup, device, refs, rows, failures, tmp):
     if report is not None and rank == 0:
         print(str(report), flush=True)
     fused = "" if report is None else report.replaced.get(TP_FUSED, 0)
-    cells = [("decode", ctx, batch) for ctx in setup["contexts"] for batch in setup["batches"]]
-    if impl != "llmk_decode":
-        cells += [("prefill", size, 1) for size in setup["prefill"]]
+    cells = [] if impl == "llmk_decode" else [("prefill", size, 1) for size in setup["prefill"]]
+    cells += [("decode", ctx, batch) for ctx in setup["contexts"] for batch in setup["batches"]]
     try:
         for phase, tokens, batch in cells:
             row = _row(impl, phase, tokens, batch, setup["layers"], fused)
@@ -372,12 +374,20 @@ def prefill(model, size, batch, setup, device, impl, refs):
     logits = forward()[:, -1].float()
     for _ in range(warmup):
         forward()
+    mallocs = _device_allocs(device)
     seconds = statistics.median(_slowest_seconds(forward, device, calls))
+    mallocs = _largest([_device_allocs(device) - mallocs], device)[0]
     key = ("prefill", size, batch)
     if impl == "hf_tp":
         refs[key] = (logits, None)
     return dict(time_us=round(seconds * 1e6, 1), tokens_per_s=sig(batch * size / seconds),
-                max_rel_err=_error(logits, refs.get(key, (None,))[0], device), peak_mem_gb=_peak_gb(device))
+                max_rel_err=_error(logits, refs.get(key, (None,))[0], device), peak_mem_gb=_peak_gb(device),
+                note=f"{int(mallocs)} cudaMalloc during the timed calls" if mallocs else "")
+
+
+def _device_allocs(device):
+    """The caching allocator's device allocations so far (0 on the CPU)."""
+    return torch.cuda.memory_stats().get("num_device_alloc", 0) if device == "cuda" else 0
 
 
 MEASURE = {"decode": decode, "prefill": prefill}
