@@ -6,10 +6,11 @@
 // in one kernel per rank, over peer buffers: each rank of a group on one host maps every other
 // rank's buffer into its address space (CUDA IPC) and the kernel moves the data with plain
 // 16-byte stores and loads over NVLink (no NVLink multicast, no collective library); the data
-// are their own arrival flags (an empty slot holds a mark no value sent holds). Small
-// messages take a one-shot kernel (every rank sends its x to every other); from 512 KiB, groups
-// of 3 or more ranks a two-shot one (a reduce-scatter then an all-gather of the sums: less
-// NVLink traffic, one more exchange). LLMK_ALL_REDUCE_KERNEL=one_shot|two_shot forces one.
+// are their own arrival flags (an empty slot holds a mark no value sent holds). Groups of 2
+// ranks take a one-shot kernel (every rank sends its x to every other); groups of 3 or more, from
+// 128 KiB messages or 16 KiB rows, a two-shot one (a reduce-scatter then an all-gather of the
+// sums: less NVLink traffic and less to receive per row, one more exchange), else the one-shot.
+// LLMK_ALL_REDUCE_KERNEL=one_shot|two_shot forces one.
 //
 // The group: every rank allocates one peer buffer (allocate_peer_buffer, sized by
 // peer_buffer_bytes for the largest message), sends its handle (peer_buffer_handle, 64 bytes)

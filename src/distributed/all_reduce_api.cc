@@ -20,10 +20,13 @@ namespace llmk {
 namespace {
 
 constexpr const char* kOp = "all_reduce_add_rmsnorm";
-// Messages from which groups of 3 or more ranks take the two-shot kernel: it sends 2 (w - 1) / w
-// x the message instead of (w - 1) x, for one more flag round trip (H200, 4 ranks:
-// docs/kernels/distributed.md).
-constexpr int64_t kTwoShotMinBytes = 512 << 10;
+// Groups of 3 or more ranks take the two-shot kernel from messages of 128 KiB or rows of 16
+// KiB: it sends 2 (w - 1) / w x the message instead of (w - 1) x and a row's block receives 1 /
+// w of the row from each rank before the gather instead of the whole row, for a second NVLink
+// latency (H200, 4 ranks: two-shot faster from 128 KiB at hidden 4096, at every size at 8192;
+// one-shot faster at 2 ranks everywhere; docs/kernels/distributed.md).
+constexpr int64_t kTwoShotMinBytes = 128 << 10;
+constexpr int64_t kTwoShotMinRowBytes = 16 << 10;
 
 // How long a kernel's thread waits for a peer before it traps (a rank that skipped a call):
 // LLMK_ALL_REDUCE_TIMEOUT_S seconds, 600 (NCCL's default watchdog) without it; in the
@@ -39,13 +42,14 @@ uint32_t timeout_ticks() {
 }
 
 // The kernel of a call: the rule above, or LLMK_ALL_REDUCE_KERNEL (auto | one_shot | two_shot).
-detail::AllReduceKernel pick_kernel(int world, int64_t bytes) {
+detail::AllReduceKernel pick_kernel(int world, int64_t bytes, int64_t row_bytes) {
   switch (detail::env_path(kOp, "LLMK_ALL_REDUCE_KERNEL", {"auto", "one_shot", "two_shot"})) {
     case 1: return detail::AllReduceKernel::one_shot;
     case 2: return detail::AllReduceKernel::two_shot;
     default:
-      return world >= 3 && bytes >= kTwoShotMinBytes ? detail::AllReduceKernel::two_shot
-                                                     : detail::AllReduceKernel::one_shot;
+      return world >= 3 && (bytes >= kTwoShotMinBytes || row_bytes >= kTwoShotMinRowBytes)
+                 ? detail::AllReduceKernel::two_shot
+                 : detail::AllReduceKernel::one_shot;
   }
 }
 
@@ -193,7 +197,8 @@ void all_reduce_add_rmsnorm(const PeerGroup& group, const TensorView& x, const T
   p.capacity = static_cast<int64_t>(group.capacity);
   for (int r = 0; r < group.world; ++r) p.buffers[r] = static_cast<uint8_t*>(group.buffers[r]);
   p.timeout_ticks = timeout_ticks();
-  const detail::AllReduceKernel kernel = pick_kernel(group.world, rows.rows * rows.d * dtype_size(x.dtype()));
+  const int64_t row_bytes = rows.d * dtype_size(x.dtype());
+  const detail::AllReduceKernel kernel = pick_kernel(group.world, rows.rows * row_bytes, row_bytes);
   detail::DeviceGuard guard(kOp, "x", x);
   detail::all_reduce_add_rmsnorm_cuda(p, kernel, x.dtype(), weight.dtype(), stream);
 }
