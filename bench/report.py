@@ -39,8 +39,9 @@ FAMILIES = {
     "decode": "attention decode over a KV cache (contiguous, paged, fp8, four queries)",
     "gemm": "llmk.linear against cuBLAS, fused epilogues, rmsnorm_linear",
     "quantized": "Weight-only quantized linear (llmk.quantized_linear, int4 / int8 weights) against cuBLAS bf16, tinygemm and int8pack",
-    "distributed": "tensor-parallel all-reduce + residual add + RMSNorm (llmk.distributed.all_reduce_add_rmsnorm) "
-                   "against NCCL's all-reduce then add_rmsnorm_, over 2 or 4 GPUs",
+    **{f"distributed, {w} GPUs": "tensor-parallel all-reduce + residual add + RMSNorm "
+                                  f"(llmk.distributed.all_reduce_add_rmsnorm) against NCCL's all-reduce then "
+                                  f"add_rmsnorm_, over {w} GPUs" for w in (2, 4, 8)},
     "e2e": "whole Hugging Face models: prefill and a training step",
     "generation": "whole-model `generate`: time per generated token and to the first one, against transformers' "
                   "eager and static-cache + torch.compile paths",
@@ -91,10 +92,13 @@ def family_of(op):
 
 def family_of_row(row):
     """The page section of a row (the generation suite's rows share their op with older runs'
-    e2e decode rows, which no section shows)."""
+    e2e decode rows, which no section shows; the distributed rows have one per group size)."""
     if generate.is_generate_row(row):
         return "generation"
-    return family_of(row["op"])
+    family = family_of(row["op"])
+    if family == "distributed":  # one section per group size (each its own run)
+        return f"distributed, {row.get('world')} GPUs" if row.get("world") in ("2", "4", "8") else None
+    return family
 
 
 def first_added(results):
