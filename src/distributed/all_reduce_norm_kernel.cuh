@@ -15,14 +15,16 @@
 // the mark, and stores the mark back (the slot is empty for its next use). So a vector costs
 // one NVLink write's latency: no fence, no flag, no block barrier.
 //
-// One-shot (all_reduce_add_rmsnorm_kernel): block b stores its rows of x into slot
-// [parity][rank] of every other rank's buffer, then sums each row's ranks in fp32 in rank order
-// (its own x, the others' polled from its own slots), rounds (the all-reduce's result), adds
+// Sends: up to kSpreadRows rows, every block sends an even share of the call's vectors (one
+// SM's NVLink stores are slow); above, each block its own rows (see RowBlock::for_each_share).
+// One-shot (all_reduce_add_rmsnorm_kernel): x goes to slot [parity][rank] of every rank's
+// buffer (its own included); block b then sums each of its rows' ranks in fp32 in rank order
+// (all polled from its own slots), rounds (the all-reduce's result), adds
 // the residual and rounds (the new residual), reduces the sum of squares over the block and
 // writes x. Each rank sends (w - 1) x the message.
 // Two-shot (all_reduce_add_rmsnorm_two_shot_kernel): the row's vectors split into w chunks,
-// rank s owning chunk s. Block b stores chunk s of its rows into slot [parity][rank] of rank
-// s, sums its own chunk over the ranks as they arrive, rounds, and stores the sum into the
+// rank s owning chunk s. Chunk s of x goes to slot [parity][rank] of rank s; block b sums
+// this rank's chunk of its rows over the ranks as they arrive, rounds, and stores the sum into the
 // gather slot [parity] of every rank (its own included), then adds and normalizes the whole
 // rows as its gather slot fills. Each rank sends 2 (w - 1) / w x the message: half of
 // one-shot's at 4 ranks, for a second NVLink latency.
@@ -164,6 +166,9 @@ __device__ __forceinline__ Vec<T, N> receive(T* slot, const AllReduceNormParams&
   return *reinterpret_cast<const Vec<T, N>*>(&raw);
 }
 
+// Calls of up to this many rows spread their sends over every block (see for_each_share).
+inline constexpr int kSpreadRows = 16;
+
 // Threads per block and the vectors of a row each thread keeps in registers: rows of up to
 // 1024 16-byte vectors (8192 bf16) are held whole, 1024 threads of one vector for two ranks,
 // 512 of two for more (their per-rank values take the registers).
@@ -221,12 +226,21 @@ struct RowBlock {
   __device__ T* gather_row(uint8_t* buffer, int64_t row) const { return slot_row(buffer, 2 * p.world + parity, row); }
   __device__ bool kept(int64_t row, int64_t base) const { return row == blockIdx.x && base == threadIdx.x; }
 
-  // f(row, v) over the block's share of the call's vectors: all rows' vectors (row-major) in
-  // even contiguous shares over every block, so that every SM sends a little (one SM's stores
-  // over NVLink flow at only ~10 GB/s). A row's block never overwrites x before every share
-  // of its row was read: it waits for this rank's own part, sent with the others'.
+  // f(row, v) over the vectors this block sends. Up to kSpreadRows rows (decode): all rows'
+  // vectors (row-major) in even contiguous shares over every block, so that every SM sends a
+  // little (one SM's stores over NVLink flow at only ~7-10 GB/s); a row's block never
+  // overwrites x before every share of its row was read: it waits for this rank's own part,
+  // sent with the others'. Its waiting blocks are then the first kSpreadRows, and the rest
+  // only send and exit, so the call needs no more blocks resident at once than that. Above
+  // it, each block sends its own rows (every block may wait; none waits for another block of
+  // its rank: the call runs however few of the 128 blocks fit at once, 108 on an A100).
   template <class F>
   __device__ void for_each_share(F&& f) const {
+    if (p.rows > kSpreadRows) {
+      for (int64_t row = blockIdx.x; row < p.rows; row += kPeerBlocks)
+        for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) f(row, v);
+      return;
+    }
     const int64_t vectors = p.rows * vecs, share = (vectors + kPeerBlocks - 1) / kPeerBlocks;
     const int64_t end = min(vectors, (blockIdx.x + 1) * share);
     for (int64_t i = blockIdx.x * share + threadIdx.x; i < end; i += blockDim.x) {
