@@ -18,7 +18,8 @@
 // (open_peer_buffer). A PeerGroup then lists the buffers as this process sees them.
 //
 // Calls: every rank of the group calls all_reduce_add_rmsnorm with x of the same shape and
-// dtype, in the same order, with the same LLMK_ALL_REDUCE_KERNEL setting; one call at a time
+// dtype, in the same order, with the same LLMK_ALL_REDUCE_KERNEL setting (a mismatched call
+// leaves data no rank reads, which a later call would take for its own); one call at a time
 // per group (one stream, or calls ordered across streams; no programmatic dependent launch
 // into it). A rank that skips a call leaves the others waiting: the kernel stops the process
 // (a device trap, after a message naming the rank it waited for) once it has waited

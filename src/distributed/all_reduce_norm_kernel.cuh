@@ -31,19 +31,21 @@
 // Both round the same sum the same way (a sum equal to the mark mapped as above, as sent), so
 // every rank, on either kernel, leaves the same bits.
 // A thread's first vectors of the block's first row stay in registers (kAllReduceKept: a row
-// of up to 1024 vectors whole): its residual and weight loaded before the first poll, and in
-// one-shot its x from the push.
+// of up to 1024 vectors whole): its residual and weight, loaded before the first poll.
 //
 // Slots and ordering. The call count c is kept per block in this rank's buffer; every rank
 // makes the same calls with the same grid, so the counts agree. Its parity picks the slots: a
 // rank that pushes call c + 1's rows while a peer still reads call c's writes the other
 // parity. It cannot get two calls ahead: to start call c + 2 it finished call c + 1, whose
-// row 0 needed this rank's call c + 1 data, sent after this rank's whole call-c kernel (its
-// stores of the mark included) finished; so the mark a receiver stores into a slot always
-// lands before the slot's next data. Blocks without rows only count the call, so every
-// block's count stays the number of calls (either kernel's). A peer that never sends (a rank
-// skipped a call) would hang the kernel: after the call's timeout (p.timeout_ns,
-// LLMK_ALL_REDUCE_TIMEOUT_S) the waiting thread prints the ranks and the block and traps.
+// row 0 needed each peer's call c + 1 data (directly, or through the gather), sent after that
+// peer's whole call-c kernel (its stores of the mark included) finished; so the mark a
+// receiver stores into a slot always lands before the slot's next data. Blocks without rows
+// send their share (up to kSpreadRows rows) and count the call, so every block's count stays
+// the number of calls (either kernel's). So every rank must make the same calls (same rows,
+// d, dtype and kernel), in stream order: a mismatched call leaves data nobody reads, which a
+// later call would take for its own. A peer that never sends (a rank skipped a call) would
+// hang the kernel: after the call's timeout (p.timeout_ticks, LLMK_ALL_REDUCE_TIMEOUT_S) the
+// lowest waiting lane of each warp prints the ranks and the block and the kernel traps.
 //
 // Roofline (bf16, t rows of d, world w): the message is t * d * 2 bytes per rank; one-shot
 // sends (w - 1) x it out of each GPU over NVLink (and receives as much), two-shot 2 (w - 1) / w
@@ -121,9 +123,16 @@ __device__ __forceinline__ void wait_while_marked(uint4& raw, const uint4* at, c
   const uint32_t start = coarse_clock();
   do {
     if (coarse_clock() - start > p.timeout_ticks) {
-      printf("llmk all_reduce_add_rmsnorm: rank %d waited %u s for rank %d (block %d, call %u): every rank must "
-             "make the same calls\n", p.rank, static_cast<unsigned>((uint64_t{p.timeout_ticks} << 20) / 1000000000u),
-             peer, static_cast<int>(blockIdx.x), call);
+      const unsigned lane = threadIdx.x % 32;
+      if ((__activemask() & ((1u << lane) - 1u)) == 0) {  // one line per warp
+        const unsigned ms = static_cast<unsigned>((uint64_t{p.timeout_ticks} << 20) / 1000000u);
+        if (peer == p.rank)
+          printf("llmk all_reduce_add_rmsnorm: rank %d waited %u ms for its own sends (block %d, call %u): the "
+                 "kernel's 128 blocks could not all run\n", p.rank, ms, static_cast<int>(blockIdx.x), call);
+        else
+          printf("llmk all_reduce_add_rmsnorm: rank %d waited %u ms for rank %d (block %d, call %u): every rank "
+                 "must make the same calls\n", p.rank, ms, peer, static_cast<int>(blockIdx.x), call);
+      }
       __trap();
     }
     raw = load_volatile(at);
@@ -192,7 +201,7 @@ __device__ __forceinline__ Vec<W, N> load_weights(const W* p) {
 }
 
 // A block's view of the call: its call count, the slots of the count's parity, the row walk
-// (vector v = base + i * blockDim + threadIdx.x, bases step kKept * blockDim apart) and the
+// (vector v = base + i * blockDim, base = threadIdx.x + j * kKept * blockDim) and the
 // registers of the thread's first vectors of the block's first row (kept).
 template <class T, class W, int kKept>
 struct RowBlock {
@@ -212,7 +221,9 @@ struct RowBlock {
     parity = call & 1;
   }
   __device__ uint32_t* counts() const { return reinterpret_cast<uint32_t*>(p.buffers[p.rank] + kPeerCountsOffset); }
+  // Every thread read the count (the constructor) before thread 0 stores the next one.
   __device__ void count_call() const {
+    __syncthreads();
     if (threadIdx.x == 0) counts()[blockIdx.x] = call;
   }
   // Row `row` of message slot `slot` (0..2w-1: [parity][source]; 2w, 2w+1: the gather slots)
@@ -230,8 +241,8 @@ struct RowBlock {
   // vectors (row-major) in even contiguous shares over every block, so that every SM sends a
   // little (one SM's stores over NVLink flow at only ~7-10 GB/s); a row's block never
   // overwrites x before every share of its row was read: it waits for this rank's own part,
-  // sent with the others'. Its waiting blocks are then the first kSpreadRows, and the rest
-  // only send and exit, so the call needs no more blocks resident at once than that. Above
+  // sent with the others'. Its waiting blocks are then the first p.rows, and the rest only
+  // send and exit, so the call needs p.rows + 1 blocks resident at once. Above
   // it, each block sends its own rows (every block may wait; none waits for another block of
   // its rank: the call runs however few of the 128 blocks fit at once, 108 on an A100).
   template <class F>

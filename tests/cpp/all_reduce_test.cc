@@ -99,6 +99,19 @@ struct SimulatedGroup {
       cudaStreamDestroy(streams[r]);
     }
   }
+  // After the device is synchronized: every rank's message slots marked empty again (every
+  // word 0x80008000: each vector sent was read) and each block's call count `calls`.
+  void expect_clean(uint32_t calls) const {
+    const size_t bytes = peer_buffer_bytes(world, capacity), header = bytes - 2 * (world + 1) * capacity;
+    std::vector<uint32_t> words(bytes / 4);
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(cudaMemcpy(words.data(), buffers[r], bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (int b = 0; b < 128; ++b) EXPECT_EQ(words[b], calls) << "rank " << r << " block " << b << "'s call count";
+      size_t unmarked = 0;
+      for (size_t i = header / 4; i < words.size(); ++i) unmarked += words[i] != 0x80008000u;
+      EXPECT_EQ(unmarked, 0u) << "rank " << r << ": words of its message slots left unread";
+    }
+  }
   PeerGroup group(int rank) const {
     PeerGroup g;
     g.rank = rank;
@@ -110,9 +123,10 @@ struct SimulatedGroup {
 };
 
 // One call on every rank: fresh x per rank, the same residual and weight, and the reference.
-// Every rank's blocks with rows spin until the other ranks' arrive, so the simulated ranks'
-// blocks must be resident together: more than 128 rows (every block busy) only at small d
-// (few threads per block).
+// Every rank's blocks with rows spin until the other ranks' arrive (and, up to 16 rows, until
+// their own rank's other blocks have sent their shares), so the simulated ranks' blocks must be
+// resident together: more than 128 rows (every block busy) only at small d (few threads per
+// block).
 struct Call {
   DType dt;
   int64_t rows, d;
@@ -123,7 +137,8 @@ struct Call {
   std::unique_ptr<DeviceTensor> dw;
 
   // marks: x holds values equal to a slot's empty mark, on every rank (every 7th column) or
-  // on one rank (every 5th).
+  // on one rank (every 5th); f32 also values whose sum over two ranks is the mark (-2^-135,
+  // every 11th: the two-shot kernel sends that sum to the gather slots).
   Call(int world, DType dt_, DType wdt, int64_t rows_, int64_t d_, int64_t res_stride, double offset_,
        bool marks = false)
       : dt(dt_), rows(rows_), d(d_), offset(offset_) {
@@ -135,10 +150,14 @@ struct Call {
       const uint32_t f32_mark = 0x80008000u;
       float mark = -0.0f;
       if (dt == DType::f32) std::memcpy(&mark, &f32_mark, sizeof(mark));
+      const uint32_t f32_half_mark = 0x80004000u;
+      float half_mark = 0.0f;
+      std::memcpy(&half_mark, &f32_half_mark, sizeof(half_mark));
       for (int64_t i = 0; i < rows; ++i)
         for (int64_t c = 0; c < d; ++c)
           for (int r = 0; r < world; ++r)
             if (c % 7 == 0 || (c % 5 == 0 && r == (c / 5) % world)) xs[r].set(i, c, mark);
+            else if (dt == DType::f32 && c % 11 == 0) xs[r].set(i, c, half_mark);
     }
     res = HostTensor(dt, rows, d, res_stride);
     res.randomize(0.0f, 2.0f);
@@ -229,10 +248,13 @@ TEST(AllReduceGpu, ValuesEqualToTheEmptyMarkArrive) {
       SCOPED_TRACE(kernel);
       const KernelScope scope(kernel);
       const SimulatedGroup sg(world, 1 << 20);
+      uint32_t calls = 0;
       for (DType dt : all_dtypes()) {
         run_call(sg, dt, dt, 3, 2048, -1, 0.0, true);
         run_call(sg, dt, dt, 130, 256, -1, 0.0, true);
+        calls += 2;
       }
+      sg.expect_clean(calls);
     }
   unsetenv("LLMK_ALL_REDUCE_TIMEOUT_S");
 }
@@ -257,6 +279,7 @@ TEST(AllReduceGpu, CallsBackToBackOnBothKernels) {
       }
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     for (const auto& call : calls) call->check();
+    sg.expect_clean(static_cast<uint32_t>(calls.size()));
   }
 }
 
@@ -267,6 +290,7 @@ TEST(AllReduceGpu, ManyCallsInARowOnBothKernels) {
     const KernelScope scope(call % 3 == 0 ? "two_shot" : call % 3 == 1 ? "one_shot" : nullptr);
     run_call(sg, DType::bf16, DType::bf16, 1 + call % 7 * 3, 1024 + 512 * (call % 2), -1, 0.0);
   }
+  sg.expect_clean(40);
 }
 
 TEST(AllReduceGpu, RejectsUnfitCallsWithoutWriting) {
