@@ -51,10 +51,9 @@ tokens equal to hf_tp's, of batch x NEW_TOKENS; random weights give near-ties), 
 hf_tp's on the same input (max|d| / max|ref|, the largest rank's).
 
 Trimming: ``--e2e-tp-layers``, ``--e2e-tp-contexts``, ``--e2e-tp-batches``, ``--e2e-tp-prefill``,
-``--e2e-tp-impls``. Time on 2 H200s, estimated (not measured yet): about 2 minutes for the
-default set (processes and imports 15 s, build and save 10-20 s, load 10-20 s, the 12 decode and
-4 prefill cells about a minute, most of it hf_tp's and llmk's host-bound decode steps and the
-batch-16 x 8192 prompts' prefills inside generate).
+``--e2e-tp-impls``. Time on 2 H200s: 93 s for the default set's 16 cells (measured at 4320757;
+most of it hf_tp's and llmk's host-bound decode steps and the batch-16 x 8192 prompts' prefills
+inside generate), plus the processes' start, imports and the checkpoint's build and load.
 
 Without a GPU: the same code over gloo between `world` CPU processes (one torch thread each), the
 tiny config (2 layers, hidden 256, 4 heads and 2 kv heads of 64, vocab 1024), contexts 32 and 64
