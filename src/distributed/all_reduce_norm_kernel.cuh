@@ -284,15 +284,15 @@ struct RowBlock {
     }
   }
 
-  // residual += sum; x = rmsnorm(residual) on row `row`, sum(v, i, kept) giving the row's
-  // all-reduced vector v (rounded to T).
+  // residual += sum; x = rmsnorm(residual) on row `row`, sum(v) giving the row's all-reduced
+  // vector v (rounded to T).
   template <class Sum>
   __device__ void add_norm_row(int64_t row, Sum&& sum) {
     T* x = static_cast<T*>(p.x) + row * p.d;
     T* residual = static_cast<T*>(p.residual) + row * p.residual_stride;
     float sum_squares = 0.0f;
     for_each_vector(row, [&](int64_t v, int i, bool is_kept) {
-      const V total = sum(v, i, is_kept);
+      const V total = sum(v);
       V res = is_kept ? res_kept[i] : load_vec<T, N>(residual + v * N);
 #pragma unroll
       for (int j = 0; j < N; ++j) {
@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(kAllReduceThreads<kMaxWorld>) all_reduce_add_r
   if (blockIdx.x < p.rows) {
     b.load_kept();
     for (int64_t row = blockIdx.x; row < p.rows; row += kPeerBlocks)
-      b.add_norm_row(row, [&](int64_t v, int, bool) {
+      b.add_norm_row(row, [&](int64_t v) {
         V parts[kMaxWorld];
         receive_ranks<T, N, kMaxWorld>(parts, [&](int r) { return b.scatter_row(p.buffers[p.rank], r, row) + v * N; },
                                        p, b.call);
@@ -385,7 +385,7 @@ __global__ void __launch_bounds__(kAllReduceThreads<kMaxWorld>) all_reduce_add_r
       }
     }
     for (int64_t row = blockIdx.x; row < p.rows; row += kPeerBlocks)
-      b.add_norm_row(row, [&](int64_t v, int, bool) {
+      b.add_norm_row(row, [&](int64_t v) {
         return receive<T, N>(b.gather_row(p.buffers[p.rank], row) + v * N, p, static_cast<int>(v / chunk), b.call);
       });
   }
