@@ -4,7 +4,9 @@
 // pair; the CUDA paths (sm80 always, small_m and sm90 where they apply, auto) against the
 // same double computation with the FlashAttention rule; the sm80 kernel's unaligned path
 // through its launcher; bad inputs (each rejected with a clear error, nothing written).
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <optional>
@@ -715,6 +717,48 @@ TEST(GemmGpu, BatchedAndZeroK) {
   Matrix got;
   std::string why;
   EXPECT_TRUE(run_gpu(pr, "auto", got, &why));
+}
+
+// Small-M calls back to back on one stream, each reading what the one before wrote (the
+// second's weight is the first's output, poisoned before it; the third's x the second's
+// output) and the third writing over the second's x: a launch that read or wrote before the
+// previous one completed (an overlapped launch, e.g. programmatic dependent launch) fails
+// here. Each result is checked against the product of what the GPU actually holds.
+TEST(GemmGpu, SmallMCallsBackToBackSeeEachOthersWrites) {
+  LLMK_REQUIRE_GPU();
+  const Device dev{DeviceType::cuda, 0};
+  Matrix a1(DType::bf16, 64, 256, false, 256), b1(DType::bf16, 1024, 256, false, 256);
+  Matrix w2(DType::bf16, 64, 1024, false, 1024), x(DType::bf16, 5, 1024, false, 1024);
+  Matrix y(DType::bf16, 5, 64, false, 64), w3(DType::bf16, 1024, 64, false, 64);
+  a1.fill_uniform();
+  b1.fill_uniform();
+  x.fill_uniform();
+  w3.fill_uniform();
+  DeviceMatrix da1(a1), db1(b1), dw2(w2), dx(x), dy(y), dw3(w3);
+  {
+    PathScope scope("small_m");
+    gemm(w2.view_at(dw2.data(), dev), a1.view_at(da1.data(), dev), b1.view_at(db1.data(), dev), GemmEpilogue{});
+    gemm(y.view_at(dy.data(), dev), x.view_at(dx.data(), dev), w2.view_at(dw2.data(), dev), GemmEpilogue{});
+    gemm(x.view_at(dx.data(), dev), y.view_at(dy.data(), dev), w3.view_at(dw3.data(), dev), GemmEpilogue{});
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const Matrix w2_got = dw2.download(w2), y_got = dy.download(y), z_got = dx.download(x);
+  // got ≈ a · bᵀ (bf16 output: relative to the largest reference element)
+  auto expect_product = [](const Matrix& got, const Matrix& a, const Matrix& b, const char* what) {
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < got.rows; ++i)
+      for (int64_t j = 0; j < got.cols; ++j) {
+        double ref = 0;
+        for (int64_t kk = 0; kk < a.cols; ++kk) ref += double(a.get(i, kk)) * b.get(j, kk);
+        const double g = got.get(i, j);
+        worst = std::isfinite(g) ? std::max(worst, std::abs(g - ref)) : INFINITY;
+        scale = std::max(scale, std::abs(ref));
+      }
+    EXPECT_LE(worst, 1e-2 * scale) << what;
+  };
+  expect_product(w2_got, a1, b1, "first call");
+  expect_product(y_got, x, w2_got, "second call (weight written by the first)");
+  expect_product(z_got, y_got, w3, "third call (x written by the second, out over the second's x)");
 }
 
 // The sm80 kernel's element-wise path, which the API's 16-byte rule never selects: call
