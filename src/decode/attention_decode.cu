@@ -4,11 +4,15 @@
 // in 128 registers per thread: 64 rows at D = 64, 32 at D = 96 / 128, 16 at D = 256).
 // Causal, paging, append, RoPE and GQA are run-time parameters of each kernel.
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "common/cuda_check.h"
 #include "common/device_types.cuh"
 #include "common/dispatch.h"
+#include "common/env_path.h"
 #include "common/head_dims.h"
 #include "common/occupancy.h"
 #include "common/pdl_launch.h"
@@ -37,8 +41,23 @@ template <class T, class Cache, int kHeadDim, int kMTiles>
 using TileFor = DecodeTile<T, Cache, kHeadDim, kMTiles,
                            smem_budget(blocks_per_sm(kHeadDim, std::is_same_v<Cache, Fp8E4M3>, kMTiles))>;
 
+// Whether `splits` blocks of `kernel` can run as one cluster on the current device: its code
+// for the device is sm_90 (the merge is compiled in) and the device can co-schedule them.
+// Remembered per (kernel, device, splits).
+bool cluster_merge_fits(const void* kernel, int device, int ptx_version, int threads, int smem, int splits) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, int>, bool> cache;
+  const auto key = std::make_tuple(kernel, device, splits);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const bool fits = ptx_version >= 90 && max_active_clusters(kernel, threads, static_cast<size_t>(smem), splits) > 0;
+  cache.emplace(key, fits);
+  return fits;
+}
+
 template <class T, class Tile>
-void launch(const DecodeParams& p, int row_blocks, cudaStream_t stream) {
+void launch(const DecodeParams& params, int row_blocks, cudaStream_t stream) {
   const void* kernel = reinterpret_cast<const void*>(&attention_decode_kernel<T, Tile>);
   int device = 0;
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
@@ -49,7 +68,43 @@ void launch(const DecodeParams& p, int row_blocks, cudaStream_t stream) {
              " KB of shared memory per block; this GPU, with this build's code for it (compute_", limits.ptx_version,
              "), gives ", most / 1024, " KB");
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
+
+  // The merge of the splits: in a cluster where it fits (2-8 splits, sm_90), else by the
+  // merge kernel over the workspace, else (no workspace) one split. The three-per-SM tiles
+  // (fp8, 16 rows) merge in a cluster only when the grid has at most one block per SM:
+  // clusters of their blocks filled the SMs worse (H200, fp8 16 x 8192: 109.7 -> 162.2 us,
+  // 64 x 4096: 218 -> 261), where the two-per-SM tiles gained (bf16 16 x 8192 136.1 -> 132.4,
+  // 1 x 1024 8.1 -> 7.5).
+  DecodeParams p = params;
+  const int merge = env_path("attention_decode", "LLMK_DECODE_MERGE", {"auto", "kernel", "cluster"});
+  const int64_t blocks = int64_t{p.splits} * p.heads_kv * row_blocks * p.batch;
+  const bool packs_well = Tile::kMinBlocks != 3 || blocks <= sm_count_of(device) || merge == 2;
+  const bool in_cluster = p.splits > 1 && p.splits <= kDecodeClusterMaxSplits && !(merge == 1 && p.partial_out) &&
+                          packs_well &&
+                          cluster_merge_fits(kernel, device, limits.ptx_version, Tile::kThreads, Tile::kSmemBytes, p.splits);
+  LLMK_CHECK(merge != 2 || p.splits == 1 || in_cluster, "attention_decode: LLMK_DECODE_MERGE=cluster, but ", p.splits,
+             " splits cannot merge in a cluster on this GPU and build");
+  p.cluster_merge = in_cluster;
+  if (!in_cluster && p.partial_out == nullptr) p.splits = 1;
+
   const dim3 grid(p.splits, p.heads_kv * row_blocks, p.batch);
+  if (in_cluster) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(Tile::kThreads);
+    config.dynamicSmemBytes = Tile::kSmemBytes;
+    config.stream = stream;
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = static_cast<unsigned>(p.splits);
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    void* args[] = {&p};
+    LLMK_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, args));
+    return;
+  }
   attention_decode_kernel<T, Tile><<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
   if (p.splits > 1) {
     const int64_t rows = static_cast<int64_t>(p.batch) * p.q_len * p.heads_q;

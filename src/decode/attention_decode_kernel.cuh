@@ -15,7 +15,10 @@
 //     fp8 cache: the warp's 16 K and V rows are converted to q's dtype in shared memory
 //     S = Q K^T (mma.sync), mask (causal, split end), online softmax, O += P V
 //   the 4 warps' (max, sum, O) merged through shared memory; the block writes out and lse
-//   directly (one split) or its partial O and lse into the workspace, which
+//   directly (one split); or, split over a thread-block cluster (2-8 splits on sm_90), keeps
+//   its partial O and lse in shared memory, and after a cluster barrier each block combines a
+//   1/C share of the rows from every block's shared memory (no workspace, no second kernel);
+//   or (more splits) writes its partial O and lse into the workspace, which
 //   attention_decode_merge_kernel combines by lse.
 //
 // Roofline (H100 SXM, ~3.0 TB/s copy): the bytes are the cache's K and V for the visible
@@ -31,6 +34,7 @@
 // (attention_decode.cu) so that the blocks fill the SMs in about one wave.
 #pragma once
 
+#include <cuda/ptx>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -144,6 +148,59 @@ __device__ __forceinline__ void fp8x16_to(uint4 (&dst)[2], uint4 src) {
   dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
+// The combine of a cluster's splits (sm_90; the launcher asks for it only there): the
+// cluster is the gridDim.x = p.splits blocks of one (sequence, kv head, row block), each
+// holding its normalized partial rows (pitch kMergePitch floats) and their lse in shared
+// memory. After a cluster barrier, block `split` takes a 1/C share of the (row, 4 columns)
+// items and reads every block's piece through distributed shared memory: out = sum_s
+// exp(lse_s - lse) O_s, lse = log sum_s exp(lse_s) (a split that saw no key has lse -inf
+// and weighs nothing), in a fixed order. A second barrier keeps each block's shared memory
+// alive until its peers have read it.
+template <class T, class Tile>
+__device__ __forceinline__ void decode_cluster_merge(const DecodeParams& p, const float* s_o, const float* s_lse, int b,
+                                                     int kv_head, int row0, int rows_total) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int D = Tile::kHeadDim;
+  cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_release);
+  cuda::ptx::barrier_cluster_wait();
+  const int splits = p.splits, split = static_cast<int>(blockIdx.x);
+  const int rows = min(Tile::kRows, rows_total - row0);
+  for (int item = split * Tile::kThreads + static_cast<int>(threadIdx.x); item < rows * (D / 4);
+       item += splits * Tile::kThreads) {
+    const int r = item / (D / 4), c = (item % (D / 4)) * 4;
+    float m = -INFINITY;
+    for (int s = 0; s < splits; ++s)
+      m = fmaxf(m, static_cast<const float*>(__cluster_map_shared_rank(const_cast<float*>(s_lse), s))[r]);
+    float sum = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = 0; s < splits; ++s) {
+      const float ls = static_cast<const float*>(__cluster_map_shared_rank(const_cast<float*>(s_lse), s))[r];
+      if (ls == -INFINITY) continue;
+      const float weight = ptx::exp2_approx((ls - m) * 1.4426950408889634f);
+      const float4 o = *reinterpret_cast<const float4*>(
+          static_cast<const float*>(__cluster_map_shared_rank(const_cast<float*>(s_o), s)) + r * Tile::kMergePitch + c);
+      sum += weight;
+      acc.x += weight * o.x;
+      acc.y += weight * o.y;
+      acc.z += weight * o.z;
+      acc.w += weight * o.w;
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const int gr = row0 + r, token = gr / p.group, head = kv_head * p.group + gr % p.group;
+    T* dst = static_cast<T*>(p.out.data) + b * p.out.batch_stride + token * p.out.row_stride +
+             head * p.out.head_stride + c;
+    *reinterpret_cast<uint2*>(dst) =
+        make_uint2(ptx::pack2<T>(acc.x * inv, acc.y * inv), ptx::pack2<T>(acc.z * inv, acc.w * inv));
+    if (c == 0 && p.lse)
+      p.lse[(static_cast<int64_t>(b) * p.heads_q + head) * p.q_len + token] = sum > 0.0f ? m + logf(sum) : -INFINITY;
+  }
+  cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
+  cuda::ptx::barrier_cluster_wait();
+#else
+  (void)p, (void)s_o, (void)s_lse, (void)b, (void)kv_head, (void)row0, (void)rows_total;
+#endif
+}
+
 // grid (splits, heads_kv * row blocks, batch), Tile::kThreads threads, Tile::kSmemBytes of
 // dynamic shared memory. The explicit minimum of one block per SM (Tile::kMinBlocks, but for
 // the three-per-SM fp8 tiles) lets ptxas use up to 255 registers (two blocks of 128 threads
@@ -158,6 +215,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
   unsigned char* ring = smem + Tile::kQBytes;
   T* convert = reinterpret_cast<T*>(ring + kStages * Tile::kStageBytes);
   __shared__ float s_max[Tile::kWarps][kRows], s_sum[Tile::kWarps][kRows];
+  __shared__ float s_lse[kRows];  // cluster merge: this split's lse per row
 
   const int split = static_cast<int>(blockIdx.x);
   const int kv_head = static_cast<int>(blockIdx.y) % p.heads_kv;
@@ -414,6 +472,10 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
       *reinterpret_cast<uint2*>(dst) = make_uint2(ptx::pack2<T>(acc.x * inv, acc.y * inv),
                                                   ptx::pack2<T>(acc.z * inv, acc.w * inv));
       if (c == 0 && p.lse) p.lse[(static_cast<int64_t>(b) * p.heads_q + head) * p.q_len + token] = lse;
+    } else if (p.cluster_merge) {  // into warp 0's rows (this thread alone read these 4 floats)
+      *reinterpret_cast<float4*>(s_o + r * Tile::kMergePitch + c) =
+          make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+      if (c == 0) s_lse[r] = lse;
     } else {
       const int64_t row = ((static_cast<int64_t>(split) * p.batch + b) * p.q_len + token) * p.heads_q + head;
       *reinterpret_cast<float4*>(p.partial_out + row * D + c) =
@@ -421,6 +483,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
       if (c == 0) p.partial_lse[row] = lse;
     }
   }
+  if (p.cluster_merge) decode_cluster_merge<T, Tile>(p, s_o, s_lse, b, kv_head, row0, rows_total);
 }
 
 // Merges the splits' partial rows: out = sum_s exp(lse_s - lse) O_s with lse the

@@ -46,7 +46,11 @@ struct DecodeParams {
   // Split-KV: `splits` pieces per (sequence, kv head); with splits > 1 the pieces write
   // partial_out [splits, batch, q_len, heads_q, head_dim] and partial_lse
   // [splits, batch, q_len, heads_q] (float32, in the workspace) and a second kernel merges them.
+  // cluster_merge (the launcher's choice, sm_90, splits <= kDecodeClusterMaxSplits): the
+  // splits of one (sequence, kv head, row block) run as one thread-block cluster and combine
+  // their pieces through distributed shared memory; the workspace is not used.
   int splits = 1;
+  bool cluster_merge = false;
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
 };
@@ -92,6 +96,9 @@ LLMK_HOST_DEVICE inline int decode_visible_keys(const DecodeParams& p, int seqle
 // The CUDA launcher (split choice, main kernel, merge) and the CPU reference, called after
 // the arguments are validated. `splits_for` is the host-side choice the workspace size
 // query and the launcher share.
+// The most splits merged inside a cluster (the portable cluster size): without a workspace
+// a call runs at most this many.
+inline constexpr int kDecodeClusterMaxSplits = 8;
 int decode_splits_for(int batch, int heads_kv, int q_len, int group, int head_dim, bool fp8_cache, int capacity,
                       int device);
 void attention_decode_cuda(const DecodeParams& p, DType dtype, DType cache_dtype, cudaStream_t stream);

@@ -354,8 +354,8 @@ void attention_decode(const TensorView& out, const TensorView& q, const DecodeCa
   LLMK_CHECK(detail::head_dim_compiled(p.head_dim), kOp, ": head_dim ", p.head_dim,
              " has no CUDA kernel in this build (CMake option LLMK_HEAD_DIMS)");
   detail::DeviceGuard guard(kOp, "q", q);
+  const int splits = splits_for(r, q.device().index);
   if (workspace) {
-    const int splits = splits_for(r, q.device().index);
     const int64_t needed = workspace_elements(p, splits);
     LLMK_CHECK(workspace->numel() >= needed, kOp, ": workspace has ", workspace->numel(), " elements, this call needs ",
                needed, " (attention_decode_workspace_size)");
@@ -364,6 +364,10 @@ void attention_decode(const TensorView& out, const TensorView& q, const DecodeCa
       p.partial_out = static_cast<float*>(workspace->data());
       p.partial_lse = p.partial_out + int64_t{splits} * p.batch * p.q_len * p.heads_q * p.head_dim;
     }
+  } else {
+    // Without a workspace, the launcher merges up to kDecodeClusterMaxSplits splits in a
+    // cluster where the GPU has them (else it runs one).
+    p.splits = std::min(splits, detail::kDecodeClusterMaxSplits);
   }
   detail::attention_decode_cuda(p, r.dtype, r.cache_dtype, stream);
 }

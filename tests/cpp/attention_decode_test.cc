@@ -489,7 +489,20 @@ void note_once(const std::string& msg) {
   std::printf("[ note ] %s\n", msg.c_str());
 }
 
-// The CPU reference, then the GPU kernel with and without the split-KV workspace (and lse).
+// LLMK_DECODE_MERGE for a scope: "kernel" merges the splits with the merge kernel over the
+// workspace even where a cluster could (nullptr: the launcher's choice).
+struct MergeScope {
+  explicit MergeScope(const char* merge) {
+    if (merge != nullptr) setenv("LLMK_DECODE_MERGE", merge, 1);
+    else unsetenv("LLMK_DECODE_MERGE");
+  }
+  ~MergeScope() { unsetenv("LLMK_DECODE_MERGE"); }
+};
+
+// The CPU reference, then the GPU kernel with and without the split-KV workspace (and lse):
+// without one, up to 8 splits merge in a thread-block cluster (sm_90) or the call runs one;
+// with one, 2-8 splits merge in a cluster and more by the merge kernel, which the last
+// variant forces for every split count.
 // `expect_split`: the shapes must make the call run split (a workspace size > 0).
 void check_gpu(const Case& cs, bool expect_split = false) {
   SCOPED_TRACE(cs.describe());
@@ -505,12 +518,15 @@ void check_gpu(const Case& cs, bool expect_split = false) {
   if (expect_split) EXPECT_GT(ws_size, 0) << "these shapes should run split-KV";
   struct Variant {
     bool workspace, lse;
+    const char* merge;
   };
-  for (const Variant v : {Variant{false, true}, Variant{true, true}, Variant{true, false}}) {
-    if (v.workspace && v.lse && ws_size == 0) continue;  // the first call again
+  for (const Variant v : {Variant{false, true, nullptr}, Variant{true, true, nullptr}, Variant{true, false, nullptr},
+                          Variant{true, true, "kernel"}}) {
+    if (v.workspace && ws_size == 0 && (v.lse || v.merge)) continue;  // the first call again
     SCOPED_TRACE(testing::Message() << (v.workspace ? "with a workspace of " + std::to_string(ws_size) + " floats"
                                                     : std::string("without a workspace"))
-                                    << (v.lse ? ", lse" : ", no lse"));
+                                    << (v.lse ? ", lse" : ", no lse") << (v.merge ? ", merge kernel" : ""));
+    const MergeScope merge(v.merge);
     Outputs run(p);
     Buf ws(DType::f32, std::max<int64_t>(ws_size, 1));
     ws.fill(kNaN);
@@ -1212,10 +1228,13 @@ TEST(AttentionDecodeGpu, InterleavedKvAndStridedViews) {
 // One call captured in a CUDA graph, replayed with new cache_seqlens (and, with append, new
 // k_new / v_new) written into the same device buffers: each replay against the reference of
 // the call with those values (with append, the host cache evolves through the same calls).
+// With the workspace the splits merge by the merge kernel (more than 8 here); without it,
+// 8 splits merge in a cluster (sm_90).
 TEST(AttentionDecodeGpu, CudaGraphReplaysWithNewLengths) {
   LLMK_REQUIRE_GPU();
   const int d = dim_or_compiled(128);
   const std::vector<std::vector<int>> replays = {{100, 0, 3000}, {0, 4000, 1}, {4090, 4090, 4090}, {0, 0, 0}, {17, 2049, 333}};
+  for (bool with_workspace : {true, false})
   for (bool append : {false, true}) {
     Case cs;
     cs.dim = d;
@@ -1227,7 +1246,7 @@ TEST(AttentionDecodeGpu, CudaGraphReplaysWithNewLengths) {
     cs.rot_dim = append ? d : 0;
     cs.lens = {4090, 4090, 4090};
     cs.fill = {4096, 4096, 4096};  // every replay's keys hold data (append overwrites some)
-    SCOPED_TRACE(cs.describe());
+    SCOPED_TRACE(cs.describe() + (with_workspace ? ", workspace" : ", no workspace"));
     if (!head_dim_runs(d)) continue;
     Problem p(cs);
     Outputs run(p), host(p);
@@ -1235,7 +1254,7 @@ TEST(AttentionDecodeGpu, CudaGraphReplaysWithNewLengths) {
     EXPECT_GT(ws_size, 0) << "3 sequences of 4k keys should run split";
     Buf ws(DType::f32, std::max<int64_t>(ws_size, 1));
     std::optional<TensorView> wv;
-    if (ws_size > 0) wv = ws.view(true, {ws_size}, {1});
+    if (ws_size > 0 && with_workspace) wv = ws.view(true, {ws_size}, {1});
     cudaStream_t stream;
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     // Every device buffer exists before the capture (no allocation while capturing).
