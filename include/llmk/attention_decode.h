@@ -32,14 +32,15 @@
 // one kv head share one pass over its keys and values.
 // lse (optional): float32 [batch, heads_q, q_len], contiguous, natural log.
 //
-// Split-KV: the keys of each (sequence, kv head) are cut into up to `splits` pieces run by
-// separate blocks and merged by their lse in a second small kernel, so that a small batch
-// with long contexts fills the GPU. The number of pieces is chosen on the host from the
-// shapes (batch, heads, the cache's capacity) and the SM count, never from cache_seqlens
-// (no host sync): a decode step is CUDA-graph capturable and replays with new lengths.
-// The partial results go to `workspace`, float32 with at least
-// attention_decode_workspace_size(...) elements (a contiguous 1-d tensor on q's device);
-// without a workspace the call runs one piece per (sequence, kv head).
+// Split-KV: the keys of each (sequence, kv head) are cut into pieces run by separate blocks
+// and merged by their lse, so that a small batch with long contexts fills the GPU. The
+// number of pieces is chosen on the host from the shapes (batch, heads, the cache's
+// capacity) and the SM count, never from cache_seqlens (no host sync): a decode step is
+// CUDA-graph capturable and replays with new lengths. On sm_90, 2-8 pieces merge inside a
+// thread-block cluster; more pieces write partial results to `workspace`, float32 with at
+// least attention_decode_workspace_size(...) elements (a contiguous 1-d tensor on q's
+// device), merged by a second small kernel. Without a workspace the call runs at most 8
+// pieces, merged in a cluster (one piece per (sequence, kv head) on GPUs without clusters).
 //
 // The caller's contract on the GPU (device memory cannot be checked without a sync):
 // cache_seqlens[b] (+ q_len with append) <= the cache's capacity per sequence (max_len, or
