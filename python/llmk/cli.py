@@ -63,6 +63,11 @@ def _info() -> int:
               " dequantize into a workspace + gemm above (LLMK_QUANTIZED_PATH=stream|dequant forces one)")
         print("  attention: " + _attention_paths(hopper, ATTENTION_SM90_HEAD_DIMS))
         print("  attention backward: " + _attention_paths(hopper, ATTENTION_SM90_HEAD_DIMS))
+        print("  attention_decode: mma.sync split-KV kernel; "
+              + ("2-8 pieces merged inside a thread-block cluster, more by a merge kernel over the workspace"
+                 if major >= 9 and any(a.rstrip("a").isdigit() and int(a.rstrip("a")) >= 90 for a in archs.split(";"))
+                 else "pieces merged by a merge kernel over the workspace")
+              + " (LLMK_DECODE_MERGE=kernel|cluster forces one)")
     return 0
 
 
