@@ -75,8 +75,12 @@ void launch(const DecodeParams& params, int row_blocks, cudaStream_t stream) {
   // clusters of their blocks filled the SMs worse (H200, fp8 16 x 8192: 109.7 -> 162.2 us,
   // 64 x 4096: 218 -> 261), where the two-per-SM tiles gained (bf16 16 x 8192 136.1 -> 132.4,
   // 1 x 1024 8.1 -> 7.5).
+  // LLMK_DECODE_MERGE=kernel: the merge kernel wherever a workspace is given; =cluster: every
+  // split call merges in a cluster, more than 8 pieces capped at 8 (an error where no cluster
+  // fits).
   DecodeParams p = params;
   const int merge = env_path("attention_decode", "LLMK_DECODE_MERGE", {"auto", "kernel", "cluster"});
+  if (merge == 2 && p.splits > kDecodeClusterMaxSplits) p.splits = kDecodeClusterMaxSplits;
   const int64_t blocks = int64_t{p.splits} * p.heads_kv * row_blocks * p.batch;
   const bool packs_well = Tile::kMinBlocks != 3 || blocks <= sm_count_of(device) || merge == 2;
   const bool in_cluster = p.splits > 1 && p.splits <= kDecodeClusterMaxSplits && !(merge == 1 && p.partial_out) &&

@@ -86,6 +86,10 @@ struct DecodeTile {
   // registers at 170), else one (up to 255 registers; two blocks still fit).
   static constexpr int kMinBlocks = kSmemBudget * 3 <= 228 * 1024 ? 3 : 1;
   static_assert((kBlockN * kCacheChunks) % kThreads == 0 && kHeadDim % 32 == 0);
+  // Three blocks per SM still fit with the kernel's static shared memory (s_max, s_sum,
+  // s_lse) and the 1 KB the SM reserves per block (228 KB per SM on sm_90).
+  static_assert(kMinBlocks != 3 || 3 * (kSmemBytes + (2 * kWarps + 1) * kRows * 4 + 1024) <= 228 * 1024,
+                "three blocks of this tile no longer fit an SM");
 };
 
 // The most dynamic shared memory an sm_8x GPU gives a block (A100's opt-in limit; sm_86 and
@@ -194,7 +198,7 @@ __device__ __forceinline__ void decode_cluster_merge(const DecodeParams& p, cons
     if (c == 0 && p.lse)
       p.lse[(static_cast<int64_t>(b) * p.heads_q + head) * p.q_len + token] = sum > 0.0f ? m + logf(sum) : -INFINITY;
   }
-  cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
+  cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_release);  // this block's reads of its peers are done
   cuda::ptx::barrier_cluster_wait();
 #else
   (void)p, (void)s_o, (void)s_lse, (void)b, (void)kv_head, (void)row0, (void)rows_total;

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -490,19 +491,34 @@ void note_once(const std::string& msg) {
 }
 
 // LLMK_DECODE_MERGE for a scope: "kernel" merges the splits with the merge kernel over the
-// workspace even where a cluster could (nullptr: the launcher's choice).
+// workspace even where a cluster could, "cluster" in a cluster even where the merge kernel
+// would (capped at 8 pieces); nullptr: the launcher's choice. The previous value comes back.
 struct MergeScope {
   explicit MergeScope(const char* merge) {
+    if (const char* old = std::getenv("LLMK_DECODE_MERGE")) previous_ = old;
     if (merge != nullptr) setenv("LLMK_DECODE_MERGE", merge, 1);
     else unsetenv("LLMK_DECODE_MERGE");
   }
-  ~MergeScope() { unsetenv("LLMK_DECODE_MERGE"); }
+  ~MergeScope() {
+    if (previous_) setenv("LLMK_DECODE_MERGE", previous_->c_str(), 1);
+    else unsetenv("LLMK_DECODE_MERGE");
+  }
+  std::optional<std::string> previous_;
 };
+
+// Device 0 runs sm_90 machine code of this build (where the cluster merge is compiled in).
+bool has_clusters() {
+  if (device_info(0).cc_major < 9) return false;
+  std::stringstream archs(build_cuda_archs());
+  for (std::string arch; std::getline(archs, arch, ';');)
+    if (std::atoi(arch.c_str()) >= 90) return true;
+  return false;
+}
 
 // The CPU reference, then the GPU kernel with and without the split-KV workspace (and lse):
 // without one, up to 8 splits merge in a thread-block cluster (sm_90) or the call runs one;
-// with one, 2-8 splits merge in a cluster and more by the merge kernel, which the last
-// variant forces for every split count.
+// with one, 2-8 splits merge in a cluster and more by the merge kernel; the last two variants
+// force the merge kernel, and (sm_90) the cluster with at most 8 splits, for every shape.
 // `expect_split`: the shapes must make the call run split (a workspace size > 0).
 void check_gpu(const Case& cs, bool expect_split = false) {
   SCOPED_TRACE(cs.describe());
@@ -521,8 +537,9 @@ void check_gpu(const Case& cs, bool expect_split = false) {
     const char* merge;
   };
   for (const Variant v : {Variant{false, true, nullptr}, Variant{true, true, nullptr}, Variant{true, false, nullptr},
-                          Variant{true, true, "kernel"}}) {
+                          Variant{true, true, "kernel"}, Variant{true, true, "cluster"}}) {
     if (v.workspace && ws_size == 0 && (v.lse || v.merge)) continue;  // the first call again
+    if (v.merge && std::string(v.merge) == "cluster" && !has_clusters()) continue;
     SCOPED_TRACE(testing::Message() << (v.workspace ? "with a workspace of " + std::to_string(ws_size) + " floats"
                                                     : std::string("without a workspace"))
                                     << (v.lse ? ", lse" : ", no lse") << (v.merge ? ", merge kernel" : ""));
