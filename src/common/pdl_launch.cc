@@ -32,8 +32,12 @@ void launch_pdl(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStre
   launch_pdl_cluster(kernel, grid, block, smem, stream, args, 1);
 }
 
-void launch_pdl_cluster(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                        void** args, unsigned cluster) {
+namespace {
+
+// cudaLaunchKernelExC with the PDL attribute when `pdl` and the cluster attribute when
+// cluster > 1.
+void launch_ex(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void** args,
+               unsigned cluster, bool pdl) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
@@ -41,7 +45,7 @@ void launch_pdl_cluster(const void* kernel, dim3 grid, dim3 block, size_t smem, 
   config.stream = stream;
   cudaLaunchAttribute attrs[2];
   unsigned count = 0;
-  if (pdl_enabled()) {
+  if (pdl) {
     attrs[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[count].val.programmaticStreamSerializationAllowed = 1;
     ++count;
@@ -56,6 +60,18 @@ void launch_pdl_cluster(const void* kernel, dim3 grid, dim3 block, size_t smem, 
   config.attrs = count > 0 ? attrs : nullptr;
   config.numAttrs = count;
   LLMK_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, args));
+}
+
+}  // namespace
+
+void launch_pdl_cluster(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                        void** args, unsigned cluster) {
+  launch_ex(kernel, grid, block, smem, stream, args, cluster, pdl_enabled());
+}
+
+void launch_cluster(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void** args,
+                    unsigned cluster) {
+  launch_ex(kernel, grid, block, smem, stream, args, cluster, false);
 }
 
 }  // namespace llmk::detail

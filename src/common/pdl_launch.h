@@ -41,6 +41,11 @@ void launch_pdl(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStre
 void launch_pdl_cluster(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                         void** args, unsigned cluster);
 
+// As launch_pdl_cluster without the PDL attribute: for kernels that do not wait for the
+// previous grid (they may read its outputs from their first instruction).
+void launch_cluster(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void** args,
+                    unsigned cluster);
+
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where enabled.
 template <class... Params, class... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,

@@ -93,21 +93,9 @@ void launch(const DecodeParams& params, int row_blocks, cudaStream_t stream) {
 
   const dim3 grid(p.splits, p.heads_kv * row_blocks, p.batch);
   if (in_cluster) {
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = dim3(Tile::kThreads);
-    config.dynamicSmemBytes = Tile::kSmemBytes;
-    config.stream = stream;
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = static_cast<unsigned>(p.splits);
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
     void* args[] = {&p};
-    LLMK_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, args));
-    return;
+    return launch_cluster(kernel, grid, dim3(Tile::kThreads), Tile::kSmemBytes, stream, args,
+                          static_cast<unsigned>(p.splits));
   }
   attention_decode_kernel<T, Tile><<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
   if (p.splits > 1) {

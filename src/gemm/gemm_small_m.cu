@@ -15,6 +15,7 @@
 
 #include "common/cuda_check.h"
 #include "common/occupancy.h"
+#include "common/pdl_launch.h"
 #include "gemm/gemm.h"
 #include "gemm/gemm_small_m_kernel.cuh"
 
@@ -253,23 +254,12 @@ void launch_small_m_with(const char* op, const void* kernel, SmallMArgs& args, i
   args.kt_cta = args.kt_w * c.wk;
   args.stage_elems = args.kt_cta * 8 * nt;
 
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(c.cluster), static_cast<unsigned>(c.row_blocks),
-                        static_cast<unsigned>(chunks));
-  config.blockDim = dim3(static_cast<unsigned>(32 * c.wr * c.wk), 1, 1);
-  config.dynamicSmemBytes = static_cast<size_t>(c.smem);
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  if (c.cluster > 1) {
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = static_cast<unsigned>(c.cluster);
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
   void* kernel_args[] = {&args};
-  LLMK_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, kernel_args));
+  launch_cluster(kernel,
+                 dim3(static_cast<unsigned>(c.cluster), static_cast<unsigned>(c.row_blocks),
+                      static_cast<unsigned>(chunks)),
+                 dim3(static_cast<unsigned>(32 * c.wr * c.wk)), static_cast<size_t>(c.smem), stream, kernel_args,
+                 static_cast<unsigned>(c.cluster));
   LLMK_CHECK_LAUNCH(op, stream);
 }
 
