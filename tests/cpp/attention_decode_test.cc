@@ -542,7 +542,7 @@ void check_gpu(const Case& cs, bool expect_split = false) {
     if (v.merge && std::string(v.merge) == "cluster" && !has_clusters()) continue;
     SCOPED_TRACE(testing::Message() << (v.workspace ? "with a workspace of " + std::to_string(ws_size) + " floats"
                                                     : std::string("without a workspace"))
-                                    << (v.lse ? ", lse" : ", no lse") << (v.merge ? ", merge kernel" : ""));
+                                    << (v.lse ? ", lse" : ", no lse") << (v.merge ? std::string(", merge ") + v.merge : ""));
     const MergeScope merge(v.merge);
     Outputs run(p);
     Buf ws(DType::f32, std::max<int64_t>(ws_size, 1));
