@@ -64,6 +64,14 @@
 //     or PRMT, minus (magic + z) exactly, times the group's scale: one rounding, the weight
 //     dequantize_weight writes). Each load's scale (and zero point) is read with it; a load
 //     never spans two groups (G is a multiple of its k span).
+//     int4 at M <= 16 (kFold) moves the scale and the zero point out of the fragments: each
+//     load's 128 k accumulate unscaled into a second accumulator set, and when the load is
+//     consumed acc += s * that sum, one FFMA per accumulator instead of an HMUL2 per weight
+//     pair. bf16 multiplies (magic + q) = 128 + q as it comes from the LOP3 and subtracts
+//     (128 + z) * sum(x over the load's k) afterwards (the sum by an mma with a ones fragment,
+//     once per chunk for all of the warp's rows): 7 integer ops per 8 codes instead of 15. f16
+//     keeps the exact HSUB2 of (1024 + z) (its magic/ulp ratio of 1024 would cost the fp32
+//     sums 10 bits). The product is then s * sum (q - z) x, the unrounded weight's.
 #pragma once
 
 #include <cuda/ptx>
@@ -114,7 +122,8 @@ template <int NT, bool kNorm>
 inline constexpr int kSmallMMaxThreads = NT >= 4 ? (kNorm ? 256 : kSmallMWideThreads) : 512;
 // Quantized weights also hold each load's scales and zero operands and dequantize into
 // fragments: without spills, 384 threads (168 registers) at NT <= 2 (512 spills at NT = 1),
-// 256 (255) above.
+// 256 (255) above. (bf16 int4 at NT = 2, with the second accumulator set of kFold: 168
+// registers and a 4-byte spill.)
 template <int NT>
 inline constexpr int kSmallMQuantMaxThreads = NT <= 2 ? 384 : 256;
 
@@ -306,6 +315,23 @@ __device__ __forceinline__ void dequant_int4(uint32_t word, uint32_t zz, uint32_
   }
 }
 
+// int4 with the scale applied after the mma (kFold): the pairs (magic + q) as they are for
+// bf16 (its zero point comes off through the sum of x, see the kernel), (q - z) exactly for
+// f16 (whose magic 1024 would cost the fp32 sum ten bits: its 8 magic/ulp ratio is 1024).
+template <class T>
+__device__ __forceinline__ void dequant_int4_unscaled(uint32_t word, uint32_t zz, uint32_t (&d)[4]) {
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    uint32_t v;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(v) : "r"(word >> (4 * p)), "n"(0x000F000F), "n"(QuantPair<T>::kMagic));
+    if constexpr (std::is_same_v<T, __half>) {
+      const __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&v), *reinterpret_cast<const __half2*>(&zz));
+      v = *reinterpret_cast<const uint32_t*>(&r);
+    }
+    d[p] = v;
+  }
+}
+
 // int8: two words of codes e = 0..3 in bytes e. f16 takes 1024 + q directly (PRMT);
 // bf16 (7 mantissa bits) goes through float 2^23 + q, exact, then one conversion.
 template <class T>
@@ -358,6 +384,13 @@ __global__ void __launch_bounds__(kBits == 16 ? kSmallMMaxThreads<NT, kNorm> : k
   constexpr int CPL = kSmallMChunksPerLoad<kBits>;  // chunks of 32 k per 16-byte load
   constexpr int L = U / CPL;                         // loads per row in a body
   static_assert(!(kQuant && kNorm), "rmsnorm_linear has no quantized weights");
+  // int4 at M <= 16: the scale is applied to each load's fp32 partial sums (one FFMA per
+  // accumulator) instead of to every weight pair (HMUL2), and for bf16 the zero point
+  // through the sum of x over the load's k span (an mma by a ones fragment shared by the
+  // warp's rows): 7 integer ops per 8 codes instead of 15 (above 16 rows the second
+  // accumulator set would not fit the registers).
+  constexpr bool kFold = kBits == 4 && NT <= 2;
+  constexpr bool kFoldZero = kFold && std::is_same_v<T, __nv_bfloat16>;
   using W = std::conditional_t<kQuant, uint32_t, T>;  // the weight pointer's element
   // k -> W elements: k * kBits / (8 sizeof(W)); a lane's 16 bytes at 16 t bytes of a chunk.
   constexpr int kKPerW = 8 * static_cast<int>(sizeof(W)) / kBits;
@@ -434,9 +467,18 @@ __global__ void __launch_bounds__(kBits == 16 ? kSmallMMaxThreads<NT, kNorm> : k
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const uint32_t sv = pred ? __ldg(srow[mt][h] + gi) : 0u;
-          qs[l][mt][h] = __byte_perm(sv, 0u, 0x1010u);  // (s, s)
-          qz[l][mt][h] =
-              a.zeros ? small_m::zero_operand<T, kBits>(pred ? __ldg(zrow[mt][h] + gi) : 0u) : zz_symmetric;
+          const uint32_t zv = a.zeros ? (pred ? __ldg(zrow[mt][h] + gi) : 0u) : 1u << (kBits - 1);
+          if constexpr (kFoldZero) {  // s and -s (magic + z) in fp32 (both exact)
+            const float sf = to_float(*reinterpret_cast<const T*>(&sv));
+            qs[l][mt][h] = __float_as_uint(sf);
+            qz[l][mt][h] = __float_as_uint(-sf * (small_m::QuantPair<T>::kMagicValue + static_cast<float>(zv)));
+          } else if constexpr (kFold) {  // s in fp32, (magic + z) pair
+            qs[l][mt][h] = __float_as_uint(to_float(*reinterpret_cast<const T*>(&sv)));
+            qz[l][mt][h] = a.zeros ? small_m::zero_operand<T, kBits>(zv) : zz_symmetric;
+          } else {
+            qs[l][mt][h] = __byte_perm(sv, 0u, 0x1010u);  // (s, s)
+            qz[l][mt][h] = a.zeros ? small_m::zero_operand<T, kBits>(zv) : zz_symmetric;
+          }
         }
     }
   };
@@ -533,6 +575,13 @@ __global__ void __launch_bounds__(kBits == 16 ? kSmallMMaxThreads<NT, kNorm> : k
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+  // kFold: the current load's unscaled sums (accl) and, kFoldZero, the sums of x over its k
+  // span (xsum: every row of the ones product is the same; element e is token 2t + (e & 1)).
+  float accl[kFold ? 2 : 1][NT][4];
+  float xsum[NT][4];
+  (void)accl;
+  (void)xsum;
+  constexpr uint32_t kOnes = 0x3F803F80u;  // (1, 1) in bf16
 
   // Per tile: a barrier (its x stage is complete, the previous one free), the next stage
   // issued, then bodies_per_tile bodies of this warp. `left` = k_hi minus this lane's k in
@@ -575,6 +624,25 @@ __global__ void __launch_bounds__(kBits == 16 ? kSmallMMaxThreads<NT, kNorm> : k
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
           xv[nt] = small_m::load_x(xs + (j * kTokens + 8 * nt) * kSmallMChunk);
+        if constexpr (kFold) {
+          if (j % CPL == 0) {  // a load's first chunk: fresh partial sums
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                accl[0][nt][e] = accl[1][nt][e] = 0.0f;
+                xsum[nt][e] = 0.0f;
+              }
+          }
+          if constexpr (kFoldZero) {
+            const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              ptx::mma_16x8x16<T>(xsum[nt], ones, xv[nt].x, xv[nt].y);
+              ptx::mma_16x8x16<T>(xsum[nt], ones, xv[nt].z, xv[nt].w);
+            }
+          }
+        }
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           // The fragment pairs of rows g (h = 0) and g + 8 (h = 1): elements 2p, 2p + 1 of the
@@ -586,7 +654,9 @@ __global__ void __launch_bounds__(kBits == 16 ? kSmallMMaxThreads<NT, kNorm> : k
               const uint4& q = w[j / CPL][mt][h];
               const uint32_t words[4] = {q.x, q.y, q.z, q.w};
               const uint32_t ss = qs[j / CPL][mt][h], zz = qz[j / CPL][mt][h];
-              if constexpr (kBits == 4)
+              if constexpr (kFold)
+                small_m::dequant_int4_unscaled<T>(words[j % CPL], zz, d[h]);
+              else if constexpr (kBits == 4)
                 small_m::dequant_int4<T>(words[j % CPL], zz, ss, d[h]);
               else
                 small_m::dequant_int8<T>(words[2 * (j % CPL)], words[2 * (j % CPL) + 1], zz, ss, d[h]);
@@ -602,12 +672,25 @@ __global__ void __launch_bounds__(kBits == 16 ? kSmallMMaxThreads<NT, kNorm> : k
           const uint32_t a1[4] = {d[0][2], d[1][2], d[0][3], d[1][3]};
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
-            ptx::mma_16x8x16<T>(acc[mt][nt], a0, xv[nt].x, xv[nt].y);
-            ptx::mma_16x8x16<T>(acc[mt][nt], a1, xv[nt].z, xv[nt].w);
+            float (&c)[4] = kFold ? accl[kFold ? mt : 0][nt] : acc[mt][nt];
+            ptx::mma_16x8x16<T>(c, a0, xv[nt].x, xv[nt].y);
+            ptx::mma_16x8x16<T>(c, a1, xv[nt].z, xv[nt].w);
           }
         }
         if (j % CPL == CPL - 1) {  // load j / CPL consumed: issue the next body's
           const int l = j / CPL;
+          if constexpr (kFold) {  // acc += s * sum (q - z) x: s accl (+ -s (magic + z) xsum)
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                  float v = __uint_as_float(qs[l][mt][e >> 1]) * accl[mt][nt][e];
+                  if constexpr (kFoldZero) v = fmaf(__uint_as_float(qz[l][mt][e >> 1]), xsum[nt][e], v);
+                  acc[mt][nt][e] += v;
+                }
+          }
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt)
 #pragma unroll

@@ -5,13 +5,16 @@
 //   kBits = 4 or 8. Each lane loads 16 bytes of packed codes per weight row (32 int4 or 16
 //   int8 codes), dequantizes them in registers into mma.sync fragments ((q - z) exact in
 //   16-bit floats by the magic-number trick, then one multiply by the group's scale: the
-//   weight dequantize_weight writes) and the rest is the dense small-M kernel's: x staged
+//   weight dequantize_weight writes; int4 at m <= 16 instead scales each group's fp32 sum,
+//   see the kernel's notes) and the rest is the dense small-M kernel's: x staged
 //   in shared memory, split-K inside the CTA and over a cluster, a deterministic reduction.
 //   Roofline: bytes = N*K*bits/8 + N*K/G*2 (scales) + M*K*2 per CTA from L2; at M = 1,
 //   (14336, 4096) int4 g128 reads 29.4 + 0.9 MB: 7.1 us at the H200's 4.25 TB/s copy rate,
 //   3.9x less than the bf16 weight. Dequantization costs 15 instructions per 8 int4 codes
-//   (3.7 per byte of codes), the same order as the bytes' time at 12 warps per SM: the kernel
-//   is issue-bound, at 1.0-2.0 TB/s of codes (H200, docs/kernels/quantized_linear.md). Rows
+//   (3.7 per byte of codes; 7 for bf16 int4 at m <= 16 with the scale after the mma), the same
+//   order as the bytes' time at 8-12 warps per SM: the kernel is latency- and issue-bound
+//   (Nsight Compute: 0.43 instructions per cycle per scheduler from 2 warps each), at 1.3-2.0
+//   TB/s of codes (H200, docs/kernels/quantized_linear.md). Rows
 //   beyond 64 (LLMK_QUANTIZED_PATH=stream) run as 64-token chunks along gridDim.z, each
 //   dequantizing the codes again.
 // * Larger m: each slab of up to kQuantizedSlabRows weight rows is dequantized into the

@@ -58,7 +58,9 @@ quantized_linear = define(
     "Tensor? bias=None) -> Tensor",
     _quantized_linear_fake, setup=_quantized_linear_setup, backward=_quantized_linear_grad,
     doc="``x · dequantize_weight(packed, scales, zeros, bits, group_size)ᵀ + bias`` (fp32 accumulation, one "
-        "rounding) without the dequantized weight in memory: the weight-only quantized ``F.linear``.\n\n"
+        "rounding) without the dequantized weight in memory: the weight-only quantized ``F.linear``. "
+        "(int4 on CUDA at up to 16 rows scales each group's fp32 sum of (q - z) x, i.e. multiplies by the "
+        "unrounded weight (q - z) s, within half a rounding step of each element of dequantize_weight's.)\n\n"
         "x ``[..., K]`` is float16 or bfloat16 (16-byte aligned rows); packed int32 ``[N, K * bits / 32]`` "
         "(llmk's layout, from :func:`quantize_weight` or the importers of :mod:`llmk.quantization`); scales "
         "``[N, K / group_size]`` of x's dtype; zeros uint8 ``[N, K / group_size]`` or None (symmetric: "
