@@ -12,6 +12,8 @@
 #include <mutex>
 #include <tuple>
 #include <type_traits>
+#include <cstdio>
+#include <cstdlib>
 
 #include "common/cuda_check.h"
 #include "common/occupancy.h"
@@ -288,7 +290,11 @@ void launch_small_m_kernel(const char* op, const void* kernel, SmallMArgs& args,
                            cudaStream_t stream) {
   int device = 0;
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
-  const SmallMConfig c = pick_small_m_config(kernel, device, args.p.in_dtype, small_m_problem(args, nt, chunks, bits));
+  SmallMConfig c = pick_small_m_config(kernel, device, args.p.in_dtype, small_m_problem(args, nt, chunks, bits));
+  if (const char* e = std::getenv("LLMK_XQ_CFG")) {
+    int wr = 0, wk = 0, cl = 0;
+    if (std::sscanf(e, "%d,%d,%d", &wr, &wk, &cl) == 3) c = make_small_m_config(small_m_problem(args, nt, chunks, bits), wr, wk, 1, cl);
+  }
   launch_small_m_with(op, kernel, args, nt, chunks, bits, c, stream);
 }
 

@@ -122,8 +122,7 @@ template <int NT, bool kNorm>
 inline constexpr int kSmallMMaxThreads = NT >= 4 ? (kNorm ? 256 : kSmallMWideThreads) : 512;
 // Quantized weights also hold each load's scales and zero operands and dequantize into
 // fragments: without spills, 384 threads (168 registers) at NT <= 2 (512 spills at NT = 1),
-// 256 (255) above. (bf16 int4 at NT = 2, with the second accumulator set of kFold: 168
-// registers and a 4-byte spill.)
+// 256 (255) above.
 template <int NT>
 inline constexpr int kSmallMQuantMaxThreads = NT <= 2 ? 384 : 256;
 
@@ -428,8 +427,10 @@ __global__ void __launch_bounds__(kBits == 16 ? kSmallMMaxThreads<NT, kNorm> : k
   int kb = t_lo * kt_cta + wk * kt_w;
   const W* wptr[2][2];
   // quantized: the rows of the scales and zeros (row 0 past n)
-  const unsigned short* srow[2][2];
-  const uint8_t* zrow[2][2];
+  // (quantized: the element offsets of their rows in scales and zeros, row * groups, in 32
+  // bits: the launcher checks that n * groups fits; a 64-bit pointer per row cost the
+  // compiler its registers, and it recomputed each load's address in 8 instructions)
+  uint32_t qrow[2][2];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -447,11 +448,9 @@ __global__ void __launch_bounds__(kBits == 16 ? kSmallMMaxThreads<NT, kNorm> : k
         valid = row < p.n;
       }
       wptr[mt][h] = static_cast<const W*>(p.b) + (valid ? row : 0) * p.ldb + kLaneW * t + kb / kKPerW;
-      srow[mt][h] = static_cast<const unsigned short*>(a.scales) + (valid ? row : 0) * a.groups;
-      zrow[mt][h] = a.zeros + (valid ? row : 0) * a.groups;
+      qrow[mt][h] = static_cast<uint32_t>((valid ? row : 0) * a.groups);
     }
-  (void)srow;
-  (void)zrow;
+  (void)qrow;
   // Quantized: a load's scale pair (s, s) and zero pair (magic + z) of rows (mt, h), read
   // with the codes (0 for a load out of range: its codes then dequantize to 0, not NaN).
   // A load covers k [kq, kq + 32 CPL), one group (G is a multiple of 32 CPL).
@@ -462,12 +461,14 @@ __global__ void __launch_bounds__(kBits == 16 ? kSmallMMaxThreads<NT, kNorm> : k
   auto load_group = [&](int l, int kq, bool pred) {
     if constexpr (kQuant) {
       const int gi = a.group_shift >= 0 ? kq >> a.group_shift : kq / a.group_size;
+      const unsigned short* sg = static_cast<const unsigned short*>(a.scales) + gi;  // warp-uniform
+      const uint8_t* zg = a.zeros + gi;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t sv = pred ? __ldg(srow[mt][h] + gi) : 0u;
-          const uint32_t zv = a.zeros ? (pred ? __ldg(zrow[mt][h] + gi) : 0u) : 1u << (kBits - 1);
+          const uint32_t sv = pred ? __ldg(sg + qrow[mt][h]) : 0u;
+          const uint32_t zv = a.zeros ? (pred ? __ldg(zg + qrow[mt][h]) : 0u) : 1u << (kBits - 1);
           if constexpr (kFoldZero) {  // s and -s (magic + z) in fp32 (both exact)
             const float sf = to_float(*reinterpret_cast<const T*>(&sv));
             qs[l][mt][h] = __float_as_uint(sf);
@@ -686,9 +687,9 @@ __global__ void __launch_bounds__(kBits == 16 ? kSmallMMaxThreads<NT, kNorm> : k
               for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                  float v = __uint_as_float(qs[l][mt][e >> 1]) * accl[mt][nt][e];
-                  if constexpr (kFoldZero) v = fmaf(__uint_as_float(qz[l][mt][e >> 1]), xsum[nt][e], v);
-                  acc[mt][nt][e] += v;
+                  acc[mt][nt][e] = fmaf(__uint_as_float(qs[l][mt][e >> 1]), accl[mt][nt][e], acc[mt][nt][e]);
+                  if constexpr (kFoldZero)
+                    acc[mt][nt][e] = fmaf(__uint_as_float(qz[l][mt][e >> 1]), xsum[nt][e], acc[mt][nt][e]);
                 }
           }
 #pragma unroll

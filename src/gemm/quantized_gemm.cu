@@ -100,6 +100,8 @@ void quantized_gemm_stream_cuda(const QuantizedParams& p, cudaStream_t stream) {
   args.scales = p.scales;
   args.zeros = p.zeros;
   args.groups = p.k / p.group_size;
+  LLMK_CHECK(p.n * args.groups < (int64_t{1} << 32), "quantized_gemm: scales has ", p.n * args.groups,
+             " elements; the streaming kernel addresses at most 2^32");
   args.group_size = static_cast<int>(p.group_size);
   const bool pow2 = (p.group_size & (p.group_size - 1)) == 0;
   args.group_shift = args.groups == 1 ? 31 : pow2 ? __builtin_ctzll(static_cast<unsigned long long>(p.group_size)) : -1;
