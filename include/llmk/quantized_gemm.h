@@ -10,7 +10,8 @@
 // multiply: dequantize_weight returns that weight, which the CPU reference and the GPU paths
 // multiply by, except int4 on the GPU at m <= 16: there the kernel sums (q - z) x in fp32 and
 // multiplies each group's sum by s, i.e. the unrounded (q - z) s (within half a rounding step of
-// the dtype of each weight element; closer to the quantized model, not further).
+// the dtype of each weight element; closer to the quantized model, not further). The tests hold
+// every path to float64 on that exact weight, torch's F.linear on the rounded one the yardstick.
 //   bits 4: G a multiple of 128 that divides K (128 is GPTQ's and AWQ's group; G = K is one
 //           scale per output channel); K a multiple of 128.
 //   bits 8: G a multiple of 64 that divides K (G = K: per channel, the usual W8A16);

@@ -269,14 +269,21 @@ def test_awq_bad_inputs():
 # -- QuantizedLinear ---------------------------------------------------------------------------
 
 
+def exact_weight(module: QuantizedLinear) -> torch.Tensor:
+    """(q - z) * s in float64, unrounded (test_quantized_linear.exact_weight says why)."""
+    q_minus_z = llmk.dequantize_weight(module.packed, torch.ones_like(module.scales), module.zeros, module.bits,
+                                       module.group_size)
+    return q_minus_z.double() * module.scales.double().repeat_interleave(module.group_size, dim=1)
+
+
 def check_forward(module: QuantizedLinear, x: torch.Tensor, what: str):
-    """module(x) against x · Wᵀ + b in float64 on the dequantized weight, with torch's F.linear
-    on the same weight in x's dtype as the yardstick."""
+    """module(x) against x · Wᵀ + b in float64 on the exact quantized weight, with torch's
+    F.linear on the dequantized weight in x's dtype as the yardstick."""
     w = module.dequantize()
     b = module.bias
     got = module(x)
     assert got.shape == (*x.shape[:-1], module.out_features) and got.dtype == x.dtype
-    want = F.linear(x.double(), w.double(), None if b is None else b.double())
+    want = F.linear(x.double(), exact_weight(module), None if b is None else b.double())
     theirs = F.linear(x, w, b)
     assert_flash_rule(got.cpu(), want.cpu(), theirs.cpu(), x.dtype, what, ATOL_EPS)
 
@@ -419,15 +426,18 @@ def test_quantize_model(scheme, dtype, device):
                              group or getattr(model, name).in_features) for name in names)
     assert report["bytes_before"] == before and report["bytes_after"] == before - saved + added
 
-    # the quantized model computes the original model with the dequantized weights
+    # the quantized model computes the original model with the quantized weights (float64 on the
+    # exact ones; torch on the dequantized ones the yardstick)
     dequantized = copy.deepcopy(original)
+    exact = copy.deepcopy(original).double()
     for name in names:
         getattr(dequantized, name).weight.data = getattr(model, name).dequantize()
+        getattr(exact, name).weight.data = exact_weight(getattr(model, name))
     x = torch.randn(2, 5, 96, dtype=dtype, device=device)
     with torch.no_grad():
         got = model(x)
         theirs = dequantized(x)
-        want = copy.deepcopy(dequantized).double()(x.double())
+        want = exact(x.double())
     assert_flash_rule(got.cpu(), want.cpu(), theirs.cpu(), dtype, f"{scheme} model output", ATOL_EPS)
 
 

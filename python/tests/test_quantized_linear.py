@@ -57,6 +57,15 @@ def dequant_ref(codes, scales, zeros, bits, group):
     return (codes - zk).to(scales.dtype) * sk
 
 
+def exact_weight(packed, scales, zeros, bits, group):
+    """(q - z) * s in float64, unrounded: the quantized model's weight. The reference of the
+    forward tests: the int4 streaming kernel multiplies by it (each group's fp32 sum of (q - z) x
+    times s), the other paths by dequantize_weight's rounding of it; torch's F.linear on the
+    rounded weight stays the yardstick."""
+    q_minus_z = llmk.dequantize_weight(packed, torch.ones_like(scales), zeros, bits, group)  # exact
+    return q_minus_z.double() * scales.double().repeat_interleave(group, dim=1)
+
+
 def quantized(n, k, dtype, bits, group, symmetric, device="cpu", scale=1.0):
     w = torch.randn(n, k, dtype=torch.float32) * scale / k**0.5
     packed, scales, zeros = llmk.quantize_weight(w.to(dtype), bits, group, symmetric=symmetric)
@@ -122,7 +131,7 @@ def check_linear(m_lead, n, k, dtype, fmt, device, bias=False, x_stride=None):
     out = llmk.quantized_linear(x, packed, scales, zeros, bits, group, b)
     assert out.shape == (*m_lead, n) and out.dtype == dtype and out.device.type == device
     w = llmk.dequantize_weight(packed, scales, zeros, bits, group)
-    want = F.linear(x.double(), w.double(), None if b is None else b.double())
+    want = F.linear(x.double(), exact_weight(packed, scales, zeros, bits, group), None if b is None else b.double())
     theirs = F.linear(x, w, b)
     assert_flash_rule(out, want, theirs, dtype, f"quantized_linear {tuple(x.shape)} x [{n}, {k}] {bits}-bit "
                                                 f"g{group} {device}", ATOL_EPS)
