@@ -31,9 +31,33 @@
 
 namespace llmk {
 
+// The score variants of Gemma 2/3, Mistral and gpt-oss; each is off when absent. In this build
+// they run on the CPU backend (the double reference); CUDA tensors with any of them set are
+// rejected (the kernels take them in a later version).
+struct AttentionOptions {
+  // Sliding window (causal only): query row i, at position i' = i + seq_k - seq_q of the keys
+  // (the causal mask's bottom-right alignment), sees the keys j with i' - window < j <= i':
+  // `window` >= 1 keys, its own included (Mistral's and Gemma's sliding window).
+  std::optional<int64_t> window;
+  // Logit softcap (Gemma 2): each score s = scale * q.k becomes softcap * tanh(s / softcap);
+  // finite and > 0.
+  std::optional<double> softcap;
+  // Attention sinks (gpt-oss): float32 [heads_q], contiguous, on q's device: one logit per
+  // query head that joins every row's softmax denominator without a value, so that
+  // out = sum_j exp(s_j - lse) v_j with lse = log(exp(sink) + sum_j exp(s_j)); lse (returned)
+  // includes the sink, and a row that sees no key gets out = 0, lse = sink.
+  std::optional<TensorView> sinks;
+  bool any() const { return window.has_value() || softcap.has_value() || sinks.has_value(); }
+};
+
 void attention(const TensorView& out, const TensorView& q, const TensorView& k,
                const TensorView& v, bool causal, double scale,
                const std::optional<TensorView>& lse = std::nullopt, cudaStream_t stream = nullptr);
+// With the score variants of `options` (AttentionOptions; the same call as above when none is
+// set).
+void attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v, bool causal,
+               double scale, const AttentionOptions& options, const std::optional<TensorView>& lse = std::nullopt,
+               cudaStream_t stream = nullptr);
 
 // Variable-length batches packed without padding (FlashAttention's varlen API):
 //   q, out  [total_q, heads_q, head_dim]    k, v  [total_k, heads_kv, head_dim]
@@ -53,6 +77,10 @@ void attention_varlen(const TensorView& out, const TensorView& q, const TensorVi
                       bool causal, double scale,
                       const std::optional<TensorView>& lse = std::nullopt,
                       cudaStream_t stream = nullptr);
+void attention_varlen(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
+                      int64_t max_seqlen_k, bool causal, double scale, const AttentionOptions& options,
+                      const std::optional<TensorView>& lse = std::nullopt, cudaStream_t stream = nullptr);
 
 // Backward of attention (FlashAttention 2's algorithm): the gradients dq, dk, dv of
 // out = softmax(scale * q k^T) v for the upstream gradient dout, from the forward's inputs,
@@ -90,6 +118,17 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
                         bool causal, double scale, bool deterministic = false,
                         const std::optional<TensorView>& workspace = std::nullopt,
                         cudaStream_t stream = nullptr);
+// With the forward's AttentionOptions (window, softcap and sinks must be the forward's; lse
+// the forward's, which includes the sink). dsinks (optional): float32 [heads_q], written with
+// the gradient of the sinks, -sum over the rows of head h of exp(sink_h - lse) * D with
+// D = rowsum(dout * out).
+void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                        const TensorView& dout, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& out, const TensorView& lse,
+                        bool causal, double scale, const AttentionOptions& options,
+                        const std::optional<TensorView>& dsinks = std::nullopt, bool deterministic = false,
+                        const std::optional<TensorView>& workspace = std::nullopt,
+                        cudaStream_t stream = nullptr);
 
 // The varlen form: tensors packed as attention_varlen's ([total, heads, dim]; lse float32
 // [heads_q, total_q]), cu_seqlens_q/k, max_seqlen_q/k and causal as the forward call's, with
@@ -100,6 +139,16 @@ void attention_varlen_backward(const TensorView& dq, const TensorView& dk, const
                                const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
                                int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
                                double scale, bool deterministic = false,
+                               const std::optional<TensorView>& workspace = std::nullopt,
+                               cudaStream_t stream = nullptr);
+void attention_varlen_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                               const TensorView& dout, const TensorView& q, const TensorView& k,
+                               const TensorView& v, const TensorView& out, const TensorView& lse,
+                               const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                               int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal, double scale,
+                               const AttentionOptions& options,
+                               const std::optional<TensorView>& dsinks = std::nullopt,
+                               bool deterministic = false,
                                const std::optional<TensorView>& workspace = std::nullopt,
                                cudaStream_t stream = nullptr);
 

@@ -24,28 +24,41 @@ Tensor lse_for(const Tensor& q, bool want) {
   return empty(q, shape, ScalarType::Float);
 }
 
+// The score variants of the schemas' window, softcap and sinks (None: off).
+AttentionOptions options_of(const OpCall& op, std::optional<int64_t> window, std::optional<double> softcap,
+                            const std::optional<Tensor>& sinks) {
+  AttentionOptions o;
+  o.window = window;
+  o.softcap = softcap;
+  o.sinks = op.view(sinks, "sinks");
+  return o;
+}
+
 // `deterministic` is the backward's (autograd saves it); the forward is deterministic.
 std::tuple<Tensor, Tensor> attention(Tensor q, Tensor k, Tensor v, bool causal, std::optional<double> scale,
-                                     bool return_lse, bool /*deterministic*/) {
+                                     bool return_lse, bool /*deterministic*/, std::optional<int64_t> window,
+                                     std::optional<double> softcap, std::optional<Tensor> sinks) {
   const OpCall op("attention", q);
   Tensor out = output_like(q);
   Tensor lse = lse_for(q, return_lse);
   llmk::attention(op.view(out, "out"), op.view(q, "q"), op.view(k, "k"), op.view(v, "v"), causal,
-                  scale_or_default(scale, q), op.view_if(return_lse, lse, "lse"), op.stream());
+                  scale_or_default(scale, q), options_of(op, window, softcap, sinks),
+                  op.view_if(return_lse, lse, "lse"), op.stream());
   return {out, lse};
 }
 
 std::tuple<Tensor, Tensor> attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q,
                                             Tensor cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                                             bool causal, std::optional<double> scale, bool return_lse,
-                                            bool /*deterministic*/) {
+                                            bool /*deterministic*/, std::optional<int64_t> window,
+                                            std::optional<double> softcap, std::optional<Tensor> sinks) {
   const OpCall op("attention_varlen", q);
   Tensor out = output_like(q);
   Tensor lse = lse_for(q, return_lse);
   llmk::attention_varlen(op.view(out, "out"), op.view(q, "q"), op.view(k, "k"), op.view(v, "v"),
                          op.view(cu_seqlens_q, "cu_seqlens_q"), op.view(cu_seqlens_k, "cu_seqlens_k"),
                          max_seqlen_q, max_seqlen_k, causal, scale_or_default(scale, q),
-                         op.view_if(return_lse, lse, "lse"), op.stream());
+                         options_of(op, window, softcap, sinks), op.view_if(return_lse, lse, "lse"), op.stream());
   return {out, lse};
 }
 
@@ -70,15 +83,19 @@ struct Gradients {
                         ScalarType::Float)) {}
 };
 
+// The sinks' gradient is computed by the autograd formula in python/llmk/ops/attention.py
+// (one reduction over lse and rowsum(dout * out)); these ops return dq, dk, dv.
 std::tuple<Tensor, Tensor, Tensor> attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                                                       Tensor lse, bool causal, std::optional<double> scale,
-                                                      bool deterministic) {
+                                                      bool deterministic, std::optional<int64_t> window,
+                                                      std::optional<double> softcap, std::optional<Tensor> sinks) {
   const OpCall op("attention_backward", q);
   dout = attention_rows(dout);
   Gradients g(q, k, v, q.dim() == 4 ? q.size(0) * q.size(1) : 0);
   llmk::attention_backward(op.view(g.dq, "dq"), op.view(g.dk, "dk"), op.view(g.dv, "dv"), op.view(dout, "dout"),
                            op.view(q, "q"), op.view(k, "k"), op.view(v, "v"), op.view(out, "out"),
-                           op.view(lse, "lse"), causal, scale_or_default(scale, q), deterministic,
+                           op.view(lse, "lse"), causal, scale_or_default(scale, q),
+                           options_of(op, window, softcap, sinks), std::nullopt, deterministic,
                            op.view_if(q.is_cuda(), g.workspace, "workspace"), op.stream());
   return {g.dq, g.dk, g.dv};
 }
@@ -86,7 +103,10 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(Tensor dout, Tensor q, Ten
 std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                                                              Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
                                                              int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
-                                                             std::optional<double> scale, bool deterministic) {
+                                                             std::optional<double> scale, bool deterministic,
+                                                             std::optional<int64_t> window,
+                                                             std::optional<double> softcap,
+                                                             std::optional<Tensor> sinks) {
   const OpCall op("attention_varlen_backward", q);
   dout = attention_rows(dout);
   Gradients g(q, k, v, q.dim() == 3 ? q.size(0) : 0);
@@ -94,8 +114,8 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward(Tensor dout, Tensor
       op.view(g.dq, "dq"), op.view(g.dk, "dk"), op.view(g.dv, "dv"), op.view(dout, "dout"), op.view(q, "q"),
       op.view(k, "k"), op.view(v, "v"), op.view(out, "out"), op.view(lse, "lse"),
       op.view(cu_seqlens_q, "cu_seqlens_q"), op.view(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
-      causal, scale_or_default(scale, q), deterministic, op.view_if(q.is_cuda(), g.workspace, "workspace"),
-      op.stream());
+      causal, scale_or_default(scale, q), options_of(op, window, softcap, sinks), std::nullopt, deterministic,
+      op.view_if(q.is_cuda(), g.workspace, "workspace"), op.stream());
   return {g.dq, g.dk, g.dv};
 }
 

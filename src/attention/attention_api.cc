@@ -62,10 +62,37 @@ struct Validated {
   bool empty = false;  // nothing to compute or write
 };
 
+// The score variants (AttentionOptions) into p: window >= 1 with causal, softcap finite and
+// > 0, sinks float32 [heads_q] contiguous on q's device.
+void check_options(const char* op, const AttentionOptions& o, const TensorView& q, bool causal, AttentionParams& p) {
+  if (o.window) {
+    LLMK_CHECK(*o.window >= 1, op, ": window must be >= 1 (the keys a query row sees, its own included), got ",
+               *o.window);
+    LLMK_CHECK(causal, op, ": window needs causal=true (a sliding window bounds the causal mask on the left)");
+    p.window = static_cast<int>(*o.window < INT_MAX ? *o.window : INT_MAX);
+  }
+  if (o.softcap) {
+    LLMK_CHECK(std::isfinite(*o.softcap) && *o.softcap > 0, op,
+               ": softcap must be finite and > 0 (leave it unset for none), got ", *o.softcap);
+    p.softcap = static_cast<float>(*o.softcap);
+    LLMK_CHECK(p.softcap > 0 && std::isfinite(p.softcap), op, ": softcap ", *o.softcap, " is out of float range");
+  }
+  if (o.sinks) {
+    const TensorView& s = *o.sinks;
+    detail::check_same_device(op, "sinks", s, "q", q);
+    detail::check_dtype(op, "sinks", s, DType::f32);
+    LLMK_CHECK(s.ndim() == 1 && s.size(0) == q.size(-2), op, ": sinks must be float32 [heads_q] = [", q.size(-2),
+               "], got ", detail::shape_string(s));
+    LLMK_CHECK(s.numel() <= 1 || s.stride(0) == 1, op, ": sinks must be contiguous, got stride ", s.stride(0));
+    LLMK_CHECK(detail::is_aligned(s.data(), 4), op, ": sinks data pointer ", s.data(), " is not 4-byte aligned");
+    p.sinks = static_cast<const float*>(s.data());
+  }
+}
+
 // The checks shared by the dense and varlen entry points; `packed` selects the layout.
 Validated validate(const char* op, const TensorView& out, const TensorView& q, const TensorView& k,
-                   const TensorView& v, bool causal, double scale, const std::optional<TensorView>& lse,
-                   bool packed) {
+                   const TensorView& v, bool causal, double scale, const AttentionOptions& options,
+                   const std::optional<TensorView>& lse, bool packed) {
   Validated r;
   AttentionParams& p = r.p;
   p.q = check_heads(op, "q", q, packed);
@@ -123,8 +150,17 @@ Validated validate(const char* op, const TensorView& out, const TensorView& q, c
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   LLMK_CHECK(p.scale > 0 && std::isfinite(p.scale_log2), op, ": scale ", scale,
              " is out of float range");
+  check_options(op, options, q, causal, p);
+  if (options.sinks) {
+    detail::check_no_overlap(op, "out", out, "sinks", *options.sinks, false);
+    if (lse) detail::check_no_overlap(op, "lse", *lse, "sinks", *options.sinks, false);
+  }
   r.dtype = q.dtype();
   r.on_host = !q.is_cuda();
+  // Before any work: the CUDA kernels do not take the variants yet (the call writes nothing).
+  LLMK_CHECK(r.on_host || !p.has_variants(), op,
+             ": window, softcap and sinks run on the CPU backend in this version; the CUDA kernels do not "
+             "take them yet");
   return r;
 }
 
@@ -208,9 +244,10 @@ void set_varlen(const char* op, Validated& r, const TensorView& q, const TensorV
 template <class SetShapes>
 void backward(const char* op, const TensorView& dq, const TensorView& dk, const TensorView& dv,
               const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
-              const TensorView& out, const TensorView& lse, bool causal, double scale, bool deterministic,
-              const std::optional<TensorView>& workspace, cudaStream_t stream, bool packed, SetShapes&& shapes) {
-  Validated r = validate(op, out, q, k, v, causal, scale, lse, packed);
+              const TensorView& out, const TensorView& lse, bool causal, double scale, const AttentionOptions& options,
+              const std::optional<TensorView>& dsinks, bool deterministic, const std::optional<TensorView>& workspace,
+              cudaStream_t stream, bool packed, SetShapes&& shapes) {
+  Validated r = validate(op, out, q, k, v, causal, scale, options, lse, packed);
   detail::AttentionBackwardParams b;
   b.dout = check_heads(op, "dout", dout, packed);
   b.dq = check_heads(op, "dq", dq, packed);
@@ -236,9 +273,26 @@ void backward(const char* op, const TensorView& dq, const TensorView& dk, const 
     for (const auto& [arg, t] : inputs)
       detail::check_no_overlap(op, outputs[i].first, *outputs[i].second, arg, *t, false);
   }
+  if (dsinks) {
+    LLMK_CHECK(options.sinks.has_value(), op, ": dsinks was given without sinks (the gradient of nothing)");
+    detail::check_same_device(op, "dsinks", *dsinks, "q", q);
+    detail::check_dtype(op, "dsinks", *dsinks, DType::f32);
+    LLMK_CHECK(dsinks->ndim() == 1 && dsinks->size(0) == q.size(-2), op, ": dsinks must be float32 [heads_q] = [",
+               q.size(-2), "], got ", detail::shape_string(*dsinks));
+    LLMK_CHECK(dsinks->numel() <= 1 || dsinks->stride(0) == 1, op, ": dsinks must be contiguous, got stride ",
+               dsinks->stride(0));
+    LLMK_CHECK(detail::is_aligned(dsinks->data(), 4), op, ": dsinks data pointer ", dsinks->data(),
+               " is not 4-byte aligned");
+    for (const Arg& a : outputs) detail::check_no_overlap(op, "dsinks", *dsinks, a.first, *a.second, false);
+    for (const Arg& a : inputs) detail::check_no_overlap(op, "dsinks", *dsinks, a.first, *a.second, false);
+    detail::check_no_overlap(op, "dsinks", *dsinks, "sinks", *options.sinks, false);
+    b.dsinks = static_cast<float*>(dsinks->data());
+  }
   shapes(r);
   b.fwd = r.p;
   b.heads_kv = static_cast<int>(k.size(-2));
+  if (b.dsinks && q.numel() == 0)  // no rows: a zero gradient
+    for (int64_t h = 0; h < q.size(-2); ++h) b.dsinks[h] = 0.0f;
   if (q.numel() == 0 && k.numel() == 0) return;
   if (r.on_host) return detail::attention_backward_cpu(b, r.dtype);
   LLMK_CHECK(detail::head_dim_compiled(r.p.head_dim), op, ": head_dim ", r.p.head_dim,
@@ -276,8 +330,14 @@ std::vector<int64_t> attention_sm90_head_dims() {
 
 void attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                bool causal, double scale, const std::optional<TensorView>& lse, cudaStream_t stream) {
+  attention(out, q, k, v, causal, scale, AttentionOptions{}, lse, stream);
+}
+
+void attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v, bool causal,
+               double scale, const AttentionOptions& options, const std::optional<TensorView>& lse,
+               cudaStream_t stream) {
   const char* op = "attention";
-  Validated r = validate(op, out, q, k, v, causal, scale, lse, false);
+  Validated r = validate(op, out, q, k, v, causal, scale, options, lse, false);
   set_dense(op, r, q, k);
   execute(op, r, q, stream);
 }
@@ -286,8 +346,16 @@ void attention_varlen(const TensorView& out, const TensorView& q, const TensorVi
                       const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
                       int64_t max_seqlen_k, bool causal, double scale, const std::optional<TensorView>& lse,
                       cudaStream_t stream) {
+  attention_varlen(out, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                   AttentionOptions{}, lse, stream);
+}
+
+void attention_varlen(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
+                      int64_t max_seqlen_k, bool causal, double scale, const AttentionOptions& options,
+                      const std::optional<TensorView>& lse, cudaStream_t stream) {
   const char* op = "attention_varlen";
-  Validated r = validate(op, out, q, k, v, causal, scale, lse, true);
+  Validated r = validate(op, out, q, k, v, causal, scale, options, lse, true);
   set_varlen(op, r, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   execute(op, r, q, stream);
 }
@@ -296,9 +364,18 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
                         const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                         const TensorView& lse, bool causal, double scale, bool deterministic,
                         const std::optional<TensorView>& workspace, cudaStream_t stream) {
+  attention_backward(dq, dk, dv, dout, q, k, v, out, lse, causal, scale, AttentionOptions{}, std::nullopt,
+                     deterministic, workspace, stream);
+}
+
+void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
+                        const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                        const TensorView& lse, bool causal, double scale, const AttentionOptions& options,
+                        const std::optional<TensorView>& dsinks, bool deterministic,
+                        const std::optional<TensorView>& workspace, cudaStream_t stream) {
   const char* op = "attention_backward";
-  backward(op, dq, dk, dv, dout, q, k, v, out, lse, causal, scale, deterministic, workspace, stream, false,
-           [&](Validated& r) { set_dense(op, r, q, k); });
+  backward(op, dq, dk, dv, dout, q, k, v, out, lse, causal, scale, options, dsinks, deterministic, workspace, stream,
+           false, [&](Validated& r) { set_dense(op, r, q, k); });
 }
 
 void attention_varlen_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
@@ -307,8 +384,21 @@ void attention_varlen_backward(const TensorView& dq, const TensorView& dk, const
                                const TensorView& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                                bool causal, double scale, bool deterministic,
                                const std::optional<TensorView>& workspace, cudaStream_t stream) {
+  attention_varlen_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                            max_seqlen_k, causal, scale, AttentionOptions{}, std::nullopt, deterministic, workspace,
+                            stream);
+}
+
+void attention_varlen_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                               const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const TensorView& lse, const TensorView& cu_seqlens_q,
+                               const TensorView& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                               bool causal, double scale, const AttentionOptions& options,
+                               const std::optional<TensorView>& dsinks, bool deterministic,
+                               const std::optional<TensorView>& workspace, cudaStream_t stream) {
   const char* op = "attention_varlen_backward";
-  backward(op, dq, dk, dv, dout, q, k, v, out, lse, causal, scale, deterministic, workspace, stream, true,
+  backward(op, dq, dk, dv, dout, q, k, v, out, lse, causal, scale, options, dsinks, deterministic, workspace, stream,
+           true,
            [&](Validated& r) { set_varlen(op, r, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k); });
 }
 

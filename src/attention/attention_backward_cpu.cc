@@ -2,10 +2,14 @@
 // output. Per (batch entry, query head, row): the scores of the visible keys, P = exp(s -
 // lse) from the forward's lse, D = dout . out, dP = dout . v, dS = P (dP - D); dq of the
 // row directly, dk and dv accumulated per kv head over its query heads, then rounded once.
+// The variants: the window bounds the keys; softcap multiplies dS by ds/du = 1 - (s /
+// softcap)^2 (s = softcap tanh(u / softcap)); the sink of head h adds -exp(sink - lse) D per
+// row to dsinks[h] (its P, times the D that every probability's gradient subtracts).
 #include <cmath>
 #include <vector>
 
 #include "attention/attention_params.h"
+#include "common/attention_row_host.h"
 #include "common/host_types.h"
 
 namespace llmk::detail {
@@ -22,6 +26,7 @@ void attention_backward_cpu(const AttentionBackwardParams& bp, DType dtype) {
       for (int c = 0; c < d; ++c) to[c] = double(to_float(x[c]));
     };
     std::vector<double> dk_acc, dv_acc, q(d), dout(d), dq(d), kj(d), vj(d);
+    std::vector<double> dsinks(static_cast<size_t>(p.heads_q), 0.0);
     for (int b = 0; b < p.batch; ++b) {
       const SequenceBounds seq = sequence_bounds(p, b);
       // [heads_kv, seqlen_k, d] sums over each kv head's query heads.
@@ -39,17 +44,21 @@ void attention_backward_cpu(const AttentionBackwardParams& bp, DType dtype) {
           const double lse = p.lse[p.lse_offset(b, h) + row];
           std::fill(dq.begin(), dq.end(), 0.0);
           // lse = -inf (the forward's empty row) or +inf: P = 0 for every key.
-          const int64_t keys = std::isinf(lse) ? 0 : visible_keys(seq, p.causal, i);
-          for (int64_t j = 0; j < keys; ++j) {
+          const int64_t first = std::isinf(lse) ? 0 : first_visible_key(seq, p.causal, p.window, i);
+          const int64_t end = std::isinf(lse) ? 0 : visible_keys(seq, p.causal, i);
+          if (p.sinks && !std::isinf(lse)) dsinks[h] -= std::exp(double(p.sinks[h]) - lse) * delta;
+          for (int64_t j = first; j < end; ++j) {
             load(at(p.k, b, seq.k_start + j, kv_head), kj);
             load(at(p.v, b, seq.k_start + j, kv_head), vj);
-            double s = 0, dp = 0;
+            double dot = 0, dp = 0;
             for (int c = 0; c < d; ++c) {
-              s += q[c] * kj[c];
+              dot += q[c] * kj[c];
               dp += dout[c] * vj[c];
             }
-            const double prob = std::exp(s * p.scale - lse);
-            const double ds = prob * (dp - delta);
+            const double s = attention_score_host(dot, p.scale, p.softcap);
+            const double prob = std::exp(s - lse);
+            double ds = prob * (dp - delta);
+            if (p.softcap > 0) ds *= 1.0 - (s / p.softcap) * (s / p.softcap);
             double* dk = &dk_acc[(static_cast<size_t>(kv_head) * seq.seqlen_k + j) * d];
             double* dv = &dv_acc[(static_cast<size_t>(kv_head) * seq.seqlen_k + j) * d];
             for (int c = 0; c < d; ++c) {
@@ -73,6 +82,8 @@ void attention_backward_cpu(const AttentionBackwardParams& bp, DType dtype) {
           }
         }
     }
+    if (bp.dsinks)
+      for (int h = 0; h < p.heads_q; ++h) bp.dsinks[h] = static_cast<float>(dsinks[h]);
   });
 }
 

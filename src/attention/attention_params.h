@@ -31,6 +31,13 @@ struct AttentionParams {
   bool causal = false;
   float scale = 1.0f;
   float scale_log2 = 1.0f;  // scale * log2(e): the softmax runs on exp2
+  // The score variants (llmk::AttentionOptions; the CPU reference only in this version):
+  // window > 0 keys a causal row sees (0: no window), softcap > 0 (0: none), sinks float32
+  // [heads_q] (null: none).
+  int window = 0;
+  float softcap = 0.0f;
+  const float* sinks = nullptr;
+  bool has_variants() const { return window > 0 || softcap > 0.0f || sinks != nullptr; }
 
   // Where (batch entry, query head) starts in lse's layout, which the backward's per-row
   // arrays share (D, the dq accumulator's rows, the turn counters): add the packed row,
@@ -76,6 +83,16 @@ LLMK_HOST_DEVICE inline int64_t visible_keys(const SequenceBounds& s, bool causa
   return end < 0 ? 0 : (end > s.seqlen_k ? s.seqlen_k : end);
 }
 
+// The first key query row `row` may see: with a sliding window of `window` keys (causal),
+// the window's left end (bottom-right aligned as the causal mask); 0 otherwise. Clamped to
+// visible_keys (an empty range when the window lies wholly before the keys).
+LLMK_HOST_DEVICE inline int64_t first_visible_key(const SequenceBounds& s, bool causal, int window, int64_t row) {
+  const int64_t end = visible_keys(s, causal, row);
+  if (window <= 0) return 0;
+  const int64_t first = row + 1 + s.seqlen_k - s.seqlen_q - window;
+  return first < 0 ? 0 : (first > end ? end : first);
+}
+
 // The head dims whose Hopper forward stores O through shared memory and TMA (96, 128 and 256;
 // 64 from registers): the kernel's AttentionSm90Tile::kTmaOut, whose note has the reasons,
 // and the launcher's attention_sm90_tma_out.
@@ -89,6 +106,7 @@ struct AttentionBackwardParams {
   AttentionParams fwd;
   AttentionTensor dout, dq, dk, dv;
   float* delta = nullptr;     // D, lse's layout
+  float* dsinks = nullptr;    // the sinks' gradient, float32 [heads_q] (null: not wanted)
   float* dq_accum = nullptr;  // null: the sm_80 deterministic path (dq from its own kernel, no atomics)
   // The Hopper kernel's counters (null on the sm_80 path), zeroed by the rows kernel: per
   // (query row of a tile's first row in lse's layout, consumer half; half 0 alone where the

@@ -101,7 +101,7 @@ void decode(const DecodeParams& p) {
         std::copy_n(token_row<T>(p.q, b, i, h), d, x.begin());
         if (rotary) rope_rotate_host(x.data(), p.rotary_dim, style, cos_v.data(), sin_v.data());
         const double lse = attend_row_host(
-            keys, d, p.scale,
+            keys, d, p.scale, 0.0, -std::numeric_limits<double>::infinity(),
             [&](int64_t j) {
               double dot = 0;
               for (int c = 0; c < d; ++c) dot += double(to_float(x[c])) * cache_value<C>(p.k, k_rows[j], kv_head, c);

@@ -948,6 +948,57 @@ TEST(AttentionBackwardErrors, BadInputsWriteNothing) {
   EXPECT_EQ(attention_backward_workspace_size(10, 4, 64), 10 * 4 * 67);
 }
 
+// The sinks' gradient of the C++ API (Python computes it by autograd's formula instead):
+// dsinks[h] = -sum over the rows of head h of exp(sink_h - lse) * rowsum(dout * out), with the
+// forward's lse (which includes the sink), on causal rows with a window and a softcap, including
+// rows that see no key (their out is 0: they add nothing). A rejected call writes nothing.
+TEST(AttentionBackwardCpu, SinksGradient) {
+  const int64_t d = 32, heads = 4, seq_q = 9, seq_k = 6;
+  Heads q(DType::bf16, 2, seq_q, heads, d), k(DType::bf16, 2, seq_k, 2, d), v(DType::bf16, 2, seq_k, 2, d),
+      out(DType::bf16, 2, seq_q, heads, d), dout(DType::bf16, 2, seq_q, heads, d), dq(DType::bf16, 2, seq_q, heads, d),
+      dk(DType::bf16, 2, seq_k, 2, d), dv(DType::bf16, 2, seq_k, 2, d);
+  for (Heads* t : {&q, &k, &v, &dout}) t->randomize();
+  Lse lse({2, heads, seq_q}), sinks({heads}), dsinks({heads});
+  for (int64_t h = 0; h < heads; ++h) sinks.host.set(0, h, 0.5f * static_cast<float>(h) - 1.0f);
+  AttentionOptions o;
+  o.window = 3;
+  o.softcap = 4.0;
+  o.sinks = sinks.cpu();
+  attention(out.host(), q.host(), k.host(), v.host(), true, 0.2, o, lse.cpu());
+  attention_backward(dq.host(), dk.host(), dv.host(), dout.host(), q.host(), k.host(), v.host(), out.host(),
+                     lse.cpu(), true, 0.2, o, dsinks.cpu());
+  for (int64_t h = 0; h < heads; ++h) {
+    double want = 0;
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t i = 0; i < seq_q; ++i) {
+        double delta = 0;
+        for (int64_t c = 0; c < d; ++c) delta += double(dout.get(b, i, h, c)) * out.get(b, i, h, c);
+        want -= std::exp(double(sinks.host.get(0, h)) - lse.host.get(0, (b * heads + h) * seq_q + i)) * delta;
+      }
+    // out is rounded to bf16 in the forward and D is taken from the exact row in the reference:
+    // the difference is the output rounding, 2^-8 of |out| per row.
+    EXPECT_NEAR(dsinks.host.get(0, h), want, 1e-2 * (1 + std::fabs(want))) << "head " << h;
+  }
+  // seq_q > seq_k: the first rows see no key; their lse is the sink itself.
+  EXPECT_EQ(lse.host.get(0, 0), sinks.host.get(0, 0));
+  Lse poisoned({heads});
+  AttentionOptions none;
+  expect_error(
+      [&] {
+        attention_backward(dq.host(), dk.host(), dv.host(), dout.host(), q.host(), k.host(), v.host(), out.host(),
+                           lse.cpu(), true, 0.2, none, poisoned.cpu());
+      },
+      "attention_backward: dsinks was given without sinks");
+  Lse wrong({heads + 1});
+  expect_error(
+      [&] {
+        attention_backward(dq.host(), dk.host(), dv.host(), dout.host(), q.host(), k.host(), v.host(), out.host(),
+                           lse.cpu(), true, 0.2, o, wrong.cpu());
+      },
+      "attention_backward: dsinks must be float32 [heads_q] = [4], got [5]");
+  for (int64_t h = 0; h < heads; ++h) ASSERT_TRUE(std::isnan(poisoned.host.get(0, h)));
+}
+
 // On the GPU the workspace is required, float32, large enough and on q's device; a rejected
 // call writes nothing.
 TEST(AttentionBackwardGpu, WorkspaceErrorsWriteNothing) {

@@ -1,0 +1,206 @@
+"""The score variants of llmk.attention / attention_varlen (issue 57): sliding window, logit
+softcap and attention sinks, alone and combined, on the CPU backend (the double reference the
+CUDA kernels will be held to) against a float64 torch formula with the FlashAttention rule (our
+max error at most 2x that of the same formula evaluated by torch in the half dtype, plus a small
+atol): out and lse (the sink included), the gradients of q, k, v and the sinks, windows of 1,
+odd, larger than the sequence, bottom-right alignment when seq_q != seq_k, rows that see no key
+(out 0, lse = sink), GQA, varlen; the identities that tie the variants to the plain op (a window
+of at least seq_k is causal; a sink of -1e30 is none; out with a sink is out without it times 1 -
+p_sink); bad inputs; CUDA tensors rejected by name (the kernels take the variants later)."""
+
+import math
+
+import pytest
+import torch
+
+import llmk
+from conftest import assert_flash_rule, requires_cuda
+
+HALF_DTYPES = [torch.float16, torch.bfloat16]
+ATOL_EPS = 0.5  # half a rounding step of the dtype at max|reference|
+GRAD_ATOL_EPS = 1.0
+
+
+def reference(q, k, v, causal, scale, window=None, softcap=None, sinks=None, dtype=torch.float64):
+    """(out, lse) of the variants' definition (include/llmk/attention.h), evaluated in `dtype`:
+    scores s = scale q.k (softcap: softcap tanh(s / softcap)), row i sees the keys j <= i + seq_k -
+    seq_q (causal) and j > i + seq_k - seq_q - window (window), the sink joins the denominator.
+    q [batch, seq_q, heads_q, dim], k and v [batch, seq_k, heads_kv, dim]; lse [batch, heads_q,
+    seq_q] in float64."""
+    seq_q, seq_k, group = q.shape[1], k.shape[1], q.shape[2] // max(k.shape[2], 1)
+    qq, kk, vv = (t.to(dtype) for t in (q, k, v))
+    kk, vv = kk.repeat_interleave(group, 2), vv.repeat_interleave(group, 2)
+    s = torch.einsum("bqhd,bkhd->bhqk", qq, kk) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(seq_q, device=q.device)[:, None] + seq_k - seq_q
+    j = torch.arange(seq_k, device=q.device)[None, :]
+    keep = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device)
+    if causal:
+        keep &= j <= i
+    if window is not None:
+        keep &= j > i - window
+    s = s.masked_fill(~keep, float("-inf"))
+    if sinks is not None:
+        sink = sinks.to(dtype).view(1, -1, 1, 1).expand(*s.shape[:3], 1)
+        lse = torch.logsumexp(torch.cat([s, sink], -1), -1)
+    else:
+        lse = torch.logsumexp(s, -1)
+    p = torch.where(torch.isinf(lse)[..., None], torch.zeros_like(s), torch.exp(s - lse[..., None]))
+    out = torch.einsum("bhqk,bkhd->bqhd", p, vv)
+    return out, lse.double()
+
+
+def make(batch, seq_q, seq_k, heads_q, heads_kv, dim, dtype, sinks=False):
+    q = torch.randn(batch, seq_q, heads_q, dim, dtype=dtype)
+    k = torch.randn(batch, seq_k, heads_kv, dim, dtype=dtype)
+    v = torch.randn(batch, seq_k, heads_kv, dim, dtype=dtype)
+    s = torch.randn(heads_q, dtype=torch.float32) * 2 if sinks else None
+    return q, k, v, s
+
+
+# (seq_q, seq_k, causal, window, softcap, sinks)
+FORWARD_CASES = [
+    (17, 17, True, 1, None, False),
+    (17, 17, True, 5, None, False),
+    (33, 33, True, 8, None, True),
+    (20, 20, True, 40, None, False),      # window larger than the sequence: causal
+    (9, 30, True, 7, None, False),        # seq_q < seq_k: bottom-right window
+    (30, 9, True, 3, None, True),         # seq_q > seq_k: rows without keys (out 0, lse = sink)
+    (30, 9, True, None, None, True),
+    (16, 24, False, None, 5.0, False),
+    (16, 16, True, None, 2.0, False),
+    (16, 16, False, None, None, True),
+    (25, 25, True, 6, 10.0, True),        # all three
+    (0, 8, False, None, 3.0, True),
+    (8, 0, False, None, None, True),      # no keys at all: lse = sink
+]
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("dim", [32, 64])
+@pytest.mark.parametrize("case", FORWARD_CASES, ids=lambda c: "q{}_k{}_{}_w{}_cap{}_{}".format(
+    c[0], c[1], "causal" if c[2] else "full", c[3], c[4], "sinks" if c[5] else "nosink"))
+def test_forward(dtype, dim, case):
+    seq_q, seq_k, causal, window, softcap, with_sinks = case
+    q, k, v, sinks = make(2, seq_q, seq_k, 4, 2, dim, dtype, with_sinks)
+    scale = 1 / math.sqrt(dim)
+    out, lse = llmk.attention(q, k, v, causal, scale, return_lse=True, window=window, softcap=softcap, sinks=sinks)
+    want, want_lse = reference(q, k, v, causal, scale, window, softcap, sinks)
+    theirs, _ = reference(q, k, v, causal, scale, window, softcap, sinks, dtype=dtype)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert_flash_rule(out, want, theirs, dtype, f"out {case}", ATOL_EPS)
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite), f"lse finiteness {case}"
+    if finite.any():
+        torch.testing.assert_close(lse.double()[finite], want_lse[finite], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("case", [c for c in FORWARD_CASES if c[0] <= c[1] or c[5]],
+                         ids=lambda c: "q{}_k{}_{}_w{}_cap{}_{}".format(
+                             c[0], c[1], "causal" if c[2] else "full", c[3], c[4], "sinks" if c[5] else "nosink"))
+def test_backward(dtype, case):
+    seq_q, seq_k, causal, window, softcap, with_sinks = case
+    dim = 32
+    q, k, v, sinks = make(2, seq_q, seq_k, 4, 2, dim, dtype, with_sinks)
+    scale = 1 / math.sqrt(dim)
+    dout = torch.randn_like(q)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)] + ([sinks.clone().requires_grad_()] if with_sinks else [])
+    out = llmk.attention(*leaves[:3], causal, scale, window=window, softcap=softcap,
+                         sinks=leaves[3] if with_sinks else None)
+    out.backward(dout)
+    got = [t.grad for t in leaves]
+
+    def grads(dtype_):
+        ls = [t.detach().to(dtype_ if t.dtype != torch.float32 or dtype_ == torch.float64 else torch.float32)
+              .requires_grad_() for t in leaves]
+        o, _ = reference(*ls[:3], causal, scale, window, softcap, ls[3] if with_sinks else None, dtype=dtype_)
+        o.backward(dout.to(dtype_))
+        return [t.grad if t.grad is not None else torch.zeros_like(t) for t in ls]
+
+    want, theirs = grads(torch.float64), grads(dtype)
+    for name, g, w, t in zip(("dq", "dk", "dv", "dsinks"), got, want, theirs):
+        assert g is not None, f"{name}: no gradient"
+        if w.numel() == 0 or w.abs().max() == 0:
+            assert g.double().abs().max() <= 1e-6 if g.numel() else True, f"{name}: nonzero where 0"
+            continue
+        assert_flash_rule(g, w, t.to(g.dtype), g.dtype if g.dtype != torch.float32 else dtype, f"{name} {case}",
+                          GRAD_ATOL_EPS)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_varlen_matches_each_sequence(dtype):
+    lens_q, lens_k = [5, 0, 19, 12], [9, 4, 19, 3]
+    heads_q, heads_kv, dim = 4, 2, 32
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32)
+    q = torch.randn(sum(lens_q), heads_q, dim, dtype=dtype)
+    k = torch.randn(sum(lens_k), heads_kv, dim, dtype=dtype)
+    v = torch.randn(sum(lens_k), heads_kv, dim, dtype=dtype)
+    sinks = torch.randn(heads_q)
+    kw = dict(window=4, softcap=8.0, sinks=sinks)
+    out, lse = llmk.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), True, 0.2, return_lse=True, **kw)
+    for b in range(len(lens_q)):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        o, l = llmk.attention(q[None, qs], k[None, ks], v[None, ks], True, 0.2, return_lse=True, **kw)
+        assert torch.equal(out[qs], o[0]), f"sequence {b}"
+        assert torch.equal(lse[:, qs], l[0]), f"sequence {b} lse"
+
+
+def test_identities():
+    """The variants against the plain op: a window of at least seq_k is the causal mask; a sink of
+    -1e30 changes nothing; a finite sink scales every row by 1 - p_sink, p_sink = exp(sink - lse);
+    a softcap far above the scores changes them below the output's rounding."""
+    q, k, v, _ = make(2, 12, 12, 4, 4, 64, torch.float32 if False else torch.bfloat16)
+    plain, plain_lse = llmk.attention(q, k, v, True, 0.125, return_lse=True)
+    windowed, windowed_lse = llmk.attention(q, k, v, True, 0.125, return_lse=True, window=12)
+    assert torch.equal(plain, windowed) and torch.equal(plain_lse, windowed_lse)
+    none = torch.full((4,), -1e30)
+    o, lse = llmk.attention(q, k, v, True, 0.125, return_lse=True, sinks=none)
+    assert torch.equal(o, plain) and torch.equal(lse, plain_lse)
+    sinks = torch.tensor([0.0, 1.0, -2.0, 3.0])
+    o, lse = llmk.attention(q, k, v, True, 0.125, return_lse=True, sinks=sinks)
+    torch.testing.assert_close(lse.double(), torch.logaddexp(plain_lse.double(), sinks.double().view(1, 4, 1)),
+                               rtol=0, atol=1e-5)
+    p_sink = torch.exp(sinks.view(1, 4, 1) - lse).transpose(1, 2)[..., None]  # [batch, seq, heads, 1]
+    torch.testing.assert_close(o.float(), plain.float() * (1 - p_sink), rtol=2**-7, atol=2**-8)
+    capped = llmk.attention(q, k, v, True, 0.125, softcap=1e6)
+    assert (capped.float() - plain.float()).abs().max() <= 2**-7 * plain.float().abs().max()
+
+
+BAD = [
+    (dict(window=0, causal=True), "window must be >= 1"),
+    (dict(window=-3, causal=True), "window must be >= 1"),
+    (dict(window=4, causal=False), "window needs causal=true"),
+    (dict(softcap=0.0), "softcap must be finite and > 0"),
+    (dict(softcap=-1.0), "softcap must be finite and > 0"),
+    (dict(softcap=float("nan")), "softcap must be finite and > 0"),
+    (dict(sinks=torch.zeros(3)), "sinks must be float32 [heads_q] = [4]"),
+    (dict(sinks=torch.zeros(4, dtype=torch.bfloat16)), "sinks has dtype bfloat16, expected float32"),
+    (dict(sinks=torch.zeros(4, 2)[:, 0]), "sinks must be contiguous"),
+]
+
+
+@pytest.mark.parametrize("kwargs,needle", BAD, ids=[b[1][:24] + str(i) for i, b in enumerate(BAD)])
+def test_bad_inputs(kwargs, needle):
+    q, k, v, _ = make(1, 6, 6, 4, 2, 32, torch.float16)
+    kwargs = dict(kwargs)
+    causal = kwargs.pop("causal", False)
+    with pytest.raises(RuntimeError) as info:
+        llmk.attention(q, k, v, causal, **kwargs)
+    assert needle in str(info.value) and "attention" in str(info.value)
+
+
+@requires_cuda
+@pytest.mark.parametrize("kwargs", [dict(window=4), dict(softcap=5.0), dict(sinks="cuda")], ids=str)
+def test_cuda_rejects_the_variants_by_name(kwargs):
+    q, k, v, _ = make(1, 8, 8, 4, 2, 64, torch.bfloat16)
+    q, k, v = q.cuda(), k.cuda(), v.cuda()
+    if kwargs.get("sinks") == "cuda":
+        kwargs = dict(sinks=torch.zeros(4, device="cuda"))
+    out = torch.full_like(q, float("nan"))
+    with pytest.raises(RuntimeError, match="window, softcap and sinks run on the CPU backend"):
+        torch.ops.llmk.attention(q, k, v, True, None, False, False, kwargs.get("window"), kwargs.get("softcap"),
+                                 kwargs.get("sinks"))
+    assert torch.isnan(out).all()
