@@ -57,6 +57,7 @@
 #include <optional>
 #include <vector>
 
+#include "llmk/attention.h"
 #include "llmk/rope.h"
 #include "llmk/tensor.h"
 
@@ -85,6 +86,16 @@ int64_t attention_decode_workspace_size(const TensorView& q, const DecodeCache& 
 void attention_decode(const TensorView& out, const TensorView& q, const DecodeCache& cache,
                       const TensorView& cache_seqlens, const std::optional<DecodeAppend>& append,
                       bool causal, double scale, const std::optional<TensorView>& lse = std::nullopt,
+                      const std::optional<TensorView>& workspace = std::nullopt,
+                      cudaStream_t stream = nullptr);
+// With the score variants of AttentionOptions (include/llmk/attention.h) over the cache: the
+// window counts back from each query's own position (seqlen_k - q_len + i), causal required;
+// softcap and sinks as the prefill's. The CPU backend only in this version (CUDA calls with
+// any of them are rejected before any work).
+void attention_decode(const TensorView& out, const TensorView& q, const DecodeCache& cache,
+                      const TensorView& cache_seqlens, const std::optional<DecodeAppend>& append,
+                      bool causal, double scale, const AttentionOptions& options,
+                      const std::optional<TensorView>& lse = std::nullopt,
                       const std::optional<TensorView>& workspace = std::nullopt,
                       cudaStream_t stream = nullptr);
 

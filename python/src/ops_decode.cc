@@ -17,7 +17,8 @@ std::tuple<Tensor, Tensor> attention_decode(Tensor q, Tensor k_cache, Tensor v_c
                                             std::optional<Tensor> v_new, std::optional<Tensor> rotary_cos_sin,
                                             bool rotary_interleaved, bool causal, std::optional<double> scale,
                                             bool return_lse, std::optional<Tensor> k_scale,
-                                            std::optional<Tensor> v_scale) {
+                                            std::optional<Tensor> v_scale, std::optional<int64_t> window,
+                                            std::optional<double> softcap, std::optional<Tensor> sinks) {
   const OpCall op("attention_decode", q);
   LLMK_CHECK(k_new.has_value() == v_new.has_value(), op.name(), ": k_new and v_new are appended together; got ",
              k_new ? "k_new without v_new" : "v_new without k_new");
@@ -37,9 +38,13 @@ std::tuple<Tensor, Tensor> attention_decode(Tensor q, Tensor k_cache, Tensor v_c
   Tensor lse = empty(q, return_lse ? Shape{q.size(0), q.size(2), q.size(1)} : Shape{0}, ScalarType::Float);
   Tensor workspace = empty(q, {workspace_size}, ScalarType::Float);
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  AttentionOptions options;
+  options.window = window;
+  options.softcap = softcap;
+  options.sinks = op.view(sinks, "sinks");
   llmk::attention_decode(op.view(out, "out"), qv, cache, op.view(cache_seqlens, "cache_seqlens"), append, causal, s,
-                         op.view_if(return_lse, lse, "lse"), op.view_if(workspace_size > 0, workspace, "workspace"),
-                         op.stream());
+                         options, op.view_if(return_lse, lse, "lse"),
+                         op.view_if(workspace_size > 0, workspace, "workspace"), op.stream());
   return {out, lse};
 }
 

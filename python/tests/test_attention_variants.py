@@ -1,4 +1,4 @@
-"""The score variants of llmk.attention / attention_varlen (issue 57): sliding window, logit
+"""The score variants of llmk.attention / attention_varlen / attention_decode (issue 57): sliding window, logit
 softcap and attention sinks, alone and combined, on the CPU backend (the double reference the
 CUDA kernels will be held to) against a float64 torch formula with the FlashAttention rule (our
 max error at most 2x that of the same formula evaluated by torch in the half dtype, plus a small
@@ -169,6 +169,46 @@ def test_identities():
     assert (capped.float() - plain.float()).abs().max() <= 2**-7 * plain.float().abs().max()
 
 
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("q_len", [1, 3])
+@pytest.mark.parametrize("variants", [dict(window=1), dict(window=4, sinks=True), dict(softcap=6.0),
+                                      dict(sinks=True), dict(window=5, softcap=3.0, sinks=True)], ids=str)
+def test_decode_matches_the_prefill_definition(dtype, q_len, variants):
+    """llmk.attention_decode over a contiguous cache with the variants: each sequence's q tokens
+    are the last q_len of its cache_seqlens keys, so the prefill formula over those keys (causal,
+    bottom-right) is its reference; lengths of 1 (a q_len 3 row then sees no key) and 0."""
+    heads_q, heads_kv, dim, max_len = 4, 2, 64, 24
+    lens = [7, 1, 20, 0]
+    k_cache = torch.randn(len(lens), max_len, heads_kv, dim, dtype=dtype)
+    v_cache = torch.randn(len(lens), max_len, heads_kv, dim, dtype=dtype)
+    q = torch.randn(len(lens), q_len, heads_q, dim, dtype=dtype)
+    kw = dict(variants)
+    sinks = torch.randn(heads_q) if kw.pop("sinks", False) else None
+    out, lse = llmk.attention_decode(q, k_cache, v_cache, torch.tensor(lens, dtype=torch.int32), causal=True,
+                                     scale=0.125, return_lse=True, sinks=sinks, **kw)
+    for b, n in enumerate(lens):
+        args = (q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n], True, 0.125, kw.get("window"),
+                kw.get("softcap"), sinks)
+        want, want_lse = reference(*args)
+        theirs, _ = reference(*args, dtype=dtype)
+        assert_flash_rule(out[b:b + 1], want, theirs, dtype, f"decode sequence {b}", ATOL_EPS)
+        finite = torch.isfinite(want_lse)
+        assert torch.equal(torch.isfinite(lse[b:b + 1]), finite)
+        torch.testing.assert_close(lse[b:b + 1].double()[finite], want_lse[finite], rtol=0, atol=1e-5)
+
+
+def test_decode_bad_inputs():
+    k_cache = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    q = torch.randn(1, 1, 4, 64, dtype=torch.bfloat16)
+    lens = torch.tensor([5], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="attention_decode: window needs causal=true"):
+        llmk.attention_decode(q, k_cache, k_cache.clone(), lens, causal=False, window=3)
+    with pytest.raises(RuntimeError, match=r"attention_decode: sinks must be float32 \[heads_q\] = \[4\]"):
+        llmk.attention_decode(q, k_cache, k_cache.clone(), lens, sinks=torch.zeros(2))
+    with pytest.raises(RuntimeError, match="attention_decode: softcap must be finite and > 0"):
+        llmk.attention_decode(q, k_cache, k_cache.clone(), lens, softcap=0.0)
+
+
 BAD = [
     (dict(window=0, causal=True), "window must be >= 1"),
     (dict(window=-3, causal=True), "window must be >= 1"),
@@ -190,6 +230,15 @@ def test_bad_inputs(kwargs, needle):
     with pytest.raises(RuntimeError) as info:
         llmk.attention(q, k, v, causal, **kwargs)
     assert needle in str(info.value) and "attention" in str(info.value)
+
+
+@requires_cuda
+def test_cuda_decode_rejects_the_variants_by_name():
+    k_cache = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16, device="cuda")
+    q = torch.randn(1, 1, 4, 64, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(RuntimeError, match="attention_decode: window, softcap and sinks run on the CPU backend"):
+        llmk.attention_decode(q, k_cache, k_cache.clone(), torch.tensor([5], dtype=torch.int32, device="cuda"),
+                              softcap=5.0)
 
 
 @requires_cuda

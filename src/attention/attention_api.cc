@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "attention/attention_params.h"
+#include "common/attention_options.h"
 #include "common/cuda_check.h"
 #include "common/rows.h"
 #include "llmk/attention.h"
@@ -61,33 +62,6 @@ struct Validated {
   bool on_host = false;
   bool empty = false;  // nothing to compute or write
 };
-
-// The score variants (AttentionOptions) into p: window >= 1 with causal, softcap finite and
-// > 0, sinks float32 [heads_q] contiguous on q's device.
-void check_options(const char* op, const AttentionOptions& o, const TensorView& q, bool causal, AttentionParams& p) {
-  if (o.window) {
-    LLMK_CHECK(*o.window >= 1, op, ": window must be >= 1 (the keys a query row sees, its own included), got ",
-               *o.window);
-    LLMK_CHECK(causal, op, ": window needs causal=true (a sliding window bounds the causal mask on the left)");
-    p.window = static_cast<int>(*o.window < INT_MAX ? *o.window : INT_MAX);
-  }
-  if (o.softcap) {
-    LLMK_CHECK(std::isfinite(*o.softcap) && *o.softcap > 0, op,
-               ": softcap must be finite and > 0 (leave it unset for none), got ", *o.softcap);
-    p.softcap = static_cast<float>(*o.softcap);
-    LLMK_CHECK(p.softcap > 0 && std::isfinite(p.softcap), op, ": softcap ", *o.softcap, " is out of float range");
-  }
-  if (o.sinks) {
-    const TensorView& s = *o.sinks;
-    detail::check_same_device(op, "sinks", s, "q", q);
-    detail::check_dtype(op, "sinks", s, DType::f32);
-    LLMK_CHECK(s.ndim() == 1 && s.size(0) == q.size(-2), op, ": sinks must be float32 [heads_q] = [", q.size(-2),
-               "], got ", detail::shape_string(s));
-    LLMK_CHECK(s.numel() <= 1 || s.stride(0) == 1, op, ": sinks must be contiguous, got stride ", s.stride(0));
-    LLMK_CHECK(detail::is_aligned(s.data(), 4), op, ": sinks data pointer ", s.data(), " is not 4-byte aligned");
-    p.sinks = static_cast<const float*>(s.data());
-  }
-}
 
 // The checks shared by the dense and varlen entry points; `packed` selects the layout.
 Validated validate(const char* op, const TensorView& out, const TensorView& q, const TensorView& k,
@@ -150,7 +124,10 @@ Validated validate(const char* op, const TensorView& out, const TensorView& q, c
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   LLMK_CHECK(p.scale > 0 && std::isfinite(p.scale_log2), op, ": scale ", scale,
              " is out of float range");
-  check_options(op, options, q, causal, p);
+  const detail::AttentionVariants variants = detail::check_attention_options(op, options, q, causal);
+  p.window = variants.window;
+  p.softcap = variants.softcap;
+  p.sinks = variants.sinks;
   if (options.sinks) {
     detail::check_no_overlap(op, "out", out, "sinks", *options.sinks, false);
     if (lse) detail::check_no_overlap(op, "lse", *lse, "sinks", *options.sinks, false);

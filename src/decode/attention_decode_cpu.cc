@@ -94,20 +94,22 @@ void decode(const DecodeParams& p) {
       v_rows[j] = decode_cache_row(p, p.v, b, j);
     }
     for (int i = 0; i < p.q_len; ++i) {
-      const int keys = decode_visible_keys(p, seqlen_k, i);
+      const int first = decode_first_key(p, seqlen_k, i);  // keys [first, visible)
+      const int keys = decode_visible_keys(p, seqlen_k, i) - first;
       if (rotary) rotary_angles(p, int64_t{p.cache_seqlens[b]} + i, cos_v, sin_v);
       for (int h = 0; h < p.heads_q; ++h) {
         const int kv_head = h / p.group;
         std::copy_n(token_row<T>(p.q, b, i, h), d, x.begin());
         if (rotary) rope_rotate_host(x.data(), p.rotary_dim, style, cos_v.data(), sin_v.data());
         const double lse = attend_row_host(
-            keys, d, p.scale, 0.0, -std::numeric_limits<double>::infinity(),
+            keys, d, p.scale, p.softcap, p.sinks ? double(p.sinks[h]) : -std::numeric_limits<double>::infinity(),
             [&](int64_t j) {
               double dot = 0;
-              for (int c = 0; c < d; ++c) dot += double(to_float(x[c])) * cache_value<C>(p.k, k_rows[j], kv_head, c);
+              for (int c = 0; c < d; ++c)
+                dot += double(to_float(x[c])) * cache_value<C>(p.k, k_rows[first + j], kv_head, c);
               return dot;
             },
-            [&](int64_t j, int c) { return cache_value<C>(p.v, v_rows[j], kv_head, c); }, scores, acc);
+            [&](int64_t j, int c) { return cache_value<C>(p.v, v_rows[first + j], kv_head, c); }, scores, acc);
         T* out = token_row<T>(p.out, b, i, h);
         for (int c = 0; c < d; ++c) out[c] = from_float<T>(static_cast<float>(acc[c]));
         if (p.lse) p.lse[(int64_t{b} * p.heads_q + h) * p.q_len + i] = static_cast<float>(lse);

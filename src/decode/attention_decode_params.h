@@ -42,6 +42,11 @@ struct DecodeParams {
   bool causal = true;
   float scale = 1.0f;
   float scale_log2 = 1.0f;  // scale * log2(e)
+  // The score variants (common/attention_options.h; the CPU reference only in this version):
+  // a sliding window of `window` keys (0: none), softcap (0: none), sinks [heads_q] (null).
+  int window = 0;
+  float softcap = 0.0f;
+  const float* sinks = nullptr;
 
   // Split-KV: `splits` pieces per (sequence, kv head); with splits > 1 the pieces write
   // partial_out [splits, batch, q_len, heads_q, head_dim] and partial_lse
@@ -91,6 +96,15 @@ LLMK_HOST_DEVICE inline int decode_visible_keys(const DecodeParams& p, int seqle
   if (!p.causal) return seqlen_k;
   const int end = i + 1 + seqlen_k - p.q_len;
   return end < 0 ? 0 : (end > seqlen_k ? seqlen_k : end);
+}
+
+// The first key query i sees: the sliding window's left end (causal, bottom-right aligned),
+// clamped to [0, decode_visible_keys]; 0 without a window.
+LLMK_HOST_DEVICE inline int decode_first_key(const DecodeParams& p, int seqlen_k, int i) {
+  const int end = decode_visible_keys(p, seqlen_k, i);
+  if (p.window <= 0) return 0;
+  const int64_t first = int64_t{i} + 1 + seqlen_k - p.q_len - p.window;
+  return static_cast<int>(first < 0 ? 0 : (first > end ? end : first));
 }
 
 // The CUDA launcher (split choice, main kernel, merge) and the CPU reference, called after

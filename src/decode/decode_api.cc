@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/attention_options.h"
 #include "common/cuda_check.h"
 #include "common/head_dims.h"
 #include "common/rows.h"
@@ -273,6 +274,13 @@ void attention_decode(const TensorView& out, const TensorView& q, const DecodeCa
                       const TensorView& cache_seqlens, const std::optional<DecodeAppend>& append, bool causal,
                       double scale, const std::optional<TensorView>& lse, const std::optional<TensorView>& workspace,
                       cudaStream_t stream) {
+  attention_decode(out, q, cache, cache_seqlens, append, causal, scale, AttentionOptions{}, lse, workspace, stream);
+}
+
+void attention_decode(const TensorView& out, const TensorView& q, const DecodeCache& cache,
+                      const TensorView& cache_seqlens, const std::optional<DecodeAppend>& append, bool causal,
+                      double scale, const AttentionOptions& options, const std::optional<TensorView>& lse,
+                      const std::optional<TensorView>& workspace, cudaStream_t stream) {
   Validated r = validate_shapes(q, cache);
   DecodeParams& p = r.p;
   const int64_t batch = q.size(0), q_len = q.size(1), heads_q = q.size(2), heads_kv = cache.k.size(2),
@@ -342,6 +350,21 @@ void attention_decode(const TensorView& out, const TensorView& q, const DecodeCa
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   LLMK_CHECK(p.scale > 0 && std::isfinite(p.scale) && std::isfinite(p.scale_log2), kOp, ": scale ", scale,
              " is out of float range");
+  const detail::AttentionVariants variants = detail::check_attention_options(kOp, options, q, causal);
+  p.window = variants.window;
+  p.softcap = variants.softcap;
+  p.sinks = variants.sinks;
+  if (options.sinks) {  // the written tensors overlap no sinks
+    detail::check_no_overlap(kOp, "out", out, "sinks", *options.sinks, false);
+    if (lse) detail::check_no_overlap(kOp, "lse", *lse, "sinks", *options.sinks, false);
+    if (append) {
+      detail::check_no_overlap(kOp, "k_cache", cache.k, "sinks", *options.sinks, false);
+      detail::check_no_overlap(kOp, "v_cache", cache.v, "sinks", *options.sinks, false);
+    }
+  }
+  LLMK_CHECK(r.on_host || !variants.any(), kOp,
+             ": window, softcap and sinks run on the CPU backend in this version; the CUDA kernels do not take them "
+             "yet");
 
   check_overlaps(out, q, cache, cache_seqlens, append, lse, workspace);
 

@@ -13,7 +13,7 @@ from ._table import define, like, public, wants_grad
 
 
 def _fake(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, rotary_cos_sin, rotary_interleaved, causal,
-          scale, return_lse, k_scale, v_scale):
+          scale, return_lse, k_scale, v_scale, window=None, softcap=None, sinks=None):
     """out like q; lse float32 [batch, heads_q, q_len] of q [batch, q_len, heads_q, head_dim] (empty when not
     wanted). The caches are written in place (append), which the schema's (a!) / (b!) declare."""
     shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,)
@@ -25,7 +25,8 @@ _attention_decode = define(
     "attention_decode(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
     "Tensor? block_table=None, Tensor? k_new=None, Tensor? v_new=None, Tensor? rotary_cos_sin=None, "
     "bool rotary_interleaved=False, bool causal=True, float? scale=None, bool return_lse=False, "
-    "Tensor? k_scale=None, Tensor? v_scale=None) -> (Tensor, Tensor)",
+    "Tensor? k_scale=None, Tensor? v_scale=None, int? window=None, float? softcap=None, Tensor? sinks=None) "
+    "-> (Tensor, Tensor)",
     _fake, public=False)
 
 
@@ -34,7 +35,8 @@ def attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens:
                      block_table: Optional[Tensor] = None, k_new: Optional[Tensor] = None,
                      v_new: Optional[Tensor] = None, rotary_cos_sin: Optional[Tensor] = None,
                      rotary_interleaved: bool = False, causal: bool = True, scale: Optional[float] = None,
-                     return_lse: bool = False, k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None):
+                     return_lse: bool = False, k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None,
+                     window: Optional[int] = None, softcap: Optional[float] = None, sinks: Optional[Tensor] = None):
     """Attention of a few new query tokens per sequence against a KV cache (FlashAttention's
     ``flash_attn_with_kvcache``, FlashInfer's paged decode), inference only.
 
@@ -57,6 +59,9 @@ def attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens:
       cache_seqlens is not updated: add q_len after the call.
     - causal: query i sees key j iff j <= i + seqlen_k - q_len (bottom-right); scale defaults to
       1/sqrt(head_dim).
+    - window / softcap / sinks: the score variants of :func:`attention` over the cache (the window
+      counts back from each query's own position); the CPU backend only in this version (CUDA
+      tensors with any of them are rejected with an error naming them).
 
     Returns out (like q) or ``(out, lse)`` with lse float32 ``[batch, heads_q, q_len]`` (natural
     log). On the GPU the lengths and page ids are the caller's contract (cache_seqlens (+ q_len)
@@ -68,5 +73,6 @@ def attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens:
         raise RuntimeError("llmk.attention_decode is an inference op (no backward): call it under torch.no_grad() "
                            "or torch.inference_mode(), or pass tensors that do not require grad")
     out, lse = _attention_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, rotary_cos_sin,
-                                 rotary_interleaved, causal, scale, return_lse, k_scale, v_scale)
+                                 rotary_interleaved, causal, scale, return_lse, k_scale, v_scale, window, softcap,
+                                 sinks)
     return (out, lse) if return_lse else out
