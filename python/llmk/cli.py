@@ -59,10 +59,13 @@ def _info() -> int:
                                    if hopper else "no Hopper kernel here (needs sm_90 and an sm_90a build),")
               + " small-M weight-streaming kernel for M <= 64, mma.sync kernel for the rest"
               " (LLMK_GEMM_PATH=sm90|small_m|sm80 forces one)")
-        print("  quantized_linear: int4/int8 weights streamed and dequantized in registers for M <= 64,"
+        print("  quantized_linear: int4/int8 weights streamed and dequantized in registers for M <= 64"
+              " (int4 at M <= 16: the group scale applied to each group's fp32 sum),"
               " dequantize into a workspace + gemm above (LLMK_QUANTIZED_PATH=stream|dequant forces one)")
         print("  attention: " + _attention_paths(hopper, ATTENTION_SM90_HEAD_DIMS))
         print("  attention backward: " + _attention_paths(hopper, ATTENTION_SM90_HEAD_DIMS))
+        print("  attention score variants (window, softcap, sinks): the CPU backend; CUDA calls with them are"
+              " rejected (kernels next)")
         print("  attention_decode: mma.sync split-KV kernel; "
               + ("2-8 pieces merged inside a thread-block cluster, more by a merge kernel over the workspace"
                  if major >= 9 and any(a.rstrip("a").isdigit() and int(a.rstrip("a")) >= 90 for a in archs.split(";"))
