@@ -148,6 +148,34 @@ def test_varlen_matches_each_sequence(dtype):
         assert torch.equal(lse[:, qs], l[0]), f"sequence {b} lse"
 
 
+def test_varlen_gradients_match_each_sequence():
+    """attention_varlen's autograd with the variants (its sinks gradient sums the sequences')
+    against attention over each sequence alone."""
+    lens_q, lens_k = [6, 0, 11], [9, 3, 11]
+    heads_q, heads_kv, dim = 4, 2, 32
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32)
+    q = torch.randn(sum(lens_q), heads_q, dim, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(sum(lens_k), heads_kv, dim, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(sum(lens_k), heads_kv, dim, dtype=torch.bfloat16, requires_grad=True)
+    sinks = torch.randn(heads_q, requires_grad=True)
+    dout = torch.randn(sum(lens_q), heads_q, dim, dtype=torch.bfloat16)
+    kw = dict(window=5, softcap=6.0)
+    out = llmk.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), True, 0.2, sinks=sinks, **kw)
+    dq, dk, dv, dsinks = torch.autograd.grad(out, (q, k, v, sinks), dout)
+    want_dsinks = torch.zeros(heads_q)
+    for b in range(len(lens_q)):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        leaves = [t.detach()[None, r].clone().requires_grad_() for t, r in ((q, qs), (k, ks), (v, ks))]
+        s = sinks.detach().clone().requires_grad_()
+        o = llmk.attention(*leaves, True, 0.2, sinks=s, **kw)
+        grads = torch.autograd.grad(o, (*leaves, s), dout[None, qs], allow_unused=True)
+        for name, got, want in (("dq", dq[qs], grads[0]), ("dk", dk[ks], grads[1]), ("dv", dv[ks], grads[2])):
+            assert torch.equal(got, want[0]), f"sequence {b} {name}"
+        want_dsinks += grads[3] if grads[3] is not None else 0
+    torch.testing.assert_close(dsinks, want_dsinks, rtol=1e-5, atol=1e-6)
+
+
 def test_identities():
     """The variants against the plain op: a window of at least seq_k is the causal mask; a sink of
     -1e30 changes nothing; a finite sink scales every row by 1 - p_sink, p_sink = exp(sink - lse);
