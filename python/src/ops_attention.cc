@@ -24,16 +24,6 @@ Tensor lse_for(const Tensor& q, bool want) {
   return empty(q, shape, ScalarType::Float);
 }
 
-// The score variants of the schemas' window, softcap and sinks (None: off).
-AttentionOptions options_of(const OpCall& op, std::optional<int64_t> window, std::optional<double> softcap,
-                            const std::optional<Tensor>& sinks) {
-  AttentionOptions o;
-  o.window = window;
-  o.softcap = softcap;
-  o.sinks = op.view(sinks, "sinks");
-  return o;
-}
-
 // `deterministic` is the backward's (autograd saves it); the forward is deterministic.
 std::tuple<Tensor, Tensor> attention(Tensor q, Tensor k, Tensor v, bool causal, std::optional<double> scale,
                                      bool return_lse, bool /*deterministic*/, std::optional<int64_t> window,
@@ -42,7 +32,7 @@ std::tuple<Tensor, Tensor> attention(Tensor q, Tensor k, Tensor v, bool causal, 
   Tensor out = output_like(q);
   Tensor lse = lse_for(q, return_lse);
   llmk::attention(op.view(out, "out"), op.view(q, "q"), op.view(k, "k"), op.view(v, "v"), causal,
-                  scale_or_default(scale, q), options_of(op, window, softcap, sinks),
+                  scale_or_default(scale, q), AttentionOptions{window, softcap, op.view(sinks, "sinks")},
                   op.view_if(return_lse, lse, "lse"), op.stream());
   return {out, lse};
 }
@@ -58,7 +48,8 @@ std::tuple<Tensor, Tensor> attention_varlen(Tensor q, Tensor k, Tensor v, Tensor
   llmk::attention_varlen(op.view(out, "out"), op.view(q, "q"), op.view(k, "k"), op.view(v, "v"),
                          op.view(cu_seqlens_q, "cu_seqlens_q"), op.view(cu_seqlens_k, "cu_seqlens_k"),
                          max_seqlen_q, max_seqlen_k, causal, scale_or_default(scale, q),
-                         options_of(op, window, softcap, sinks), op.view_if(return_lse, lse, "lse"), op.stream());
+                         AttentionOptions{window, softcap, op.view(sinks, "sinks")}, op.view_if(return_lse, lse, "lse"),
+                         op.stream());
   return {out, lse};
 }
 
@@ -95,7 +86,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(Tensor dout, Tensor q, Ten
   llmk::attention_backward(op.view(g.dq, "dq"), op.view(g.dk, "dk"), op.view(g.dv, "dv"), op.view(dout, "dout"),
                            op.view(q, "q"), op.view(k, "k"), op.view(v, "v"), op.view(out, "out"),
                            op.view(lse, "lse"), causal, scale_or_default(scale, q),
-                           options_of(op, window, softcap, sinks), std::nullopt, deterministic,
+                           AttentionOptions{window, softcap, op.view(sinks, "sinks")}, std::nullopt, deterministic,
                            op.view_if(q.is_cuda(), g.workspace, "workspace"), op.stream());
   return {g.dq, g.dk, g.dv};
 }
@@ -114,8 +105,8 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward(Tensor dout, Tensor
       op.view(g.dq, "dq"), op.view(g.dk, "dk"), op.view(g.dv, "dv"), op.view(dout, "dout"), op.view(q, "q"),
       op.view(k, "k"), op.view(v, "v"), op.view(out, "out"), op.view(lse, "lse"),
       op.view(cu_seqlens_q, "cu_seqlens_q"), op.view(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
-      causal, scale_or_default(scale, q), options_of(op, window, softcap, sinks), std::nullopt, deterministic,
-      op.view_if(q.is_cuda(), g.workspace, "workspace"), op.stream());
+      causal, scale_or_default(scale, q), AttentionOptions{window, softcap, op.view(sinks, "sinks")}, std::nullopt,
+      deterministic, op.view_if(q.is_cuda(), g.workspace, "workspace"), op.stream());
   return {g.dq, g.dk, g.dv};
 }
 

@@ -38,12 +38,9 @@ std::tuple<Tensor, Tensor> attention_decode(Tensor q, Tensor k_cache, Tensor v_c
   Tensor lse = empty(q, return_lse ? Shape{q.size(0), q.size(2), q.size(1)} : Shape{0}, ScalarType::Float);
   Tensor workspace = empty(q, {workspace_size}, ScalarType::Float);
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  AttentionOptions options;
-  options.window = window;
-  options.softcap = softcap;
-  options.sinks = op.view(sinks, "sinks");
   llmk::attention_decode(op.view(out, "out"), qv, cache, op.view(cache_seqlens, "cache_seqlens"), append, causal, s,
-                         options, op.view_if(return_lse, lse, "lse"),
+                         AttentionOptions{window, softcap, op.view(sinks, "sinks")},
+                         op.view_if(return_lse, lse, "lse"),
                          op.view_if(workspace_size > 0, workspace, "workspace"), op.stream());
   return {out, lse};
 }

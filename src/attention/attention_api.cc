@@ -124,10 +124,7 @@ Validated validate(const char* op, const TensorView& out, const TensorView& q, c
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   LLMK_CHECK(p.scale > 0 && std::isfinite(p.scale_log2), op, ": scale ", scale,
              " is out of float range");
-  const detail::AttentionVariants variants = detail::check_attention_options(op, options, q, causal);
-  p.window = variants.window;
-  p.softcap = variants.softcap;
-  p.sinks = variants.sinks;
+  p.variants = detail::check_attention_options(op, options, q, causal);
   if (options.sinks) {
     detail::check_no_overlap(op, "out", out, "sinks", *options.sinks, false);
     if (lse) detail::check_no_overlap(op, "lse", *lse, "sinks", *options.sinks, false);
@@ -135,7 +132,7 @@ Validated validate(const char* op, const TensorView& out, const TensorView& q, c
   r.dtype = q.dtype();
   r.on_host = !q.is_cuda();
   // Before any work: the CUDA kernels do not take the variants yet (the call writes nothing).
-  LLMK_CHECK(r.on_host || !p.has_variants(), op,
+  LLMK_CHECK(r.on_host || !p.variants.any(), op,
              ": window, softcap and sinks run on the CPU backend in this version; the CUDA kernels do not "
              "take them yet");
   return r;
@@ -252,18 +249,10 @@ void backward(const char* op, const TensorView& dq, const TensorView& dk, const 
   }
   if (dsinks) {
     LLMK_CHECK(options.sinks.has_value(), op, ": dsinks was given without sinks (the gradient of nothing)");
-    detail::check_same_device(op, "dsinks", *dsinks, "q", q);
-    detail::check_dtype(op, "dsinks", *dsinks, DType::f32);
-    LLMK_CHECK(dsinks->ndim() == 1 && dsinks->size(0) == q.size(-2), op, ": dsinks must be float32 [heads_q] = [",
-               q.size(-2), "], got ", detail::shape_string(*dsinks));
-    LLMK_CHECK(dsinks->numel() <= 1 || dsinks->stride(0) == 1, op, ": dsinks must be contiguous, got stride ",
-               dsinks->stride(0));
-    LLMK_CHECK(detail::is_aligned(dsinks->data(), 4), op, ": dsinks data pointer ", dsinks->data(),
-               " is not 4-byte aligned");
+    b.dsinks = detail::check_head_vector(op, "dsinks", *dsinks, q);
     for (const Arg& a : outputs) detail::check_no_overlap(op, "dsinks", *dsinks, a.first, *a.second, false);
     for (const Arg& a : inputs) detail::check_no_overlap(op, "dsinks", *dsinks, a.first, *a.second, false);
     detail::check_no_overlap(op, "dsinks", *dsinks, "sinks", *options.sinks, false);
-    b.dsinks = static_cast<float*>(dsinks->data());
   }
   shapes(r);
   b.fwd = r.p;

@@ -27,6 +27,7 @@ void attention_backward_cpu(const AttentionBackwardParams& bp, DType dtype) {
     };
     std::vector<double> dk_acc, dv_acc, q(d), dout(d), dq(d), kj(d), vj(d);
     std::vector<double> dsinks(static_cast<size_t>(p.heads_q), 0.0);
+    const double softcap = p.variants.softcap;
     for (int b = 0; b < p.batch; ++b) {
       const SequenceBounds seq = sequence_bounds(p, b);
       // [heads_kv, seqlen_k, d] sums over each kv head's query heads.
@@ -44,9 +45,9 @@ void attention_backward_cpu(const AttentionBackwardParams& bp, DType dtype) {
           const double lse = p.lse[p.lse_offset(b, h) + row];
           std::fill(dq.begin(), dq.end(), 0.0);
           // lse = -inf (the forward's empty row) or +inf: P = 0 for every key.
-          const int64_t first = std::isinf(lse) ? 0 : first_visible_key(seq, p.causal, p.window, i);
+          const int64_t first = std::isinf(lse) ? 0 : first_visible_key(seq, p.causal, p.variants.window, i);
           const int64_t end = std::isinf(lse) ? 0 : visible_keys(seq, p.causal, i);
-          if (p.sinks && !std::isinf(lse)) dsinks[h] -= std::exp(double(p.sinks[h]) - lse) * delta;
+          if (p.variants.sinks && !std::isinf(lse)) dsinks[h] -= std::exp(double(p.variants.sinks[h]) - lse) * delta;
           for (int64_t j = first; j < end; ++j) {
             load(at(p.k, b, seq.k_start + j, kv_head), kj);
             load(at(p.v, b, seq.k_start + j, kv_head), vj);
@@ -55,10 +56,10 @@ void attention_backward_cpu(const AttentionBackwardParams& bp, DType dtype) {
               dot += q[c] * kj[c];
               dp += dout[c] * vj[c];
             }
-            const double s = attention_score_host(dot, p.scale, p.softcap);
+            const double s = attention_score_host(dot, p.scale, softcap);
             const double prob = std::exp(s - lse);
             double ds = prob * (dp - delta);
-            if (p.softcap > 0) ds *= 1.0 - (s / p.softcap) * (s / p.softcap);
+            if (softcap > 0) ds *= 1.0 - (s / softcap) * (s / softcap);
             double* dk = &dk_acc[(static_cast<size_t>(kv_head) * seq.seqlen_k + j) * d];
             double* dv = &dv_acc[(static_cast<size_t>(kv_head) * seq.seqlen_k + j) * d];
             for (int c = 0; c < d; ++c) {

@@ -1,7 +1,6 @@
 // CPU reference of the attention forward: the naive algorithm in double (all scores of
 // a row, their max, the exponentials, the weighted sum of V), one rounding per output; the
 // score variants (window, softcap, sinks) as include/llmk/attention.h defines them.
-#include <limits>
 #include <vector>
 
 #include "attention/attention_params.h"
@@ -23,12 +22,12 @@ void attention_forward_cpu(const AttentionParams& p, DType dtype) {
           return static_cast<T*>(t.data) + b * t.batch_stride + (start + i) * t.row_stride +
                  head * t.head_stride;
         };
-        const double sink = p.sinks ? double(p.sinks[h]) : -std::numeric_limits<double>::infinity();
+        const double sink = sink_host(p.variants, h);
         for (int64_t i = 0; i < seq.seqlen_q; ++i) {
           const T* q = row(p.q, seq.q_start, i, h);
-          const int64_t first = first_visible_key(seq, p.causal, p.window, i);  // keys [first, end)
+          const int64_t first = first_visible_key(seq, p.causal, p.variants.window, i);  // keys [first, end)
           const double lse = attend_row_host(
-              visible_keys(seq, p.causal, i) - first, d, p.scale, p.softcap, sink,
+              visible_keys(seq, p.causal, i) - first, d, p.scale, p.variants.softcap, sink,
               [&](int64_t j) {
                 const T* k = row(p.k, seq.k_start, first + j, kv_head);
                 double dot = 0;

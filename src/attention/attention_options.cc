@@ -24,17 +24,18 @@ AttentionVariants check_attention_options(const char* op, const AttentionOptions
     v.softcap = static_cast<float>(*o.softcap);
     LLMK_CHECK(v.softcap > 0 && std::isfinite(v.softcap), op, ": softcap ", *o.softcap, " is out of float range");
   }
-  if (o.sinks) {
-    const TensorView& s = *o.sinks;
-    check_same_device(op, "sinks", s, "q", q);
-    check_dtype(op, "sinks", s, DType::f32);
-    LLMK_CHECK(s.ndim() == 1 && s.size(0) == q.size(-2), op, ": sinks must be float32 [heads_q] = [", q.size(-2),
-               "], got ", shape_string(s));
-    LLMK_CHECK(s.numel() <= 1 || s.stride(0) == 1, op, ": sinks must be contiguous, got stride ", s.stride(0));
-    LLMK_CHECK(is_aligned(s.data(), 4), op, ": sinks data pointer ", s.data(), " is not 4-byte aligned");
-    v.sinks = static_cast<const float*>(s.data());
-  }
+  if (o.sinks) v.sinks = check_head_vector(op, "sinks", *o.sinks, q);
   return v;
+}
+
+float* check_head_vector(const char* op, const char* arg, const TensorView& t, const TensorView& q) {
+  check_same_device(op, arg, t, "q", q);
+  check_dtype(op, arg, t, DType::f32);
+  LLMK_CHECK(t.ndim() == 1 && t.size(0) == q.size(-2), op, ": ", arg, " must be float32 [heads_q] = [", q.size(-2),
+             "], got ", shape_string(t));
+  LLMK_CHECK(t.numel() <= 1 || t.stride(0) == 1, op, ": ", arg, " must be contiguous, got stride ", t.stride(0));
+  LLMK_CHECK(is_aligned(t.data(), 4), op, ": ", arg, " data pointer ", t.data(), " is not 4-byte aligned");
+  return static_cast<float*>(t.data());
 }
 
 }  // namespace llmk::detail

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "common/attention_types.h"
+#include "common/attention_variants.h"
 #include "common/head_dims.h"
 #include "common/host_device.h"
 #include "llmk/dtype.h"
@@ -31,13 +32,7 @@ struct AttentionParams {
   bool causal = false;
   float scale = 1.0f;
   float scale_log2 = 1.0f;  // scale * log2(e): the softmax runs on exp2
-  // The score variants (llmk::AttentionOptions; the CPU reference only in this version):
-  // window > 0 keys a causal row sees (0: no window), softcap > 0 (0: none), sinks float32
-  // [heads_q] (null: none).
-  int window = 0;
-  float softcap = 0.0f;
-  const float* sinks = nullptr;
-  bool has_variants() const { return window > 0 || softcap > 0.0f || sinks != nullptr; }
+  AttentionVariants variants;  // window, softcap, sinks (the CPU reference only in this version)
 
   // Where (batch entry, query head) starts in lse's layout, which the backward's per-row
   // arrays share (D, the dq accumulator's rows, the turn counters): add the packed row,

@@ -9,7 +9,14 @@
 #include <limits>
 #include <vector>
 
+#include "common/attention_variants.h"
+
 namespace llmk::detail {
+
+// Head h's attention sink as attend_row_host takes it (-inf: none).
+inline double sink_host(const AttentionVariants& v, int h) {
+  return v.sinks ? double(v.sinks[h]) : -std::numeric_limits<double>::infinity();
+}
 
 // The score of a dot product: scale * dot, then softcap * tanh(. / softcap) when softcap > 0.
 inline double attention_score_host(double dot, double scale, double softcap) {

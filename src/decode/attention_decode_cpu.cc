@@ -102,7 +102,7 @@ void decode(const DecodeParams& p) {
         std::copy_n(token_row<T>(p.q, b, i, h), d, x.begin());
         if (rotary) rope_rotate_host(x.data(), p.rotary_dim, style, cos_v.data(), sin_v.data());
         const double lse = attend_row_host(
-            keys, d, p.scale, p.softcap, p.sinks ? double(p.sinks[h]) : -std::numeric_limits<double>::infinity(),
+            keys, d, p.scale, p.variants.softcap, sink_host(p.variants, h),
             [&](int64_t j) {
               double dot = 0;
               for (int c = 0; c < d; ++c)

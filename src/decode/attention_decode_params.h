@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/attention_types.h"
+#include "common/attention_variants.h"
 #include "common/host_device.h"
 #include "llmk/dtype.h"
 
@@ -42,11 +43,7 @@ struct DecodeParams {
   bool causal = true;
   float scale = 1.0f;
   float scale_log2 = 1.0f;  // scale * log2(e)
-  // The score variants (common/attention_options.h; the CPU reference only in this version):
-  // a sliding window of `window` keys (0: none), softcap (0: none), sinks [heads_q] (null).
-  int window = 0;
-  float softcap = 0.0f;
-  const float* sinks = nullptr;
+  AttentionVariants variants;  // window, softcap, sinks (the CPU reference only in this version)
 
   // Split-KV: `splits` pieces per (sequence, kv head); with splits > 1 the pieces write
   // partial_out [splits, batch, q_len, heads_q, head_dim] and partial_lse
@@ -102,8 +99,8 @@ LLMK_HOST_DEVICE inline int decode_visible_keys(const DecodeParams& p, int seqle
 // clamped to [0, decode_visible_keys]; 0 without a window.
 LLMK_HOST_DEVICE inline int decode_first_key(const DecodeParams& p, int seqlen_k, int i) {
   const int end = decode_visible_keys(p, seqlen_k, i);
-  if (p.window <= 0) return 0;
-  const int64_t first = int64_t{i} + 1 + seqlen_k - p.q_len - p.window;
+  if (p.variants.window <= 0) return 0;
+  const int64_t first = int64_t{i} + 1 + seqlen_k - p.q_len - p.variants.window;
   return static_cast<int>(first < 0 ? 0 : (first > end ? end : first));
 }
 

@@ -350,10 +350,7 @@ void attention_decode(const TensorView& out, const TensorView& q, const DecodeCa
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   LLMK_CHECK(p.scale > 0 && std::isfinite(p.scale) && std::isfinite(p.scale_log2), kOp, ": scale ", scale,
              " is out of float range");
-  const detail::AttentionVariants variants = detail::check_attention_options(kOp, options, q, causal);
-  p.window = variants.window;
-  p.softcap = variants.softcap;
-  p.sinks = variants.sinks;
+  p.variants = detail::check_attention_options(kOp, options, q, causal);
   if (options.sinks) {  // the written tensors overlap no sinks
     detail::check_no_overlap(kOp, "out", out, "sinks", *options.sinks, false);
     if (lse) detail::check_no_overlap(kOp, "lse", *lse, "sinks", *options.sinks, false);
@@ -362,7 +359,7 @@ void attention_decode(const TensorView& out, const TensorView& q, const DecodeCa
       detail::check_no_overlap(kOp, "v_cache", cache.v, "sinks", *options.sinks, false);
     }
   }
-  LLMK_CHECK(r.on_host || !variants.any(), kOp,
+  LLMK_CHECK(r.on_host || !p.variants.any(), kOp,
              ": window, softcap and sinks run on the CPU backend in this version; the CUDA kernels do not take them "
              "yet");
 

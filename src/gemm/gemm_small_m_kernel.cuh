@@ -473,11 +473,9 @@ __global__ void __launch_bounds__(kBits == 16 ? kSmallMMaxThreads<NT, kNorm> : k
             const float sf = to_float(*reinterpret_cast<const T*>(&sv));
             qs[l][mt][h] = __float_as_uint(sf);
             qz[l][mt][h] = __float_as_uint(-sf * (small_m::QuantPair<T>::kMagicValue + static_cast<float>(zv)));
-          } else if constexpr (kFold) {  // s in fp32, (magic + z) pair
-            qs[l][mt][h] = __float_as_uint(to_float(*reinterpret_cast<const T*>(&sv)));
-            qz[l][mt][h] = a.zeros ? small_m::zero_operand<T, kBits>(zv) : zz_symmetric;
-          } else {
-            qs[l][mt][h] = __byte_perm(sv, 0u, 0x1010u);  // (s, s)
+          } else {  // s in fp32 (kFold) or the pair (s, s); the pair (magic + z)
+            qs[l][mt][h] = kFold ? __float_as_uint(to_float(*reinterpret_cast<const T*>(&sv)))
+                                 : __byte_perm(sv, 0u, 0x1010u);
             qz[l][mt][h] = a.zeros ? small_m::zero_operand<T, kBits>(zv) : zz_symmetric;
           }
         }
