@@ -31,9 +31,9 @@
 
 namespace llmk {
 
-// The score variants of Gemma 2/3, Mistral and gpt-oss; each is off when absent. In this build
-// they run on the CPU backend (the double reference); CUDA tensors with any of them set are
-// rejected (the kernels take them in a later version).
+// The score variants of Gemma 2/3, Mistral and gpt-oss; each is off when absent. The CPU
+// backend (the double reference), the Hopper forward and the decode kernel take them; the sm_80
+// forward and the CUDA backwards reject them before any work (the kernels take them later).
 struct AttentionOptions {
   // Sliding window (causal only): query row i, at position i' = i + seq_k - seq_q of the keys
   // (the causal mask's bottom-right alignment), sees the keys j with i' - window < j <= i':

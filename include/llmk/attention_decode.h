@@ -90,8 +90,8 @@ void attention_decode(const TensorView& out, const TensorView& q, const DecodeCa
                       cudaStream_t stream = nullptr);
 // With the score variants of AttentionOptions (include/llmk/attention.h) over the cache: the
 // window counts back from each query's own position (seqlen_k - q_len + i), causal required;
-// softcap and sinks as the prefill's. The CPU backend only in this version (CUDA calls with
-// any of them are rejected before any work).
+// softcap and sinks as the prefill's (the GPU kernel: the splits share the keys from the
+// first token's window on; the sink joins the denominator once).
 void attention_decode(const TensorView& out, const TensorView& q, const DecodeCache& cache,
                       const TensorView& cache_seqlens, const std::optional<DecodeAppend>& append,
                       bool causal, double scale, const AttentionOptions& options,

@@ -261,23 +261,115 @@ def test_bad_inputs(kwargs, needle):
 
 
 @requires_cuda
-def test_cuda_decode_rejects_the_variants_by_name():
-    k_cache = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16, device="cuda")
-    q = torch.randn(1, 1, 4, 64, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(RuntimeError, match="attention_decode: window, softcap and sinks run on the CPU backend"):
-        llmk.attention_decode(q, k_cache, k_cache.clone(), torch.tensor([5], dtype=torch.int32, device="cuda"),
-                              softcap=5.0)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("q_len", [1, 4])
+@pytest.mark.parametrize("batch,max_len", [(1, 40000), (3, 3000)], ids=["long_split", "batch"])
+@pytest.mark.parametrize("variants", [dict(window=4096), dict(window=7, sinks=True), dict(softcap=30.0),
+                                      dict(sinks=True), dict(window=1000, softcap=50.0, sinks=True)], ids=str)
+@pytest.mark.parametrize("merge", ["auto", "kernel", "cluster"])
+def test_cuda_decode(monkeypatch, dtype, q_len, batch, max_len, variants, merge):
+    """The GPU decode kernel (split-KV pieces merged in a cluster or by the merge kernel:
+    LLMK_DECODE_MERGE) with the variants against the prefill formula per sequence."""
+    monkeypatch.setenv("LLMK_DECODE_MERGE", merge)
+    heads_q, heads_kv, dim = 32, 8, 128
+    lens = torch.randint(max_len // 2, max_len - q_len, (batch,), dtype=torch.int32)
+    k_cache = torch.randn(batch, max_len, heads_kv, dim, dtype=dtype, device="cuda")
+    v_cache = torch.randn(batch, max_len, heads_kv, dim, dtype=dtype, device="cuda")
+    q = torch.randn(batch, q_len, heads_q, dim, dtype=dtype, device="cuda")
+    kw = dict(variants)
+    sinks = torch.randn(heads_q, device="cuda") if kw.pop("sinks", False) else None
+    out, lse = llmk.attention_decode(q, k_cache, v_cache, lens.cuda(), causal=True, scale=dim**-0.5,
+                                     return_lse=True, sinks=sinks, **kw)
+    for b, n in enumerate(lens.tolist()):
+        args = (q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n], True, dim**-0.5, kw.get("window"),
+                kw.get("softcap"), sinks)
+        want, want_lse = reference(*args)
+        theirs, _ = reference(*args, dtype=dtype)
+        assert_flash_rule(out[b:b + 1], want, theirs, dtype, f"cuda decode sequence {b}", ATOL_EPS)
+        torch.testing.assert_close(lse[b:b + 1].double(), want_lse, rtol=0, atol=2e-3)
 
 
 @requires_cuda
-@pytest.mark.parametrize("kwargs", [dict(window=4), dict(softcap=5.0), dict(sinks="cuda")], ids=str)
-def test_cuda_rejects_the_variants_by_name(kwargs):
+@pytest.mark.parametrize("dim,heads_q,heads_kv", [(64, 64, 8), (96, 32, 32), (256, 16, 8)])
+@pytest.mark.parametrize("fp8", [False, True], ids=["cache_like_q", "fp8_cache"])
+def test_cuda_decode_tiles(dim, heads_q, heads_kv, fp8):
+    """The decode variant tiles of the other head dims, an fp8 cache (against the dequantized
+    values) behind a shuffled page table, and q_len x group > 16 query rows (several 16-row
+    blocks per kv head: the variant calls take the 16-row tiles only)."""
+    dtype, batch, q_len, page, pages_per_seq = torch.bfloat16, 2, 7, 16, 300
+    lens = [3001, 4321]
+    kf = torch.randn(batch * pages_per_seq, page, heads_kv, dim, device="cuda")
+    vf = torch.randn(batch * pages_per_seq, page, heads_kv, dim, device="cuda")
+    if fp8:
+        k_scale = torch.rand(heads_kv, device="cuda") + 0.5
+        v_scale = torch.rand(heads_kv, device="cuda") + 0.5
+        k_cache = (kf / k_scale.view(1, 1, -1, 1)).to(torch.float8_e4m3fn)
+        v_cache = (vf / v_scale.view(1, 1, -1, 1)).to(torch.float8_e4m3fn)
+        kf, vf = k_cache.float() * k_scale.view(1, 1, -1, 1), v_cache.float() * v_scale.view(1, 1, -1, 1)
+    else:
+        k_scale = v_scale = None
+        k_cache, v_cache = kf.to(dtype), vf.to(dtype)
+        kf, vf = k_cache.float(), v_cache.float()
+    table = torch.randperm(batch * pages_per_seq, device="cuda").view(batch, pages_per_seq).int()
+    q = torch.randn(batch, q_len, heads_q, dim, dtype=dtype, device="cuda")
+    sinks = torch.randn(heads_q, device="cuda")
+    scale, window, softcap = dim**-0.5, 777, 40.0
+    out, lse = llmk.attention_decode(q, k_cache, v_cache, torch.tensor(lens, dtype=torch.int32, device="cuda"),
+                                     block_table=table, causal=True, scale=scale, return_lse=True, k_scale=k_scale,
+                                     v_scale=v_scale, window=window, softcap=softcap, sinks=sinks)
+    for b, n in enumerate(lens):
+        k = kf[table[b].long()].flatten(0, 1)[None, :n]
+        v = vf[table[b].long()].flatten(0, 1)[None, :n]
+        args = (q[b:b + 1], k, v, True, scale, window, softcap, sinks)
+        want, want_lse = reference(*args)
+        theirs, _ = reference(*args, dtype=dtype)
+        assert_flash_rule(out[b:b + 1], want, theirs, dtype, f"cuda decode tiles sequence {b}", ATOL_EPS)
+        torch.testing.assert_close(lse[b:b + 1].double(), want_lse, rtol=0, atol=2e-3)
+
+
+def hopper_forward():
+    """Whether the Hopper forward runs here (it alone takes the variants on the GPU)."""
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+            and "90a" in llmk._C.build_cuda_archs().split(";"))
+
+
+CUDA_CASES = [  # (seq_q, seq_k, causal, window, softcap, sinks) around the 128-row / 128-key tiles
+    (300, 300, True, 1, None, False),
+    (1000, 1000, True, 129, None, False),
+    (777, 1300, True, 257, 30.0, True),
+    (513, 200, True, 64, None, True),      # rows without keys
+    (640, 640, False, None, 50.0, False),
+    (1024, 1024, True, None, None, True),
+    (4096, 4096, True, 1024, None, False),  # most key blocks skipped
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("dim", [64, 128, 256])
+@pytest.mark.parametrize("case", CUDA_CASES, ids=lambda c: "q{}_k{}_{}_w{}_cap{}_{}".format(
+    c[0], c[1], "causal" if c[2] else "full", c[3], c[4], "sinks" if c[5] else "nosink"))
+def test_cuda_forward(dtype, dim, case):
+    if not hopper_forward():
+        pytest.skip("the variants run on the Hopper forward only")
+    seq_q, seq_k, causal, window, softcap, with_sinks = case
+    q, k, v, sinks = (None if t is None else t.cuda() for t in make(1, seq_q, seq_k, 8, 2, dim, dtype, with_sinks))
+    scale = 1 / math.sqrt(dim)
+    want, want_lse = reference(q, k, v, causal, scale, window, softcap, sinks)  # float64 on the GPU
+    theirs, _ = reference(q, k, v, causal, scale, window, softcap, sinks, dtype=dtype)
+    out, lse = llmk.attention(q, k, v, causal, scale, return_lse=True, window=window, softcap=softcap, sinks=sinks)
+    assert_flash_rule(out, want, theirs, dtype, f"cuda out {case}", ATOL_EPS)
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse.double()[finite], want_lse[finite], rtol=0, atol=2e-3)
+
+
+@requires_cuda
+def test_cuda_rejects_what_its_kernels_do_not_take(monkeypatch):
     q, k, v, _ = make(1, 8, 8, 4, 2, 64, torch.bfloat16)
-    q, k, v = q.cuda(), k.cuda(), v.cuda()
-    if kwargs.get("sinks") == "cuda":
-        kwargs = dict(sinks=torch.zeros(4, device="cuda"))
-    out = torch.full_like(q, float("nan"))
-    with pytest.raises(RuntimeError, match="window, softcap and sinks run on the CPU backend"):
-        torch.ops.llmk.attention(q, k, v, True, None, False, False, kwargs.get("window"), kwargs.get("softcap"),
-                                 kwargs.get("sinks"))
-    assert torch.isnan(out).all()
+    q, k, v = q.cuda().requires_grad_(), k.cuda(), v.cuda()
+    with pytest.raises(RuntimeError, match="CUDA backward kernels do not take them yet"):
+        llmk.attention(q, k, v, True, window=4).sum().backward()
+    monkeypatch.setenv("LLMK_ATTENTION_PATH", "sm80")
+    with torch.no_grad(), pytest.raises(RuntimeError, match="run on the Hopper forward"):
+        llmk.attention(q, k, v, True, softcap=5.0)

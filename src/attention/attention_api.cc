@@ -131,10 +131,6 @@ Validated validate(const char* op, const TensorView& out, const TensorView& q, c
   }
   r.dtype = q.dtype();
   r.on_host = !q.is_cuda();
-  // Before any work: the CUDA kernels do not take the variants yet (the call writes nothing).
-  LLMK_CHECK(r.on_host || !p.variants.any(), op,
-             ": window, softcap and sinks run on the CPU backend in this version; the CUDA kernels do not "
-             "take them yet");
   return r;
 }
 
@@ -254,6 +250,10 @@ void backward(const char* op, const TensorView& dq, const TensorView& dk, const 
     for (const Arg& a : inputs) detail::check_no_overlap(op, "dsinks", *dsinks, a.first, *a.second, false);
     detail::check_no_overlap(op, "dsinks", *dsinks, "sinks", *options.sinks, false);
   }
+  // Before any work: the CUDA backward kernels do not take the variants yet (nothing written).
+  LLMK_CHECK(r.on_host || !r.p.variants.any(), op,
+             ": window, softcap and sinks run on the CPU backend in this version; the CUDA backward kernels do not "
+             "take them yet");
   shapes(r);
   b.fwd = r.p;
   b.heads_kv = static_cast<int>(k.size(-2));

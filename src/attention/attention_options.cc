@@ -16,7 +16,8 @@ AttentionVariants check_attention_options(const char* op, const AttentionOptions
     LLMK_CHECK(*o.window >= 1, op, ": window must be >= 1 (the keys a query row sees, its own included), got ",
                *o.window);
     LLMK_CHECK(causal, op, ": window needs causal=true (a sliding window bounds the causal mask on the left)");
-    v.window = static_cast<int>(*o.window < INT_MAX ? *o.window : INT_MAX);
+    // (any window >= seq_k is the causal mask: INT_MAX / 2 keeps the kernels' index math in int)
+    v.window = static_cast<int>(*o.window < INT_MAX / 2 ? *o.window : INT_MAX / 2);
   }
   if (o.softcap) {
     LLMK_CHECK(std::isfinite(*o.softcap) && *o.softcap > 0, op,

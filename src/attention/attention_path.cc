@@ -25,6 +25,10 @@ void attention_forward_cuda(const AttentionParams& p, DType dtype, cudaStream_t 
         return attention_sm90_takes(p, dtype, device, why);
       }))
     return attention_forward_sm90(p, dtype, stream);
+  // The score variants are compiled into the Hopper forward only (in the sm_80 kernel their
+  // mask cost 40-60 bytes of spills at head dims 64 and 128); the call writes nothing.
+  LLMK_CHECK(!p.variants.any(), "attention: window, softcap and sinks run on the Hopper forward (an sm_90 GPU, "
+             "an sm_90a build, head dims 64-256) and on the CPU backend; this call would run the sm_80 kernel");
   attention_forward_sm80(p, dtype, stream);
 }
 

@@ -34,12 +34,14 @@ __device__ __forceinline__ float exp2_fma(float x) {
 }
 
 // -inf for every score past the sequence end or above the causal diagonal (key col >
-// row + causal_shift). Rows and columns count from the key block's first column: row0 is
-// the thread's first row (tile 0, group) minus that column, col0 its first column (n-tile
-// 0: 2 * (lane % 4)), seqlen_k the keys left from that column on.
+// row + causal_shift), and with a sliding window (window > 0, causal) left of it (key col <=
+// row + causal_shift - window). Rows and columns count from the key block's first column:
+// row0 is the thread's first row (tile 0, group) minus that column, col0 its first column
+// (n-tile 0: 2 * (lane % 4)), seqlen_k the keys left from that column on. (window <=
+// INT_MAX / 2, as the API clamps it, keeps row + 1 + causal_shift - window in int.)
 template <int kMTiles, int kNTiles>
 __device__ __forceinline__ void mask_scores(float (&s)[kMTiles][kNTiles][4], int row0, int col0,
-                                            int seqlen_k, bool causal, int causal_shift) {
+                                            int seqlen_k, bool causal, int causal_shift, int window = 0) {
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -47,15 +49,30 @@ __device__ __forceinline__ void mask_scores(float (&s)[kMTiles][kNTiles][4], int
       const int row = row0 + mt * 16 + half * 8;
       int end = causal ? row + 1 + causal_shift : seqlen_k;
       end = end < seqlen_k ? end : seqlen_k;
+      const int begin = window > 0 ? row + 1 + causal_shift - window : 0;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          if (col0 + nt * 8 + c >= end) s[mt][nt][2 * half + c] = -INFINITY;
+          const int col = col0 + nt * 8 + c;
+          if (col >= end || (window > 0 && col < begin)) s[mt][nt][2 * half + c] = -INFINITY;
         }
       }
     }
   }
+}
+
+// The logit softcap on raw scores (before the softmax's scale): s -> cap_raw tanh(s /
+// cap_raw) with cap_raw = softcap / scale, i.e. scale * s -> softcap tanh(scale * s /
+// softcap); `inv_cap_raw` = scale / softcap.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void softcap_scores(float (&s)[kMTiles][kNTiles][4], float cap_raw, float inv_cap_raw) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][nt][e] = cap_raw * ptx::tanh_approx(s[mt][nt][e] * inv_cap_raw);
 }
 
 // Running max and (per-thread partial) sum of each of the thread's rows, over the key
@@ -142,8 +159,13 @@ struct OnlineSoftmax {
 
   // After the last key block: the factor that normalizes each row (0 for a row that saw
   // no key, whose output is then 0) and its natural-log log-sum-exp (-inf for such a row).
-  __device__ __forceinline__ void finish(float (&inv_sum)[kMTiles][2], float (&lse)[kMTiles][2],
-                                         float scale_log2) {
+  // An attention sink (sink_log2 = its logit * log2(e); -inf: none) joins the denominator:
+  // with top = max(max * scale_log2, sink_log2), the row's sum becomes sum 2^(max *
+  // scale_log2 - top) + 2^(sink_log2 - top) (no overflow whichever is larger), O (relative
+  // to the max) is scaled by 2^(max * scale_log2 - top) / that, and a row without keys gets
+  // O = 0 and lse = the sink.
+  __device__ __forceinline__ void finish(float (&inv_sum)[kMTiles][2], float (&lse)[kMTiles][2], float scale_log2,
+                                         float sink_log2 = -INFINITY) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -152,6 +174,15 @@ struct OnlineSoftmax {
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         const bool empty = !(sum > 0.0f);
+        if (sink_log2 != -INFINITY) {
+          const float m = empty ? -INFINITY : row_max[mt][half] * scale_log2;
+          const float top = fmaxf(m, sink_log2);
+          const float keep = empty ? 0.0f : ptx::exp2_approx(m - top);
+          const float total = sum * keep + ptx::exp2_approx(sink_log2 - top);
+          inv_sum[mt][half] = keep / total;
+          lse[mt][half] = (top + log2f(total)) * 0.6931471805599453f;
+          continue;
+        }
         inv_sum[mt][half] = empty ? 0.0f : 1.0f / sum;
         lse[mt][half] = empty ? -INFINITY
                               : (row_max[mt][half] * scale_log2 + log2f(sum)) * 0.6931471805599453f;

@@ -1,7 +1,9 @@
 // Launcher of the decode attention: the split-KV choice, the tile of each head dim, and the
 // dispatch over q's dtype (fp16, bf16), the cache's (q's or fp8 e4m3), the head dim (64, 96,
 // 128, 256) and the query rows per block (16, or the widest tile whose O accumulators fit
-// in 128 registers per thread: 64 rows at D = 64, 32 at D = 96 / 128, 16 at D = 256).
+// in 128 registers per thread: 64 rows at D = 64, 32 at D = 96 / 128, 16 at D = 256), and
+// the 16-row tiles again with the score variants (window, softcap, sinks) compiled in, which
+// every call with a variant takes.
 // Causal, paging, append, RoPE and GQA are run-time parameters of each kernel.
 #include <cstdint>
 #include <map>
@@ -31,15 +33,17 @@ constexpr int kMinKeysPerSplit = 128;  // two stages: shorter pieces cost more i
 constexpr int kBlockCostKeys = 256;   // a block's fixed cost (ring fill, merge), in keys streamed
 
 constexpr int wide_mtiles(int head_dim) { return head_dim == 64 ? 4 : (head_dim == 256 ? 1 : 2); }
-int mtiles_for(int rows, int head_dim) { return rows <= 16 ? 1 : wide_mtiles(head_dim); }
+// Calls with a score variant (window, softcap, sinks) take the 16-row tiles, the only ones
+// with the variants compiled in (DecodeTile::kVariants).
+int mtiles_for(int rows, int head_dim, bool variants) { return rows <= 16 || variants ? 1 : wide_mtiles(head_dim); }
 constexpr int blocks_per_sm(int head_dim, bool fp8, int mtiles) {
   return head_dim == 256 ? 1 : (fp8 && mtiles == 1 ? 3 : 2);
 }
 constexpr int smem_budget(int blocks) { return blocks == 1 ? kOnePerSm : (blocks == 2 ? kTwoPerSm : kThreePerSm); }
 
-template <class T, class Cache, int kHeadDim, int kMTiles>
+template <class T, class Cache, int kHeadDim, int kMTiles, bool kVariants = false>
 using TileFor = DecodeTile<T, Cache, kHeadDim, kMTiles,
-                           smem_budget(blocks_per_sm(kHeadDim, std::is_same_v<Cache, Fp8E4M3>, kMTiles))>;
+                           smem_budget(blocks_per_sm(kHeadDim, std::is_same_v<Cache, Fp8E4M3>, kMTiles)), kVariants>;
 
 // Whether `splits` blocks of `kernel` can run as one cluster on the current device: its code
 // for the device is sm_90 (the merge is compiled in) and the device can co-schedule them.
@@ -100,8 +104,8 @@ void launch(const DecodeParams& params, int row_blocks, cudaStream_t stream) {
   attention_decode_kernel<T, Tile><<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
   if (p.splits > 1) {
     const int64_t rows = static_cast<int64_t>(p.batch) * p.q_len * p.heads_q;
-    launch_pdl(attention_decode_merge_kernel<T, Tile::kHeadDim>, dim3(static_cast<unsigned>((rows + 3) / 4)), dim3(128),
-               0, stream, p);
+    launch_pdl(attention_decode_merge_kernel<T, Tile::kHeadDim, Tile::kVariants>,
+               dim3(static_cast<unsigned>((rows + 3) / 4)), dim3(128), 0, stream, p);
   }
 }
 
@@ -112,9 +116,9 @@ struct CacheTag {
 
 }  // namespace
 
-int decode_splits_for(int batch, int heads_kv, int q_len, int group, int head_dim, bool fp8_cache, int capacity,
-                      int device) {
-  const int rows = q_len * group, mtiles = mtiles_for(rows, head_dim), row_rows = 16 * mtiles;
+int decode_splits_for(int batch, int heads_kv, int q_len, int group, int head_dim, bool fp8_cache, bool variants,
+                      int capacity, int device) {
+  const int rows = q_len * group, mtiles = mtiles_for(rows, head_dim, variants), row_rows = 16 * mtiles;
   const int64_t pairs = static_cast<int64_t>(batch) * heads_kv * ((rows + row_rows - 1) / row_rows);
   const int64_t slots = static_cast<int64_t>(sm_count_of(device)) * blocks_per_sm(head_dim, fp8_cache, mtiles);
   const int most = capacity / kMinKeysPerSplit < kMaxSplits ? capacity / kMinKeysPerSplit : kMaxSplits;
@@ -136,7 +140,8 @@ void attention_decode_cuda(const DecodeParams& p, DType dtype, DType cache_dtype
   LLMK_CHECK(cache_dtype == dtype || cache_dtype == DType::f8e4m3, "attention_decode: cache dtype ",
              dtype_name(cache_dtype), " is neither q's nor float8_e4m3fn");
   const int rows = p.q_len * p.group;
-  const int mtiles = mtiles_for(rows, p.head_dim);
+  const bool variants = p.variants.any();
+  const int mtiles = mtiles_for(rows, p.head_dim, variants);
   const int row_blocks = (rows + 16 * mtiles - 1) / (16 * mtiles);
   LLMK_CHECK(p.splits >= 1 && p.splits <= kMaxSplits, "attention_decode: ", p.splits, " splits, at most ", kMaxSplits);
   LLMK_CHECK(static_cast<int64_t>(p.heads_kv) * row_blocks <= 65535 && p.batch <= 65535 && p.splits <= 65535,
@@ -154,6 +159,7 @@ void attention_decode_cuda(const DecodeParams& p, DType dtype, DType cache_dtype
             throw_error("attention_decode: head_dim ", D, " is not supported (",
                         head_dim_words(head_dims_where(head_dim_from_64)), ")");
           } else {
+            if (variants) return launch<T, TileFor<T, Cache, D, 1, true>>(p, row_blocks, stream);
             if (mtiles == 1) return launch<T, TileFor<T, Cache, D, 1>>(p, row_blocks, stream);
             if constexpr (kWide > 1) return launch<T, TileFor<T, Cache, D, kWide>>(p, row_blocks, stream);
           }

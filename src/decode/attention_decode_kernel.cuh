@@ -60,11 +60,14 @@ constexpr int decode_clamp(int v, int lo, int hi) { return v < lo ? lo : (v > hi
 // The shape of one decode kernel: q's element type T, the cache's element type Cache (T
 // or Fp8E4M3), the head dim, kMTiles 16-row query tiles per block, and the shared-memory
 // budget of one block (two blocks per SM at 110 KB, one at 220 KB, three at 75 KB) that sets
-// the ring depth.
-template <class T, class Cache_, int kHeadDim_, int kMTiles_, int kSmemBudget>
+// the ring depth. kVariants_: the score variants (window, softcap, sinks) compiled in; the
+// kernels of plain calls carry none of their instructions (16-row tiles only).
+template <class T, class Cache_, int kHeadDim_, int kMTiles_, int kSmemBudget, bool kVariants_ = false>
 struct DecodeTile {
   using Cache = Cache_;
   static constexpr int kHeadDim = kHeadDim_, kMTiles = kMTiles_;
+  static constexpr bool kVariants = kVariants_;
+  static_assert(!kVariants || kMTiles == 1, "the score variants are compiled into the 16-row tiles only");
   static constexpr int kWarps = 4, kThreads = 32 * kWarps;
   static constexpr int kWarpKeys = 16, kBlockN = kWarps * kWarpKeys;
   static constexpr int kRows = 16 * kMTiles;
@@ -172,10 +175,13 @@ __device__ __forceinline__ void decode_cluster_merge(const DecodeParams& p, cons
   for (int item = split * Tile::kThreads + static_cast<int>(threadIdx.x); item < rows * (D / 4);
        item += splits * Tile::kThreads) {
     const int r = item / (D / 4), c = (item % (D / 4)) * 4;
-    float m = -INFINITY;
+    const int gr = row0 + r, token = gr / p.group, head = kv_head * p.group + gr % p.group;
+    // An attention sink joins the merged denominator once (natural log units, as the lse).
+    const float sink = Tile::kVariants && p.variants.sinks ? p.variants.sinks[head] : -INFINITY;
+    float m = sink;
     for (int s = 0; s < splits; ++s)
       m = fmaxf(m, static_cast<const float*>(__cluster_map_shared_rank(const_cast<float*>(s_lse), s))[r]);
-    float sum = 0.0f;
+    float sum = sink == -INFINITY ? 0.0f : ptx::exp2_approx((sink - m) * 1.4426950408889634f);
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int s = 0; s < splits; ++s) {
       const float ls = static_cast<const float*>(__cluster_map_shared_rank(const_cast<float*>(s_lse), s))[r];
@@ -190,7 +196,6 @@ __device__ __forceinline__ void decode_cluster_merge(const DecodeParams& p, cons
       acc.w += weight * o.w;
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const int gr = row0 + r, token = gr / p.group, head = kv_head * p.group + gr % p.group;
     T* dst = static_cast<T*>(p.out.data) + b * p.out.batch_stride + token * p.out.row_stride +
              head * p.out.head_stride + c;
     *reinterpret_cast<uint2*>(dst) =
@@ -230,8 +235,11 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
   const int seqlen_k = decode_seqlen_k(p, b);
   const bool append = p.k_new.data != nullptr;
   const int first_new = append ? seqlen_k - p.q_len : seqlen_k;  // keys from here come from k_new
-  const int chunk = ceil_div_int(ceil_div_int(seqlen_k, p.splits), kBlockN) * kBlockN;
-  const int key_begin = min(split * chunk, seqlen_k), key_end = min(key_begin + chunk, seqlen_k);
+  // With a sliding window the splits share the keys from the first token's window on (the
+  // keys before it are seen by no row).
+  const int window_begin = Tile::kVariants && p.variants.window > 0 ? max(0, seqlen_k - p.q_len + 1 - p.variants.window) : 0;
+  const int chunk = ceil_div_int(ceil_div_int(seqlen_k - window_begin, p.splits), kBlockN) * kBlockN;
+  const int key_begin = min(window_begin + split * chunk, seqlen_k), key_end = min(key_begin + chunk, seqlen_k);
   const int n_blocks = ceil_div_int(key_end - key_begin, kBlockN);
   const int rows_total = p.q_len * p.group, row0 = row_block * kRows;
   const float k_scale = Tile::kFp8 ? p.k.scale[kv_head] : 1.0f;
@@ -407,16 +415,31 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
 
     float s[Tile::kMTiles][2][4];
     scores<T, typename Tile::WarpTile>(s, sQ, sK, 0, lane);
-    if (warp_key0 + Tile::kWarpKeys > mask_from) {
+    // The softcap on the true scores scale * k_scale * s (raw s here).
+    if (Tile::kVariants && p.variants.softcap > 0.0f)
+      softcap_scores(s, p.variants.softcap / (p.scale * k_scale), p.scale * k_scale / p.variants.softcap);
+    // (with a window, the keys below the last token's window start, seqlen_k - window, need
+    // the left mask of some row; p.variants.window is read from the parameters, not held)
+    if (warp_key0 + Tile::kWarpKeys > mask_from ||
+        (Tile::kVariants && p.variants.window > 0 && warp_key0 < seqlen_k - p.variants.window)) {
 #pragma unroll
       for (int mt = 0; mt < Tile::kMTiles; ++mt)
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
+        for (int half = 0; half < 2; ++half) {
+          // The row's window start, recomputed here (rare) rather than held in registers.
+          int row_begin = 0;
+          if (Tile::kVariants && p.variants.window > 0) {
+            const int gr = row0 + mt * 16 + half * 8 + lane / 4;
+            row_begin = decode_first_key(p, seqlen_k, gr < rows_total ? gr / p.group : p.q_len - 1);
+          }
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-            for (int c = 0; c < 2; ++c)
-              if (warp_key0 + nt * 8 + 2 * (lane % 4) + c >= row_end[mt][half]) s[mt][nt][2 * half + c] = -INFINITY;
+            for (int c = 0; c < 2; ++c) {
+              const int key = warp_key0 + nt * 8 + 2 * (lane % 4) + c;
+              if (key >= row_end[mt][half] || key < row_begin) s[mt][nt][2 * half + c] = -INFINITY;
+            }
+        }
     }
     softmax.update(s, o, scale_log2);
     accumulate_pv<T, typename Tile::WarpTile>(o, s, sV, lane);
@@ -467,9 +490,16 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
       acc.z += weight * ow.z;
       acc.w += weight * ow.w;
     }
-    const float inv = l > 0.0f ? v_scale / l : 0.0f;
-    const float lse = l > 0.0f ? (m * scale_log2 + log2f(l)) * 0.6931471805599453f : -INFINITY;
     const int token = gr / p.group, head = kv_head * p.group + gr % p.group;
+    float inv = l > 0.0f ? v_scale / l : 0.0f;
+    float lse = l > 0.0f ? (m * scale_log2 + log2f(l)) * 0.6931471805599453f : -INFINITY;
+    if (Tile::kVariants && p.variants.sinks != nullptr && p.splits == 1) {  // the sink joins the denominator once (else at the merge)
+      const float sink = p.variants.sinks[head] * 1.4426950408889634f, m2 = l > 0.0f ? m * scale_log2 : -INFINITY;
+      const float top = fmaxf(m2, sink), keep = l > 0.0f ? ptx::exp2_approx(m2 - top) : 0.0f;
+      const float total = l * keep + ptx::exp2_approx(sink - top);
+      inv = v_scale * keep / total;
+      lse = (top + log2f(total)) * 0.6931471805599453f;
+    }
     if (p.splits == 1) {
       T* dst = static_cast<T*>(p.out.data) + b * p.out.batch_stride + token * p.out.row_stride +
                head * p.out.head_stride + c;
@@ -500,7 +530,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
 // kernel's tail.
 constexpr int kMaxSplitWords = 4;
 
-template <class T, int kHeadDim>
+template <class T, int kHeadDim, bool kVariants>
 __global__ void __launch_bounds__(128) attention_decode_merge_kernel(const __grid_constant__ DecodeParams p) {
   constexpr int kCols = kHeadDim / 32, kBatch = 8;
   __shared__ float s_weight[4][32 * kMaxSplitWords];
@@ -519,6 +549,9 @@ __global__ void __launch_bounds__(128) attention_decode_merge_kernel(const __gri
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  // An attention sink joins the merged denominator once (natural log units, as the lse).
+  const float sink = kVariants && p.variants.sinks ? p.variants.sinks[row % p.heads_q] : -INFINITY;
+  if (kVariants) m = fmaxf(m, sink);
   float sum = 0.0f;
 #pragma unroll
   for (int w = 0; w < kMaxSplitWords; ++w) {
@@ -528,6 +561,7 @@ __global__ void __launch_bounds__(128) attention_decode_merge_kernel(const __gri
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (kVariants && sink != -INFINITY) sum += ptx::exp2_approx((sink - m) * 1.4426950408889634f);
   __syncwarp();
   float acc[kCols] = {};
   const float* o = p.partial_out + row * kHeadDim + lane;

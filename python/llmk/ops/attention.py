@@ -134,8 +134,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Opti
     makes the gradients bitwise identical run to run, at the cost of a slower dq pass; the
     default sums dq with fp32 atomics.
 
-    The score variants (each off when None; on the CPU backend only in this version: CUDA tensors
-    with any of them are rejected with an error naming them): ``window`` (int >= 1, causal only):
+    The score variants (each off when None; on the GPU the Hopper forward takes them, the sm_80
+    kernel and the CUDA backward reject them with an error naming them): ``window`` (int >= 1,
+    causal only):
     row i, at key position i' = i + seq_k - seq_q, sees the keys j with i' - window < j <= i'
     (Mistral's and Gemma's sliding window); ``softcap`` (float > 0): each score s = scale * q.k
     becomes softcap * tanh(s / softcap) (Gemma 2); ``sinks`` (float32 ``[heads_q]``,

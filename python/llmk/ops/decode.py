@@ -60,8 +60,7 @@ def attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens:
     - causal: query i sees key j iff j <= i + seqlen_k - q_len (bottom-right); scale defaults to
       1/sqrt(head_dim).
     - window / softcap / sinks: the score variants of :func:`attention` over the cache (the window
-      counts back from each query's own position); the CPU backend only in this version (CUDA
-      tensors with any of them are rejected with an error naming them).
+      counts back from each query's own position).
 
     Returns out (like q) or ``(out, lse)`` with lse float32 ``[batch, heads_q, q_len]`` (natural
     log). On the GPU the lengths and page ids are the caller's contract (cache_seqlens (+ q_len)

@@ -2,7 +2,8 @@
 // which calls it takes, which tile, the TMA maps over q, k, v, the grid.
 //
 // Instantiations (the only list): {bf16, fp16} x {head dim 64 with 2 and 3 consumers, 96,
-// 128, 256}. Head dim 32 (rows of half a 128-byte swizzle chunk), head dims LLMK_HEAD_DIMS
+// 128, 256}, and the 2-consumer tiles again with the score variants (window, softcap, sinks)
+// compiled in. Head dim 32 (rows of half a 128-byte swizzle chunk), head dims LLMK_HEAD_DIMS
 // leaves out, and strides TMA cannot address take the sm_80 kernel (sm80/forward.cu).
 #include "attention/attention_params.h"
 #include "attention/sm90/forward_kernel.cuh"
@@ -16,12 +17,12 @@ namespace llmk::detail {
 
 namespace {
 
-template <class T, int kHeadDim, int kConsumers>
+template <class T, int kHeadDim, int kConsumers, bool kVariants>
 const void* kernel_for() {
-  return reinterpret_cast<const void*>(sm90::attention_forward_sm90_kernel<T, kHeadDim, kConsumers>);
+  return reinterpret_cast<const void*>(sm90::attention_forward_sm90_kernel<T, kHeadDim, kConsumers, kVariants>);
 }
 
-template <class T, int kHeadDim, int kConsumers>
+template <class T, int kHeadDim, int kConsumers, bool kVariants>
 void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   using Tile = sm90::AttentionSm90Tile<kHeadDim, kConsumers>;
   const bool varlen = p.cu_seqlens_q != nullptr;
@@ -37,7 +38,7 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   maps.v = rows_k > 0 ? attention_tma_map(p.v, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
   maps.tma_out = Tile::kTmaOut && attention_sm90_tma_out(p);
   if (maps.tma_out) maps.out = attention_tma_map(p.out, dtype, kHeadDim, p.heads_q, rows_q, batch, 16);
-  const void* kernel = kernel_for<T, kHeadDim, kConsumers>();
+  const void* kernel = kernel_for<T, kHeadDim, kConsumers, kVariants>();
   LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes));
   // Persistent: one block per SM walks the work units (AttentionSchedule). Causal tiles
   // go in pairs of equal total work (within one key block for 192-row tiles): a static
@@ -53,7 +54,7 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   LLMK_CUDA_CHECK(cudaGetDevice(&device));
   const int64_t sms = sm_count_of(device);
   const int grid = static_cast<int>(schedule.units < sms ? schedule.units : sms);
-  sm90::attention_forward_sm90_kernel<T, kHeadDim, kConsumers>
+  sm90::attention_forward_sm90_kernel<T, kHeadDim, kConsumers, kVariants>
       <<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(maps, p, schedule);
 }
 
@@ -61,7 +62,7 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
 template <int kDim = first_sm90_head_dim()>
 const void* any_kernel() {
   if constexpr (kDim == 0) return nullptr;
-  else return kernel_for<__nv_bfloat16, kDim, 2>();
+  else return kernel_for<__nv_bfloat16, kDim, 2, false>();
 }
 
 }  // namespace
@@ -87,7 +88,9 @@ bool attention_sm90_tma_out(const AttentionParams& p) {
 // Causal calls at head dim 64 take 192-row tiles from 8192 query rows: below, they lose to
 // 128-row tiles, computing key blocks wholly above a consumer's diagonal.
 int attention_sm90_consumers(const AttentionParams& p) {
-  return p.head_dim == 64 && (!p.causal || p.seqlen_q >= 8192) ? 3 : 2;
+  // The score variants run on the 2-consumer tiles only (the 3-consumer one has no register
+  // left for the window's mask: 100 bytes of spills with it; the kernel's kVariants).
+  return p.head_dim == 64 && (!p.causal || p.seqlen_q >= 8192) && !p.variants.any() ? 3 : 2;
 }
 
 void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t stream) {
@@ -98,9 +101,10 @@ void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t 
     for_compiled_head_dim("attention", p.head_dim, [&](auto dim) {
       constexpr int D = decltype(dim)::value;
       if constexpr (attention_sm90_head_dim(D)) {
+        if (p.variants.any()) return launch<T, D, 2, true>(p, dtype, stream);
         if constexpr (D == 64)
-          if (attention_sm90_consumers(p) == 3) return launch<T, D, 3>(p, dtype, stream);
-        launch<T, D, 2>(p, dtype, stream);
+          if (attention_sm90_consumers(p) == 3) return launch<T, D, 3, false>(p, dtype, stream);
+        launch<T, D, 2, false>(p, dtype, stream);
       }
     });
   };

@@ -173,7 +173,7 @@ __device__ __forceinline__ void for_each_attention_tile(const AttentionParams& p
 }
 
 // grid: min(units, SMs) blocks.
-template <class T, int kHeadDim, int kConsumers>
+template <class T, int kHeadDim, int kConsumers, bool kVariants>
 __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThreads, 1)
     attention_forward_sm90_kernel(const __grid_constant__ AttentionSm90Maps maps,
                                   const __grid_constant__ AttentionParams p,
@@ -181,12 +181,21 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tile = AttentionSm90Tile<kHeadDim, kConsumers>;
   const bool varlen = p.cu_seqlens_q != nullptr;
-  // A tile's sequence, first row and key blocks (0: nothing to load).
-  auto tile_work = [&](const AttentionTileCoord& c, SequenceBounds& seq, int& m0, int& n_blocks) {
+  // The score variants (window, softcap, sinks) are compiled into kernels of their own (the
+  // plain calls' carry none of their instructions), of the 2-consumer tiles only:
+  // attention_sm90_consumers never sends a call with one to the 3-consumer tile.
+  static_assert(!kVariants || kConsumers == 2, "the score variants run on the 2-consumer tiles only");
+  // A tile's sequence, first row and key blocks [j0, n_blocks) (n_blocks 0: nothing to load;
+  // j0 > 0 with a sliding window: the blocks wholly left of every row's window are skipped,
+  // not masked).
+  auto tile_work = [&](const AttentionTileCoord& c, SequenceBounds& seq, int& m0, int& j0, int& n_blocks) {
     seq = sequence_bounds(p, c.batch);
     m0 = c.m_block * Tile::kBlockM;
     const int key_end = m0 < seq.seqlen_q ? static_cast<int>(visible_keys(seq, p.causal, m0 + Tile::kBlockM - 1)) : 0;
     n_blocks = (key_end + Tile::kBlockN - 1) / Tile::kBlockN;
+    j0 = kVariants && p.variants.window > 0 && n_blocks > 0
+             ? static_cast<int>(first_visible_key(seq, p.causal, p.variants.window, m0)) / Tile::kBlockN
+             : 0;
   };
 
   extern __shared__ uint8_t shared_raw[];
@@ -224,8 +233,8 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
     RingState<Tile::kQBuffers> q_ring;
     walk_attention_tiles(p, schedule, [&](const AttentionTileCoord& c, auto next_tile) {
       SequenceBounds seq;
-      int m0, n_blocks;
-      tile_work(c, seq, m0, n_blocks);
+      int m0, j0, n_blocks;
+      tile_work(c, seq, m0, j0, n_blocks);
       if (n_blocks == 0) return;
       const int kv_head = c.head / p.group;
       const int32_t map_batch = varlen ? 0 : c.batch;
@@ -254,11 +263,11 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
                                           static_cast<int32_t>(seq.k_start + j * Tile::kBlockN), kv_head, map_batch);
         ring.advance();
       };
-      load_block(0, k_ring, 0, &maps.k, k_full, k_empty);
-      for (int j = 1; j < n_blocks; ++j) {
+      load_block(j0, k_ring, 0, &maps.k, k_full, k_empty);
+      for (int j = j0 + 1; j < n_blocks; ++j) {
         load_block(j, k_ring, 0, &maps.k, k_full, k_empty);
         load_block(j - 1, v_ring, 1, &maps.v, v_full, v_empty);
-        if (Tile::kQBuffers == 1 && j == n_blocks / 2 && !schedule.paired && !varlen) prefetch_next_q();
+        if (Tile::kQBuffers == 1 && j == (j0 + n_blocks) / 2 && !schedule.paired && !varlen) prefetch_next_q();
       }
       load_block(n_blocks - 1, v_ring, 1, &maps.v, v_full, v_empty);
     });
@@ -416,10 +425,13 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
 
   for_each_attention_tile(p, schedule, [&](const AttentionTileCoord& c) {
     SequenceBounds seq;
-    int m0, n_blocks;
-    tile_work(c, seq, m0, n_blocks);
+    int m0, j0, n_blocks;
+    tile_work(c, seq, m0, j0, n_blocks);
     if (m0 >= seq.seqlen_q) return;
     const int causal_shift = seq.seqlen_k - seq.seqlen_q;
+    // The head's sink in log2 units (-inf: none), read where a row finishes (not held across
+    // the loop: the 3-consumer tile has no register to spare).
+    auto sink_log2 = [&]() { return kVariants && p.variants.sinks ? p.variants.sinks[c.head] * 1.4426950408889634f : -INFINITY; };
     const Rows rows{static_cast<T*>(p.out.data) + c.batch * p.out.batch_stride + c.head * p.out.head_stride +
                         seq.q_start * p.out.row_stride,
                     p.lse ? p.lse + p.lse_offset(c.batch, c.head) + seq.q_start : nullptr,
@@ -430,7 +442,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
       flush_pending();
 #pragma unroll
       for (int i = 0; i < kHeadDim / 2; ++i) o_flat[i] = 0.0f;
-      softmax.finish(inv_sum, row_lse, p.scale_log2);
+      softmax.finish(inv_sum, row_lse, p.scale_log2, sink_log2());
       pack_output();
       store_output(rows);
       return;
@@ -442,14 +454,18 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
       if (leader) mbarrier_arrive(&q_empty[q_buffer]);
       q_ring.advance();
     };
-    // Masks S_j where its block crosses the sequence end or the causal diagonal, then the
-    // online softmax; returns whether O must be rescaled by `correction`.
+    // The softcap, then the mask of S_j where its block crosses the sequence end, the causal
+    // diagonal or the window's left edge of one of this consumer's 64 rows, then the online
+    // softmax; returns whether O must be rescaled by `correction`.
     auto softmax_scores = [&](float (&s)[1][kNTiles][4], int j, float (&correction)[1][2]) {
       const int n0 = j * Tile::kBlockN;
+      if (kVariants && p.variants.softcap > 0.0f) softcap_scores(s, p.variants.softcap / p.scale, p.scale / p.variants.softcap);
       const bool crosses_end = n0 + Tile::kBlockN > seq.seqlen_k;
       const bool crosses_diagonal = p.causal && n0 + Tile::kBlockN - 1 > m0 + 64 * consumer + causal_shift;
-      if (crosses_end || crosses_diagonal)
-        mask_scores(s, m0 + row_in_tile - n0, 2 * (lane % 4), seq.seqlen_k - n0, p.causal, causal_shift);
+      const int window = kVariants ? p.variants.window : 0;
+      const bool crosses_window = window > 0 && m0 + 64 * consumer + 64 + causal_shift - window > n0;
+      if (crosses_end || crosses_diagonal || crosses_window)
+        mask_scores(s, m0 + row_in_tile - n0, 2 * (lane % 4), seq.seqlen_k - n0, p.causal, causal_shift, window);
       return softmax.template update_scores<Tile::kExp2FmaEvery>(s, correction, p.scale_log2);
     };
 
@@ -472,8 +488,8 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
       wgmma_wait<Tile::kCrossTile ? 1 : 0>();  // S_0
       wgmma_fence_operands(reinterpret_cast<float(&)[Tile::kBlockN / 2]>(s));
       if (!stand_in) release(k_empty, k_ring);
-      if (n_blocks == 1) release_q();
-      softmax_scores(s, 0, correction);  // the first block: nothing to rescale
+      if (n_blocks - j0 == 1) release_q();
+      softmax_scores(s, j0, correction);  // the first block: nothing to rescale
       wgmma_wait<0>();
       wgmma_fence_operands(o_flat);
       wgmma_fence_operands(pa);
@@ -488,7 +504,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
       for (int i = 0; i < kHeadDim / 2; ++i) o_flat[i] = 0.0f;
       accumulators_as_a<T>(pa, s);
     }
-    for (int j = 1; j < n_blocks; ++j) {
+    for (int j = j0 + 1; j < n_blocks; ++j) {
       float s[1][kNTiles][4], correction[1][2];
       if constexpr (Tile::kPingpong) named_barrier_sync(1 + consumer, kPairThreads);
       wgmma_fence();
@@ -504,7 +520,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
       accumulators_as_a<T>(pa, s);
       if (rescale) OnlineSoftmax<1>::rescale(o, correction);
     }
-    softmax.finish(inv_sum, row_lse, p.scale_log2);  // no score is added after the last block
+    softmax.finish(inv_sum, row_lse, p.scale_log2, sink_log2());  // no score is added after the last block
     pending_rows = rows;
     pending = true;
     if constexpr (!Tile::kCrossTile) flush_pending();
