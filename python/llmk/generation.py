@@ -46,11 +46,6 @@ def unsupported(model) -> str:
     config = model.config
     if not hasattr(getattr(model, "model", None), "layers") or not hasattr(model, "lm_head"):
         return f"{type(model).__name__} is not a causal LM with model.layers and lm_head"
-    if getattr(config, "attn_logit_softcapping", None) or getattr(config, "final_logit_softcapping", None):
-        return "logit soft-capping (Gemma 2) has no llmk decode kernel yet"
-    if config.model_type.startswith("gemma"):
-        return ("Gemma's sliding-window layers and their second rotary table have no llmk decode path yet "
-                "(llmk.attention_decode has no window)")
     devices = {p.device for p in model.parameters()}
     if len(devices) > 1 or any(d.type == "meta" for d in devices):
         return (f"the model's parameters are on {', '.join(sorted(map(str, devices)))}: the KV cache and its CUDA "
@@ -58,23 +53,29 @@ def unsupported(model) -> str:
     dtype = next(model.parameters()).dtype
     if dtype not in (torch.float16, torch.bfloat16):
         return f"the model is {dtype}; llmk.attention_decode computes float16/bfloat16 models"
-    rope_type = getattr(model.model.rotary_emb, "rope_type", "default")
-    if rope_type not in ROPE_TYPES:
-        return f"rope type {rope_type!r} changes its angles with the sequence length (supported: {', '.join(ROPE_TYPES)})"
+    rope_types = getattr(model.model.rotary_emb, "rope_type", "default")  # Gemma 3: one per layer type
+    for rope_type in rope_types.values() if isinstance(rope_types, dict) else (rope_types,):
+        if rope_type not in ROPE_TYPES:
+            return (f"rope type {rope_type!r} changes its angles with the sequence length (supported: "
+                    f"{', '.join(ROPE_TYPES)})")
     head_dim = model_head_dim(config)
     if head_dim not in _C.attention_decode_head_dims():
         return f"head_dim {head_dim} has no llmk.attention_decode kernel"
     return ""
 
 
-def window(model) -> Optional[int]:
-    """The smallest sliding window of the model's attention layers (None: none has one)."""
-    sizes = []
-    for module in attention_modules(model):
-        w = module.sliding_window if hasattr(module, "sliding_window") else getattr(model.config, "sliding_window", None)
-        if w:
-            sizes.append(int(w))
-    return min(sizes) if sizes else None
+def score_variants(module) -> dict:
+    """llmk.attention's window / softcap / sinks of a decoder attention module, as the model's
+    attention call passes them: its sliding window (Gemma 2/3, gpt-oss, Qwen2: the module's,
+    None on full-attention layers; Mistral: the config's), Gemma 2's logit soft-capping,
+    gpt-oss's sinks (in float32)."""
+    if hasattr(module, "sliding_window"):
+        window = module.sliding_window
+    else:
+        window = getattr(getattr(module, "config", None), "sliding_window", None)
+    sinks = getattr(module, "sinks", None)
+    return dict(window=window or None, softcap=getattr(module, "attn_logit_softcapping", None) or None,
+                sinks=None if sinks is None else sinks.float())
 
 
 def cache_options_error(model_dtype, dtype, page_size, dtype_name="dtype", page_size_name="page_size") -> str:
@@ -178,7 +179,7 @@ class KVCache(Cache):
                 self.block_table = torch.arange(batch_size * pages, dtype=torch.int32,
                                                 device=self.device).view(batch_size, pages)
             self.seqlens = torch.zeros(batch_size, dtype=torch.int32, device=self.device)
-            self.rotary = _rotary_table(model, self.capacity, self.model_dtype, self.device)
+            self.rotary = _rotary_tables(model, self.capacity, self.model_dtype, self.device)
         self.model_key = model_key(model)
         self.length = 0  # tokens given per sequence so far, left padding included (what generate counts)
         self._prefill: Optional[_Prefill] = None
@@ -290,6 +291,9 @@ class KVCache(Cache):
         h = inner.norm(h)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = model.lm_head(h[:, keep])
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        if cap is not None:  # Gemma 2's logits, as its causal LM computes them
+            logits = torch.tanh(logits / cap) * cap
         if self._prefill is not None:
             self.seqlens.copy_(self._prefill.lengths)
             self._prefill = None
@@ -344,29 +348,34 @@ class KVCache(Cache):
 
     # -- the attention of one layer (called by the patched attention modules) ----------------
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+               window: Optional[int] = None, softcap: Optional[float] = None,
+               sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Attention output ``[batch, tokens, heads_q, head_dim]`` of layer `layer` for q
-        ``[batch, tokens, heads_q, head_dim]`` and the new tokens' k/v (not yet rotated)."""
+        ``[batch, tokens, heads_q, head_dim]`` and the new tokens' k/v (not yet rotated), with the
+        layer's score variants (:func:`score_variants`)."""
+        variants = dict(window=window, softcap=softcap, sinks=sinks)
+        rotary = self.rotary[layer]
         k_scale = self.k_scale[layer] if self.k_scale is not None else None
         v_scale = self.v_scale[layer] if self.v_scale is not None else None
         k_cache, v_cache = self.keys[layer], self.values[layer]
         if self._prefill is not None:
-            return self._prefill_attend(layer, q, k, v, scale, k_cache, v_cache)
+            return self._prefill_attend(layer, q, k, v, scale, k_cache, v_cache, rotary, variants)
         if self.block_table is not None:
             paged = (-1, self.page_size, self.heads_kv, self.head_dim)
             k_cache, v_cache = k_cache.view(paged), v_cache.view(paged)
-        return ops.attention_decode(q, k_cache, v_cache, self.seqlens, self.block_table, k, v, self.rotary,
-                                    causal=True, scale=scale, k_scale=k_scale, v_scale=v_scale)
+        return ops.attention_decode(q, k_cache, v_cache, self.seqlens, self.block_table, k, v, rotary,
+                                    causal=True, scale=scale, k_scale=k_scale, v_scale=v_scale, **variants)
 
-    def _prefill_attend(self, layer, q, k, v, scale, k_cache, v_cache):
+    def _prefill_attend(self, layer, q, k, v, scale, k_cache, v_cache, rotary, variants):
         p = self._prefill
         tokens = q.shape[1]
-        q, k = ops.rope(q, k, p.positions, self.rotary)
+        q, k = ops.rope(q, k, p.positions, rotary)
         if p.real is None:
-            out = ops.attention(q, k, v, causal=True, scale=scale)
+            out = ops.attention(q, k, v, causal=True, scale=scale, **variants)
         else:
             packed = ops.attention_varlen(q[p.real], k[p.real], v[p.real], p.cu_seqlens, p.cu_seqlens, p.longest,
-                                          p.longest, causal=True, scale=scale)
+                                          p.longest, causal=True, scale=scale, **variants)
             out = q.new_zeros(q.shape)
             out[p.real] = packed
             gather = p.index.view(*p.index.shape, 1, 1).expand(-1, -1, *k.shape[2:])
@@ -382,14 +391,25 @@ class KVCache(Cache):
         return out
 
 
-def _rotary_table(model, slots, dtype, device) -> torch.Tensor:
-    """float32 ``[slots, rot_dim]`` cos then sin of positions 0..slots-1 from the model's own
-    rotary embedding (so every rope scaling it has is honoured), rounded through the model's
-    dtype as the model rounds them."""
+def _rotary_tables(model, slots, dtype, device) -> list:
+    """Per layer, float32 ``[slots, rot_dim]`` cos then sin of positions 0..slots-1 from the
+    model's own rotary embedding (so every rope scaling it has is honoured; Gemma 3: the table
+    of the layer's type, its local and global layers differ), rounded through the model's dtype
+    as the model rounds them. Layers of one type share one table."""
     positions = torch.arange(slots, device=device).unsqueeze(0)
-    cos, sin = model.model.rotary_emb(torch.empty(0, dtype=dtype, device=device), positions)
-    half = cos.shape[-1] // 2
-    return torch.cat([cos[0, :, :half], sin[0, :, :half]], dim=-1).float().contiguous()
+    x = torch.empty(0, dtype=dtype, device=device)
+    rotary = model.model.rotary_emb
+    layer_types = getattr(model.config, "layer_types", None) or ["full_attention"] * model.config.num_hidden_layers
+    tables = {}
+    for kind in dict.fromkeys(layer_types):
+        cos, sin = rotary(x, positions, kind) if isinstance(getattr(rotary, "rope_type", None), dict) else \
+            rotary(x, positions)
+        cos, sin = cos[0], sin[0]
+        half = cos.shape[-1] // 2
+        if torch.equal(cos[:, :half], cos[:, half:]):  # NeoX halves repeated (gpt-oss's tables hold them once)
+            cos, sin = cos[:, :half], sin[:, :half]
+        tables[kind] = torch.cat([cos, sin], dim=-1).float().contiguous()
+    return [tables[kind] for kind in layer_types[: model.config.num_hidden_layers]]
 
 
 # -- the model changes of llmk.patch(model, decode=True) -------------------------------------
@@ -415,7 +435,7 @@ def attention_forward(self, hidden_states, position_embeddings=None, attention_m
         v = self.v_proj(hidden_states).view(shape)
     if hasattr(self, "q_norm"):  # Qwen3: RMSNorm over each head
         q, k = self.q_norm(q), self.k_norm(k)
-    out = past_key_values.attend(self.layer_idx, q, k, v, self.scaling)
+    out = past_key_values.attend(self.layer_idx, q, k, v, self.scaling, **score_variants(self))
     return self.o_proj(out.reshape(batch, tokens, -1)), None
 
 
@@ -455,10 +475,6 @@ class Caches:
             return type(model)._prepare_cache_for_generation(model, generation_config, model_kwargs, generation_mode,
                                                              batch_size, max_cache_length)
         batch = max(generation_config.num_beams or 1, generation_config.num_return_sequences or 1) * batch_size
-        w = window(model)
-        if w is not None and max_cache_length > w:
-            raise ValueError(f"llmk.patch(decode=True): generating {max_cache_length} tokens exceeds the model's "
-                             f"sliding window ({w}), which llmk.attention_decode does not apply yet")
         cache = self.cache
         if cache is not None and cache.model_key != model_key(model):
             self.cache = cache = None  # the model moved or changed dtype: its graph points at the old weights

@@ -1,5 +1,5 @@
 """``llmk.patch(model)``: a Hugging Face transformers (5.x) causal LM of the Llama, Qwen2,
-Qwen3, Mistral or Gemma 2/3 family running on llmk kernels, and ``llmk.unpatch(model)``.
+Qwen3, Mistral, Gemma 2/3 or gpt-oss family running on llmk kernels, and ``llmk.unpatch(model)``.
 
 What is replaced, each part only where llmk computes exactly what the model computes:
 
@@ -12,12 +12,16 @@ What is replaced, each part only where llmk computes exactly what the model comp
   the family's modeling module, so it applies to every model of that family in the process
   until the last patched one is unpatched (numerically the same rotation).
 - The gated MLP runs ``llmk.swiglu`` (SiLU gate) or ``llmk.geglu`` (Gemma's GELU gate, erf or
-  tanh) over its two projections.
+  tanh) over its two projections (gpt-oss's mixture of experts stays the model's).
 - The causal LM loss (transformers' ForCausalLMLoss) runs ``llmk.cross_entropy`` on the
   logits as they are, without their fp32 copy.
 - Attention goes through transformers' AttentionInterface as ``"llmk"``: ``llmk.attention``
-  for calls it computes (fp16/bf16, no attention mask beyond causal, no dropout, no sliding
-  window, no soft-capping, eval mode); every other call goes to SDPA, unchanged. A model in
+  for calls it computes (fp16/bf16, no attention mask beyond causal, no dropout, eval mode), with
+  the layer's sliding window (Mistral, Gemma 2/3, gpt-oss), logit soft-capping (Gemma 2) and
+  sinks (gpt-oss); a sliding-window layer's mask is not materialized where the window is its
+  only difference from causal (transformers' ``sdpa_mask`` otherwise). Every other call goes to
+  the model's own attention: SDPA, or the family's eager attention where it has soft-capping or
+  sinks (which SDPA does not compute). A model in
   training mode keeps SDPA: llmk's attention backward exists, but a training step's forward +
   backward is not ahead of cuDNN's (Hopper) and FlashAttention 2's (sm_80) at every shape
   (docs/benchmarks.md has the numbers). By default (``attention=None``) a model on a Hopper GPU
@@ -28,9 +32,10 @@ What is replaced, each part only where llmk computes exactly what the model comp
   (:class:`llmk.generation.KVCache`, made per ``generate`` call from its batch size and
   ``max_length`` and kept for later calls it fits): the prefill through ``llmk.attention``, each
   decode step through one ``llmk.attention_decode`` per layer (RoPE and the cache append in the
-  same launch), and on CUDA the one-token steps replayed from a CUDA graph. Llama, Qwen2, Qwen3
-  and Mistral (no sliding window shorter than the generation); Gemma is rejected until the
-  decode kernel has soft-capping and windows. ``kv_cache_dtype=torch.float8_e4m3fn`` stores the
+  same launch), and on CUDA the one-token steps replayed from a CUDA graph. Every family above,
+  each layer's window, soft-capping and sinks applied by the prefill and decode kernels
+  (Gemma 3's two rotary tables, Gemma 2's final logit soft-capping included).
+  ``kv_cache_dtype=torch.float8_e4m3fn`` stores the
   cache in fp8 with per-head scales; ``kv_page_size`` reads it through a block table.
 
 A model that transformers loaded tensor-parallel (its ``tp_plan``) is patched the same way: each
@@ -60,6 +65,7 @@ FAMILIES = {
     "qwen3": ("qwen3", 0.0, "post_attention_layernorm"),
     "gemma2": ("gemma2", 1.0, "pre_feedforward_layernorm"),
     "gemma3_text": ("gemma3", 1.0, "pre_feedforward_layernorm"),
+    "gpt_oss": ("gpt_oss", 0.0, "post_attention_layernorm"),
 }
 _ATTENTION_NAME = "llmk"
 
@@ -139,7 +145,12 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
         report.left["mlp"] = "mlp=False"
     elif act in MODEL_ACTIVATIONS:
         gate_op, gate_args = _gate(act)
-        report.replaced[f"gated MLP ({gate_op})"] = _patch_mlps(model, gate_op, gate_args)
+        count = _patch_mlps(model, gate_op, gate_args)
+        if count:
+            report.replaced[f"gated MLP ({gate_op})"] = count
+        else:
+            report.left["mlp"] = ("no gated MLP with gate_proj / up_proj / down_proj (a mixture of experts, as "
+                                  "gpt-oss's, runs as the model's)")
     else:
         report.left["mlp"] = f"the {act!r} gate has no llmk kernel ({', '.join(MODEL_ACTIVATIONS)})"
     if attention is None and _on_hopper(model):
@@ -152,11 +163,10 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
         else:
             state["attn_implementation"] = config._attn_implementation
             _use_llmk_attention(model)
-            windows = sum(t == "sliding_attention" for t in (getattr(config, "layer_types", None) or []))
-            report.replaced["attention (AttentionInterface 'llmk')"] = config.num_hidden_layers - windows
+            report.replaced["attention (AttentionInterface 'llmk')"] = config.num_hidden_layers
             report.left["attention calls"] = (
-                "SDPA computes calls llmk cannot: an attention mask beyond causal (padding, a static "
-                "cache), dropout, training, fp32" + (f", the {windows} sliding-window layers" if windows else ""))
+                "the model's attention computes calls llmk cannot: an attention mask beyond causal (padding, "
+                "a static cache), dropout, training, fp32")
     else:
         report.left["attention"] = "attention=False"
     if quantize is not None:
@@ -294,6 +304,8 @@ def _patch_layers(model: torch.nn.Module, fused_norm: str, offset: float) -> lis
             weight = getattr(self, fused_norm).weight
             normed, residual = ops.add_rmsnorm(attn, hidden_states, weight, _eps, offset)
             out = self.mlp(normed)
+            if isinstance(out, tuple):  # gpt-oss's experts return (out, router scores)
+                out = out[0]
             if _gemma:
                 out = self.post_feedforward_layernorm(out)
             return residual + out
@@ -330,13 +342,15 @@ def _unpatch_rope(module_name: str) -> None:
 def _llmk_rotary(original):
     """apply_rotary_pos_emb(q, k, cos, sin) on llmk.rope: q, k [batch, heads, seq, head_dim];
     cos, sin [batch or 1, seq, head_dim] as the model computed them (NeoX halves: cos[..., :d/2]
-    repeats in cos[..., d/2:]), which become a per-token cos/sin cache."""
+    repeats in cos[..., d/2:]), or [batch or 1, seq, head_dim / 2] (gpt-oss: the halves' angles
+    once), which become a per-token cos/sin cache."""
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if unsqueeze_dim != 1 or cos.dim() != 3 or cos.shape[-1] != q.shape[-1]:
+        dim = q.shape[-1]
+        if unsqueeze_dim != 1 or cos.dim() != 3 or cos.shape[-1] not in (dim, dim // 2):
             return original(q, k, cos, sin, unsqueeze_dim)
-        batch, seq, dim = cos.shape
-        cache = torch.cat([cos[..., : dim // 2], sin[..., : dim // 2]], dim=-1).reshape(batch * seq, dim)
+        batch, seq, half = cos.shape[0], cos.shape[1], dim // 2
+        cache = torch.cat([cos[..., :half], sin[..., :half]], dim=-1).reshape(batch * seq, dim)
         positions = torch.arange(batch * seq, device=q.device).view(batch, seq) if batch > 1 else \
             torch.arange(seq, device=q.device)
         q_out, k_out = ops.rope(q.transpose(1, 2), k.transpose(1, 2), positions, cache.float())
@@ -495,8 +509,6 @@ def _attention_unsupported(config, training: bool, device: torch.device) -> str:
     if training:
         return ("the model is in training mode: a training step's attention stays on SDPA (llmk's forward + "
                 "backward is not ahead of cuDNN's and FlashAttention 2's at every shape)")
-    if getattr(config, "attn_logit_softcapping", None):
-        return f"attention logit soft-capping ({config.attn_logit_softcapping}) has no llmk kernel"
     head_dim = model_head_dim(config)
     supported = _C.attention_head_dims()
     if head_dim not in supported:
@@ -506,34 +518,87 @@ def _attention_unsupported(config, training: bool, device: torch.device) -> str:
     return ""
 
 
+def _score_variants(kwargs) -> dict:
+    """llmk.attention's window / softcap / sinks from the keywords transformers' attention
+    modules pass: sliding_window (Mistral, Gemma 2/3, gpt-oss), softcap (Gemma 2), s_aux
+    (gpt-oss's sinks, a parameter of the model's dtype; llmk takes them in float32)."""
+    sinks = kwargs.get("s_aux")
+    return dict(window=kwargs.get("sliding_window"), softcap=kwargs.get("softcap"),
+                sinks=None if sinks is None else sinks.float())
+
+
 def _llmk_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                     **kwargs):
     """transformers' attention function signature: query [batch, heads, seq_q, dim], key/value
     [batch, heads_kv, seq_k, dim]; returns ([batch, seq_q, heads, dim], None)."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     computable = (attention_mask is None and dropout == 0.0 and not module.training
                   and query.dtype in (torch.float16, torch.bfloat16)
-                  and kwargs.get("sliding_window") is None and kwargs.get("softcap") is None
+                  and (causal or kwargs.get("sliding_window") is None)
                   and not kwargs.get("output_attentions", False))
     if not computable:
-        return _SDPA[0](module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        return _model_attention(module, query, key, value, attention_mask, dropout, scaling, causal, **kwargs)
     q_len, k_len = query.shape[2], key.shape[2]
     if causal and q_len > 1 and k_len > q_len:
         # transformers passes no mask in one such case, a prefill into an empty static cache,
         # and means the mask aligned top-left (SDPA's): the first q_len keys, the rest empty.
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     out = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
-                        scale=scaling)
+                        scale=scaling, **_score_variants(kwargs))
     return out, None
+
+
+def _model_attention(module, query, key, value, attention_mask, dropout, scaling, causal, **kwargs):
+    """A call llmk does not compute, as the model would: SDPA, or the family's eager attention
+    where the call has soft-capping or sinks (SDPA has neither). Where _llmk_mask left a
+    sliding window's mask out, it is made here (the window is in the call's keywords)."""
+    window = kwargs.get("sliding_window")
+    eager = kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None
+    q_len, k_len = query.shape[2], key.shape[2]
+    if attention_mask is None and causal and (window is not None or eager):
+        if q_len > 1 and k_len > q_len:  # a prefill into an empty static cache (see _llmk_attention)
+            key, value = key[:, :, :q_len], value[:, :, :q_len]
+            k_len = q_len
+        i = torch.arange(q_len, device=query.device).view(-1, 1) + (k_len - q_len)
+        j = torch.arange(k_len, device=query.device).view(1, -1)
+        keep = j <= i
+        if window is not None:
+            keep &= j > i - window
+        attention_mask = keep.view(1, 1, q_len, k_len)
+    if not eager:
+        return _SDPA[0](module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                        is_causal=causal, **kwargs)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:  # eager adds its mask
+        attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~attention_mask, torch.finfo(query.dtype).min)
+    eager_attention = sys.modules[type(module).__module__].eager_attention_forward
+    return eager_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+def _llmk_mask(*args, **kwargs):
+    """transformers' sdpa_mask, except for a sliding-window causal mask that it materializes only
+    because of the window (no padding, no other pattern): None, the window then applied by the
+    attention from its sliding_window keyword (llmk.attention's window, or _model_attention's
+    mask)."""
+    from transformers.masking_utils import _ignore_causal_mask_sdpa, prepare_padding_mask, sdpa_mask
+
+    names = ("batch_size", "q_length", "kv_length", "q_offset", "kv_offset", "mask_function", "attention_mask")
+    given = dict(zip(names, args), **kwargs)
+    if (given.get("local_size") is not None and given.get("allow_is_causal_skip", True)
+            and not given.get("allow_is_bidirectional_skip", False)):
+        kv_length, kv_offset = given["kv_length"], given.get("kv_offset", 0)
+        padding = prepare_padding_mask(given.get("attention_mask"), kv_length, kv_offset)
+        if _ignore_causal_mask_sdpa(padding, given["q_length"], kv_length, given.get("q_offset", 0), kv_offset):
+            return None
+    return sdpa_mask(*args, **kwargs)
 
 
 def _use_llmk_attention(model: torch.nn.Module) -> None:
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     _SDPA[:] = [sdpa_attention_forward]
     AttentionInterface.register(_ATTENTION_NAME, _llmk_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(_ATTENTION_NAME, sdpa_mask)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(_ATTENTION_NAME, _llmk_mask)
     model.set_attn_implementation(_ATTENTION_NAME)

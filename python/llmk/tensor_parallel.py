@@ -56,7 +56,10 @@ def patch_layers(model: torch.nn.Module, layers: list, replace_forward, norm_eps
     collective step: every rank patches). Returns how many layers were marked."""
     marked = []
     for layer in layers:
-        projections = (layer.self_attn.o_proj, layer.mlp.down_proj)
+        down_proj = getattr(layer.mlp, "down_proj", None)
+        if not isinstance(down_proj, torch.nn.Module):  # a mixture of experts (gpt-oss): the plan's own path
+            continue
+        projections = (layer.self_attn.o_proj, down_proj)
         groups = {row_parallel_group(p) for p in projections}
         if len(groups) != 1 or None in groups:
             continue

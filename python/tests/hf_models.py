@@ -19,15 +19,23 @@ KINDS = {
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(attn_logit_softcapping=None, query_pre_attn_scalar=32)),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(query_pre_attn_scalar=32, sliding_window=16)),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
+                                                          rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                                                           "beta_fast": 32.0, "beta_slow": 1.0,
+                                                                           "rope_theta": 150000.0,
+                                                                           "original_max_position_embeddings": 64})),
 }
 
 
 def perturb_norms(model) -> None:
-    """Norm weights start at one (Gemma's at zero, of 1 + w): make them differ from it."""
+    """Norm weights start at one (Gemma's at zero, of 1 + w): make them differ from it; gpt-oss's
+    attention sinks too (they start at zero), to logits of the scores' size."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
+            elif name.endswith("self_attn.sinks"):
+                p.copy_(torch.randn_like(p))
 
 
 def tiny_model(family, device, dtype, **overrides):

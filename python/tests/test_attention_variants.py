@@ -365,6 +365,36 @@ def test_cuda_forward(dtype, dim, case):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dim", [64, 128, 256])
+def test_cuda_varlen_forward(dim):
+    """The Hopper forward's varlen walk with the variants: each sequence's window, rows and keys
+    from its own offsets (lengths around the 128-row tiles, an empty one, seq_q != seq_k) against
+    the float64 formula per sequence."""
+    if not hopper_forward():
+        pytest.skip("the variants run on the Hopper forward only")
+    dtype, lens_q, lens_k = torch.bfloat16, [300, 0, 129, 517], [300, 40, 400, 517]
+    heads_q, heads_kv = 8, 2
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(lens_q), heads_q, dim, dtype=dtype, device="cuda")
+    k = torch.randn(sum(lens_k), heads_kv, dim, dtype=dtype, device="cuda")
+    v = torch.randn(sum(lens_k), heads_kv, dim, dtype=dtype, device="cuda")
+    sinks = torch.randn(heads_q, device="cuda")
+    kw = dict(window=131, softcap=20.0, sinks=sinks)
+    scale = dim**-0.5
+    out, lse = llmk.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), True, scale, return_lse=True, **kw)
+    for b in range(len(lens_q)):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        if lens_q[b] == 0:
+            continue
+        args = (q[None, qs], k[None, ks], v[None, ks], True, scale, kw["window"], kw["softcap"], sinks)
+        want, want_lse = reference(*args)
+        theirs, _ = reference(*args, dtype=dtype)
+        assert_flash_rule(out[None, qs], want, theirs, dtype, f"cuda varlen sequence {b}", ATOL_EPS)
+        torch.testing.assert_close(lse[:, qs].double(), want_lse[0], rtol=0, atol=2e-3)
+
+
+@requires_cuda
 def test_cuda_rejects_what_its_kernels_do_not_take(monkeypatch):
     q, k, v, _ = make(1, 8, 8, 4, 2, 64, torch.bfloat16)
     q, k, v = q.cuda().requires_grad_(), k.cuda(), v.cuda()

@@ -28,7 +28,7 @@ def _Counter(monkeypatch, names=PATCH_OPS):
     return OpCounter(monkeypatch, names)
 
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"]
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "gpt_oss"]
 # bf16 logits of two models that round differently (llmk rounds once where the model rounds
 # two or three times) differ by a few bf16 steps of the largest logit.
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 4e-2}
@@ -51,16 +51,63 @@ def test_patched_logits_match_the_model(family, dtype, device, monkeypatch):
     layers = model.config.num_hidden_layers
     assert counter.calls["add_rmsnorm"] == layers and counter.calls["rope"] == layers
     assert counter.calls["rmsnorm"] >= layers + 1  # input norms and the final norm (and q/k norms)
-    gate = "geglu" if family.startswith("gemma") else "swiglu"  # Gemma's MLP gates with GELU-tanh
-    assert counter.calls[gate] == layers and "mlp" not in report.left
-    # llmk attention computes fp16/bf16 calls; the sliding-window layers of Gemma 3 go to SDPA.
-    windows = sum(t == "sliding_attention" for t in (getattr(model.config, "layer_types", None) or []))
-    assert counter.calls["attention"] == (layers - windows if dtype == torch.bfloat16 else 0)
+    if family == "gpt_oss":  # a mixture of experts: the model's own
+        assert "experts" in report.left["mlp"]
+    else:
+        gate = "geglu" if family.startswith("gemma") else "swiglu"  # Gemma's MLP gates with GELU-tanh
+        assert counter.calls[gate] == layers and "mlp" not in report.left
+    # llmk attention computes fp16/bf16 calls, the sliding-window layers (Gemma 3's and
+    # gpt-oss's windows of 16 < 37 tokens) and gpt-oss's sinks included.
+    assert counter.calls["attention"] == (layers if dtype == torch.bfloat16 else 0)
     llmk.unpatch(model)
 
 
+# (family, config overrides, the score variants each layer's call must carry)
+VARIANT_MODELS = [
+    ("gemma2", dict(attn_logit_softcapping=50.0, sliding_window=8), ("softcap", "window")),
+    ("mistral", dict(sliding_window=8), ("window",)),
+    ("gemma3", {}, ("window",)),
+    ("gpt_oss", {}, ("sinks", "window")),
+]
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family,overrides,variants", VARIANT_MODELS, ids=[v[0] for v in VARIANT_MODELS])
+def test_score_variants_run_on_llmk_attention(family, overrides, variants, device, monkeypatch):
+    """Sliding windows shorter than the sequence, Gemma 2's soft-capping and gpt-oss's sinks reach
+    llmk.attention (no mask materialized: the window travels as a keyword), and a padded batch,
+    whose mask llmk does not take, falls back to the model's attention (eager where the call has
+    soft-capping or sinks) with the same logits as the unpatched model."""
+    model = _model(family, device, torch.bfloat16, **overrides)
+    ids = torch.randint(1, 256, (2, 37), device=device)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    with torch.no_grad():
+        want = model(ids).logits.float()
+        want_padded = model(ids, attention_mask=mask).logits.float()
+    llmk.patch(model, attention=True)
+    seen = []
+    original = llmk.ops.attention
+
+    def attention(*args, **kwargs):
+        seen.append({k for k in ("window", "softcap", "sinks") if kwargs.get(k) is not None})
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(llmk.ops, "attention", attention)
+    with torch.no_grad():
+        got = model(ids).logits.float()
+        got_padded = model(ids, attention_mask=mask).logits.float()
+    llmk.unpatch(model)
+    layers = model.config.num_hidden_layers
+    assert len(seen) == layers, seen  # the padded batch's calls went to the model's attention
+    assert set().union(*seen) == set(variants), seen
+    for g, w, what in ((got, want, "unpadded"), (got_padded[1, 5:], want_padded[1, 5:], "padded")):
+        err = ((g - w).abs().max() / w.abs().max()).item()
+        assert err <= TOLERANCE[torch.bfloat16], f"{family} {what}: max rel err {err:.3g}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
 def test_prefill_and_decode_with_a_static_cache(family, device):
     """A prefill into an empty StaticCache reaches attention with no mask and keys the length
     of the whole cache (transformers means the first seq_q of them); decode steps then carry
@@ -114,7 +161,7 @@ def test_training_follows_the_unpatched_loss_curve(family, device, monkeypatch):
 def test_patch_unpatch_round_trip(family):
     model = _model(family, "cpu", torch.bfloat16)
     modeling = sys.modules[type(model).__module__]
-    rotary = modeling.apply_rotary_pos_emb
+    rotary, implementation = modeling.apply_rotary_pos_emb, model.config._attn_implementation
     ids = torch.randint(0, 256, (1, 21))
     with torch.no_grad():
         want = model(ids).logits
@@ -124,7 +171,7 @@ def test_patch_unpatch_round_trip(family):
     with pytest.raises(ValueError, match="already patched"):
         llmk.patch(model)
     llmk.unpatch(model)
-    assert modeling.apply_rotary_pos_emb is rotary and model.config._attn_implementation == "sdpa"
+    assert modeling.apply_rotary_pos_emb is rotary and model.config._attn_implementation == implementation
     assert not any("forward" in m.__dict__ for m in model.modules()) and "_loss_function" not in model.__dict__
     with torch.no_grad():
         assert torch.equal(model(ids).logits, want)
@@ -173,12 +220,6 @@ def test_attention_by_default_only_where_llmk_is_faster(device):
 
 
 def test_what_llmk_cannot_compute_is_left_with_its_reason():
-    softcapped = _model("gemma2", "cpu", torch.bfloat16, attn_logit_softcapping=50.0)
-    report = llmk.patch(softcapped)
-    assert "soft-capping (50.0)" in report.left["attention"]
-    assert softcapped.config._attn_implementation == "sdpa"
-    assert report.replaced["gated MLP (geglu)"] == 2
-    llmk.unpatch(softcapped)
     odd = _model("llama", "cpu", torch.bfloat16, head_dim=40)
     assert "head_dim 40" in llmk.patch(odd).left["attention"]
     llmk.unpatch(odd)
