@@ -30,7 +30,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from . import _C, ops
-from .patching import model_head_dim
+from .patching import model_head_dim, variants_run_on
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -61,6 +61,10 @@ def unsupported(model) -> str:
     head_dim = model_head_dim(config)
     if head_dim not in _C.attention_decode_head_dims():
         return f"head_dim {head_dim} has no llmk.attention_decode kernel"
+    if (any(v is not None for m in attention_modules(model) for v in score_variants(m).values())
+            and not variants_run_on(next(iter(devices)), head_dim)):
+        return (f"the model's sliding window, soft-capping or sinks run on llmk's Hopper forward only (the prefill), "
+                f"which does not take head_dim {head_dim} on this GPU and build")
     return ""
 
 

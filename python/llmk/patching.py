@@ -18,7 +18,8 @@ What is replaced, each part only where llmk computes exactly what the model comp
 - Attention goes through transformers' AttentionInterface as ``"llmk"``: ``llmk.attention``
   for calls it computes (fp16/bf16, no attention mask beyond causal, no dropout, eval mode), with
   the layer's sliding window (Mistral, Gemma 2/3, gpt-oss), logit soft-capping (Gemma 2) and
-  sinks (gpt-oss); a sliding-window layer's mask is not materialized where the window is its
+  sinks (gpt-oss) where llmk computes those (the CPU backend; on CUDA the Hopper forward's head
+  dims); a sliding-window layer's mask is not materialized where the window is its
   only difference from causal (transformers' ``sdpa_mask`` otherwise). Every other call goes to
   the model's own attention: SDPA, or the family's eager attention where it has soft-capping or
   sinks (which SDPA does not compute). A model in
@@ -46,6 +47,7 @@ the patched model shares its parameters and state dict with the original, and wo
 ``torch.compile(fullgraph=True)``; every replaced part trains through autograd.
 """
 
+import functools
 import sys
 import types
 import weakref
@@ -518,6 +520,17 @@ def _attention_unsupported(config, training: bool, device: torch.device) -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=None)
+def variants_run_on(device: torch.device, head_dim: int) -> bool:
+    """Whether llmk.attention computes the score variants for `head_dim` on `device`: the CPU
+    backend, or on CUDA the Hopper forward (an sm_90 GPU, an sm_90a build, its head dims)."""
+    if device.type != "cuda":
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return (torch.cuda.get_device_capability(index) == (9, 0) and "90a" in _C.build_cuda_archs().split(";")
+            and head_dim in _C.attention_sm90_head_dims())
+
+
 def _score_variants(kwargs) -> dict:
     """llmk.attention's window / softcap / sinks from the keywords transformers' attention
     modules pass: sliding_window (Mistral, Gemma 2/3, gpt-oss), softcap (Gemma 2), s_aux
@@ -532,9 +545,14 @@ def _llmk_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     """transformers' attention function signature: query [batch, heads, seq_q, dim], key/value
     [batch, heads_kv, seq_k, dim]; returns ([batch, seq_q, heads, dim], None)."""
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    variants = _score_variants(kwargs)
+    if variants["window"] is not None and variants["window"] >= key.shape[2]:
+        variants["window"] = None  # a window of every key is plain causal
     computable = (attention_mask is None and dropout == 0.0 and not module.training
                   and query.dtype in (torch.float16, torch.bfloat16)
-                  and (causal or kwargs.get("sliding_window") is None)
+                  and (causal or variants["window"] is None)
+                  and (not any(v is not None for v in variants.values())
+                       or variants_run_on(query.device, query.shape[-1]))
                   and not kwargs.get("output_attentions", False))
     if not computable:
         return _model_attention(module, query, key, value, attention_mask, dropout, scaling, causal, **kwargs)
@@ -544,7 +562,7 @@ def _llmk_attention(module, query, key, value, attention_mask, dropout=0.0, scal
         # and means the mask aligned top-left (SDPA's): the first q_len keys, the rest empty.
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     out = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
-                        scale=scaling, **_score_variants(kwargs))
+                        scale=scaling, **variants)
     return out, None
 
 

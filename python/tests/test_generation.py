@@ -56,6 +56,8 @@ def _Counter(monkeypatch, names=DECODE_OPS):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_generation_follows_the_model(family, device, monkeypatch):
     model = _model(family, device, **FAMILY_SETTINGS.get(family, {}))
+    if generation.unsupported(model):  # the score variants' prefill off the Hopper forward
+        pytest.skip(generation.unsupported(model))
     ids, mask = _prompts(device)
     want = _generate(model, ids, mask)
     report = llmk.patch(model, decode=True)
