@@ -27,7 +27,9 @@ What is replaced, each part only where llmk computes exactly what the model comp
   backward is not ahead of cuDNN's (Hopper) and FlashAttention 2's (sm_80) at every shape
   (docs/benchmarks.md has the numbers). By default (``attention=None``) a model on a Hopper GPU
   keeps SDPA too: there SDPA runs cuDNN's attention, which llmk's Hopper forward does not beat at
-  every shape yet; ``attention=True`` patches it anyway.
+  every shape yet; ``attention=True`` patches it anyway. A model with soft-capping (Gemma 2) or
+  sinks (gpt-oss), which SDPA does not compute (the model runs its eager attention), takes
+  llmk's attention by default on Hopper too.
 
 - Generation (``decode=True``): ``model.generate(...)`` runs on llmk's own KV cache
   (:class:`llmk.generation.KVCache`, made per ``generate`` call from its batch size and
@@ -155,7 +157,7 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
                                   "gpt-oss's, runs as the model's)")
     else:
         report.left["mlp"] = f"the {act!r} gate has no llmk kernel ({', '.join(MODEL_ACTIVATIONS)})"
-    if attention is None and _on_hopper(model):
+    if attention is None and _on_hopper(model) and not _scores_sdpa_lacks(model):
         report.left["attention"] = ("on Hopper, SDPA runs cuDNN's attention, which llmk's Hopper forward does not "
                                     "beat at every sequence length yet: attention=True patches it anyway")
     elif attention is not False:
@@ -500,6 +502,15 @@ _SDPA = []  # transformers' sdpa_attention_forward, once attention is first patc
 def _on_hopper(model: torch.nn.Module) -> bool:
     device = next(model.parameters()).device
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def _scores_sdpa_lacks(model: torch.nn.Module) -> bool:
+    """Whether the model's attention has logit soft-capping (Gemma 2) or sinks (gpt-oss), which
+    SDPA does not compute (the model then runs its eager attention, every score in memory):
+    there llmk's attention is the fast path, and patch(attention=None) takes it on Hopper too."""
+    config = model.config
+    return bool(getattr(config, "attn_logit_softcapping", None)) or any(
+        getattr(m, "sinks", None) is not None for m in model.modules() if hasattr(m, "o_proj"))
 
 
 def model_head_dim(config) -> int:

@@ -235,6 +235,12 @@ def test_attention_by_default_only_where_llmk_is_faster(device):
     assert ("cuDNN" in report.left.get("attention", "")) == hopper
     assert model.config._attn_implementation == ("sdpa" if hopper else "llmk")
     llmk.unpatch(model)
+    # soft-capping and sinks, which SDPA does not compute: llmk's attention everywhere
+    for family, overrides in (("gemma2", dict(attn_logit_softcapping=50.0)), ("gpt_oss", {})):
+        model = _model(family, device, torch.bfloat16, head_dim=64, **overrides)
+        report = llmk.patch(model)
+        assert "attention" not in report.left and model.config._attn_implementation == "llmk", report
+        llmk.unpatch(model)
 
 
 def test_what_llmk_cannot_compute_is_left_with_its_reason():
