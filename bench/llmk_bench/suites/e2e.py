@@ -111,6 +111,14 @@ FAMILIES = {
         hidden_size=3584, intermediate_size=14336, num_attention_heads=16, num_key_value_heads=8, head_dim=256,
         vocab_size=256000, rms_norm_eps=1e-6, query_pre_attn_scalar=256, sliding_window=4096,
         attn_logit_softcapping=50.0, final_logit_softcapping=30.0)),
+    # gpt-oss: sinks on every layer, a window of 128 on alternating ones, a mixture of 32 experts
+    # (4 a token) that runs as transformers' (llmk.patch leaves it); SDPA does not compute its
+    # sinks: transformers runs its eager attention. Not a default family (no Liger-Kernel patch).
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", None, "gpt-oss-20b", dict(
+        hidden_size=2880, intermediate_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+        vocab_size=201088, rms_norm_eps=1e-5, sliding_window=128, num_local_experts=32, num_experts_per_tok=4,
+        rope_parameters=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, rope_theta=150000.0,
+                             original_max_position_embeddings=4096))),
 }
 DEFAULT_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
 DEFAULT_COMPILE_FAMILIES = ("llama", "qwen3")
@@ -119,6 +127,9 @@ DEFAULT_COMPILE_PHASES = ("prefill",)
 TINY = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
             vocab_size=1024)
 TINY_GEMMA = dict(query_pre_attn_scalar=64, sliding_window=32)
+TINY_GPT_OSS = dict(sliding_window=32, num_local_experts=4, num_experts_per_tok=2)
+# transformers' attention per family: SDPA, but where the model has no SDPA path (gpt-oss's sinks)
+ATTENTION = {"gpt_oss": "eager"}
 GPU_ONLY = {"compile": "torch.compile (Inductor's CPU backend compiles C++: minutes)",
             "liger": "Liger-Kernel (Triton kernels: GPU only)", "llmk_compile": "torch.compile"}
 
@@ -150,17 +161,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_of(family, layers, device):
-    """The family's transformers config: `layers` decoder layers, SDPA attention (a tiny one on the CPU)."""
+    """The family's transformers config: `layers` decoder layers, SDPA attention (gpt-oss: eager;
+    a tiny one on the CPU)."""
     import transformers
 
     config_name, _, _, _, shapes = FAMILIES[family]
     kwargs = dict(copy.deepcopy(shapes), num_hidden_layers=layers)  # configs change nested dicts
     if device == "cpu":
-        kwargs.update(TINY, **(TINY_GEMMA if family.startswith("gemma") else {}))
+        kwargs.update(TINY, **(TINY_GEMMA if family.startswith("gemma") else TINY_GPT_OSS if family == "gpt_oss"
+                               else {}))
     if family == "gemma3":
         kwargs["layer_types"] = ["full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention"
                                  for i in range(layers)]
-    return getattr(transformers, config_name)(**kwargs, attn_implementation="sdpa")
+    return getattr(transformers, config_name)(**kwargs, attn_implementation=ATTENTION.get(family, "sdpa"))
 
 
 def build(family, layers, device, dtype=torch.bfloat16):
@@ -226,10 +239,12 @@ def implementation(name, model, family, reports):
             torch._dynamo.reset()
 
 
-def _unavailable(name, device):
+def _unavailable(name, device, family=None):
     """Why impl `name` cannot run here ("" when it can)."""
     if device == "cpu" and name in GPU_ONLY:
         return f"no GPU: {GPU_ONLY[name]}"
+    if name == "liger" and family is not None and FAMILIES[family][2] is None:
+        return f"Liger-Kernel has no patch for {family}"
     if name.startswith("llmk") and not hasattr(llmk, "patch"):
         return "llmk.patch does not exist in this build"
     if name == "liger":
@@ -480,6 +495,11 @@ def run(args, device, failures, checkpoint=lambda rows: None):
     for family in args.e2e_families:
         t0 = time.perf_counter()
         for impl in ["eager"] + [i for i in eager_pass if i != "eager"]:
+            why = _unavailable(impl, device, family)
+            if why:
+                print(f"  {family} {impl} skipped: {why}", flush=True)
+                state.skip(family, impl, phases, why)
+                continue
             state.run_impl(family, impl, phases, emit=impl in eager_pass)
         for impl in impls:
             if unavailable[impl] and device == "cuda":

@@ -1,5 +1,7 @@
 """The generation suite, ``python -m llmk_bench --op e2e_decode``: Hugging Face ``generate`` on a
-Llama-3-8B-shaped model (random weights, bf16, the first ``--gen-layers`` decoder layers: 8 by
+Llama-3-8B-shaped model (``--gen-family``: another family's checkpoint shapes from the e2e
+suite, e.g. gemma2 for soft-capping and sliding windows, gpt_oss for sinks; random weights,
+bf16, the first ``--gen-layers`` decoder layers: 8 by
 default, so that every peer's compilation and the batch-16 x 32768 cache fit one device run),
 prompts of random token ids (no padding), greedy, no EOS, ``max_new_tokens`` fixed:
 
@@ -59,6 +61,8 @@ GPU_ONLY = {"hf_static_compile": "torch.compile (Inductor's CPU backend compiles
 
 def add_arguments(parser) -> None:
     g = parser.add_argument_group("generation (--op e2e_decode, see bench/llmk_bench/suites/generate.py)")
+    g.add_argument("--gen-family", choices=list(e2e.FAMILIES), default="llama", metavar="FAMILY",
+                   help=f"the model's family, its checkpoint's shapes ({' '.join(e2e.FAMILIES)}; default llama)")
     g.add_argument("--gen-layers", type=int, metavar="N", help="decoder layers (default 8 on a GPU, 2 on the CPU)")
     g.add_argument("--gen-contexts", type=int, nargs="+", metavar="T", help="prompt lengths (default 4096 32768)")
     g.add_argument("--gen-batches", type=int, nargs="+", metavar="B", help="batch sizes (default 1 16)")
@@ -117,10 +121,11 @@ def run(args, device, failures, checkpoint=lambda rows: None):
     new = setup["new_tokens"]
     impls = ["hf_eager"] + [i for i in IMPLS if i in args.gen_impls and i != "hf_eager"]
     rows = []
-    model = e2e.build("llama", setup["layers"], device)
+    family = getattr(args, "gen_family", None) or "llama"
+    model = e2e.build(family, setup["layers"], device)
     weights = e2e.fingerprint(model)
     config = model.config
-    print(f"e2e_decode on {device}: {e2e.FAMILIES['llama'][3]} shapes, {setup['layers']} layers, bf16; contexts "
+    print(f"e2e_decode on {device}: {e2e.FAMILIES[family][3]} shapes, {setup['layers']} layers, bf16; contexts "
           f"{contexts}, batches {batches}, {new} new tokens; impls {', '.join(impls)}", flush=True)
     refs = {}
     for impl in impls:
@@ -136,7 +141,7 @@ def run(args, device, failures, checkpoint=lambda rows: None):
                 print(str(report), flush=True)
             for ctx in contexts:
                 for batch in batches:
-                    rows.append(_cell(target, impl, ctx, batch, new, device, setup["layers"], refs, failures))
+                    rows.append(_cell(target, impl, ctx, batch, new, device, setup["layers"], refs, failures, family))
                     print(_line(rows[-1]), flush=True)
                     checkpoint(rows)
         finally:
@@ -153,8 +158,8 @@ def run(args, device, failures, checkpoint=lambda rows: None):
     return rows
 
 
-def _cell(model, impl, ctx, batch, new, device, layers, refs, failures):
-    row = dict(op=OP, dtype="bfloat16", tokens=ctx, hidden=batch, batch=batch, impl=impl, model="llama", layers=layers,
+def _cell(model, impl, ctx, batch, new, device, layers, refs, failures, family="llama"):
+    row = dict(op=OP, dtype="bfloat16", tokens=ctx, hidden=batch, batch=batch, impl=impl, model=family, layers=layers,
                time_us="", ttft_us="", tokens_per_s="", max_rel_err="", agree="", peak_mem_gb="", compile_s="", graph_us="", note="",
                gbs="", pct_copy="", timing="perf_counter")
     ids = _ids(model.config.vocab_size, batch, ctx, device)

@@ -28,14 +28,25 @@ def _cells(rows):
     return cells
 
 
+def _model(row) -> str:
+    return row.get("model") or "llama"
+
+
 def markdown(rows):
+    """A table per model family of the rows (--gen-family), Llama's first."""
     rows = [r for r in rows if is_generate_row(r)]
-    if not rows:
-        return []
+    out = []
+    for model in sorted(dict.fromkeys(map(_model, rows)), key=lambda m: m != "llama"):
+        out += _markdown_model([r for r in rows if _model(r) == model], model)
+    return out
+
+
+def _markdown_model(rows, model):
     on_cpu = not any(r.get("peak_mem_gb") not in (None, "") for r in rows)
     cells = _cells(rows)
     impls = [i for i in IMPLS if any(i in c for c in cells.values())]
-    out = [f"\n### e2e generation: `generate` on a Llama-3-8B-shaped model, {rows[0]['layers']} layers, greedy; "
+    shapes = "a Llama-3-8B-shaped model" if model == "llama" else f"a {model} model (the e2e suite's checkpoint shapes)"
+    out = [f"\n### e2e generation: `generate` on {shapes}, {rows[0]['layers']} layers, greedy; "
            "ms per generated token after the first (decode step; `graph replay`: llmk's captured step alone, "
            "the GPU's part of it) and time to first token"
            + (" (CPU: a tiny config, the code path only)" if on_cpu else "") + "\n",
@@ -87,7 +98,9 @@ def plot(rows, path, title=""):
     """Decode-step speedup over hf_eager of each impl, a bar group per (context, batch)."""
     from .common import panels
 
-    cells = _cells([r for r in rows if is_generate_row(r)])
+    rows = [r for r in rows if is_generate_row(r)]
+    first = min(map(_model, rows), key=lambda m: m != "llama") if rows else "llama"  # one family: Llama's first
+    cells = _cells([r for r in rows if _model(r) == first])
     impls = [i for i in IMPLS if any(i in c for c in cells.values())]
     fig, axes = panels(1, 1, (9, 3.4), title)
     ax = axes[0, 0]
@@ -99,6 +112,6 @@ def plot(rows, path, title=""):
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], [f"ctx {t} x B{b}" for t, b in keys], fontsize=8)
     ax.set_ylabel("decode step speedup over hf_eager", fontsize=8)
-    ax.set_title("generate: time per generated token", fontsize=9)
+    ax.set_title(f"generate: time per generated token ({first})", fontsize=9)
     ax.legend(fontsize=7)
     fig.savefig(path, dpi=110)
