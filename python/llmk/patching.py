@@ -49,7 +49,6 @@ the patched model shares its parameters and state dict with the original, and wo
 ``torch.compile(fullgraph=True)``; every replaced part trains through autograd.
 """
 
-import functools
 import sys
 import types
 import weakref
@@ -166,6 +165,7 @@ def patch(model: torch.nn.Module, *, rmsnorm: bool = True, rope: bool = True, ml
             report.left["attention"] = reason
         else:
             state["attn_implementation"] = config._attn_implementation
+            variants_run_on(next(model.parameters()).device, model_head_dim(config))  # known before any trace
             _use_llmk_attention(model)
             report.replaced["attention (AttentionInterface 'llmk')"] = config.num_hidden_layers
             report.left["attention calls"] = (
@@ -531,15 +531,25 @@ def _attention_unsupported(config, training: bool, device: torch.device) -> str:
     return ""
 
 
-@functools.lru_cache(maxsize=None)
+_VARIANTS_RUN_ON: Dict[tuple, bool] = {}  # (device type, index, head dim) -> variants_run_on
+
+
 def variants_run_on(device: torch.device, head_dim: int) -> bool:
     """Whether llmk.attention computes the score variants for `head_dim` on `device`: the CPU
-    backend, or on CUDA the Hopper forward (an sm_90 GPU, an sm_90a build, its head dims)."""
-    if device.type != "cuda":
-        return True
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return (torch.cuda.get_device_capability(index) == (9, 0) and "90a" in _C.build_cuda_archs().split(";")
-            and head_dim in _C.attention_sm90_head_dims())
+    backend, or on CUDA the Hopper forward (an sm_90 GPU, an sm_90a build, its head dims).
+    Remembered in a plain dict that patch() fills for the model's device: under torch.compile
+    the attention's call is then a lookup, not a query of the device and the build."""
+    key = (device.type, device.index, head_dim)
+    known = _VARIANTS_RUN_ON.get(key)
+    if known is None:
+        if device.type != "cuda":
+            known = True
+        else:
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            known = (torch.cuda.get_device_capability(index) == (9, 0) and "90a" in _C.build_cuda_archs().split(";")
+                     and head_dim in _C.attention_sm90_head_dims())
+        _VARIANTS_RUN_ON[key] = known
+    return known
 
 
 def _score_variants(kwargs) -> dict:
