@@ -508,9 +508,9 @@ def _scores_sdpa_lacks(model: torch.nn.Module) -> bool:
     """Whether the model's attention has logit soft-capping (Gemma 2) or sinks (gpt-oss), which
     SDPA does not compute (the model then runs its eager attention, every score in memory):
     there llmk's attention is the fast path, and patch(attention=None) takes it on Hopper too."""
-    config = model.config
-    return bool(getattr(config, "attn_logit_softcapping", None)) or any(
-        getattr(m, "sinks", None) is not None for m in model.modules() if hasattr(m, "o_proj"))
+    generation = _generation()
+    return any(v["softcap"] is not None or v["sinks"] is not None
+               for v in map(generation.score_variants, generation.attention_modules(model)))
 
 
 def model_head_dim(config) -> int:

@@ -32,7 +32,7 @@ struct AttentionParams {
   bool causal = false;
   float scale = 1.0f;
   float scale_log2 = 1.0f;  // scale * log2(e): the softmax runs on exp2
-  AttentionVariants variants;  // window, softcap, sinks (the CPU reference only in this version)
+  AttentionVariants variants;  // window, softcap, sinks (the CPU reference and the Hopper forward)
 
   // Where (batch entry, query head) starts in lse's layout, which the backward's per-row
   // arrays share (D, the dq accumulator's rows, the turn counters): add the packed row,

@@ -43,7 +43,7 @@ struct DecodeParams {
   bool causal = true;
   float scale = 1.0f;
   float scale_log2 = 1.0f;  // scale * log2(e)
-  AttentionVariants variants;  // window, softcap, sinks (the CPU reference only in this version)
+  AttentionVariants variants;  // window, softcap, sinks (the CPU reference and the 16-row kernels)
 
   // Split-KV: `splits` pieces per (sequence, kv head); with splits > 1 the pieces write
   // partial_out [splits, batch, q_len, heads_q, head_dim] and partial_lse

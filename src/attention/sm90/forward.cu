@@ -101,9 +101,9 @@ void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t 
     for_compiled_head_dim("attention", p.head_dim, [&](auto dim) {
       constexpr int D = decltype(dim)::value;
       if constexpr (attention_sm90_head_dim(D)) {
-        if (p.variants.any()) return launch<T, D, 2, true>(p, dtype, stream);
         if constexpr (D == 64)
           if (attention_sm90_consumers(p) == 3) return launch<T, D, 3, false>(p, dtype, stream);
+        if (p.variants.any()) return launch<T, D, 2, true>(p, dtype, stream);
         launch<T, D, 2, false>(p, dtype, stream);
       }
     });
