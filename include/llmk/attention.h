@@ -32,8 +32,9 @@
 namespace llmk {
 
 // The score variants of Gemma 2/3, Mistral and gpt-oss; each is off when absent. The CPU
-// backend (the double reference), the Hopper forward and the decode kernel take them; the sm_80
-// forward and the CUDA backwards reject them before any work (the kernels take them later).
+// backend (the double reference), the Hopper forward and backward and the decode kernel take
+// them; the sm_80 forward and backward reject them before any work, and so does a CUDA
+// backward asked for `dsinks` (compute it from out and lse, as llmk's autograd does).
 struct AttentionOptions {
   // Sliding window (causal only): query row i, at position i' = i + seq_k - seq_q of the keys
   // (the causal mask's bottom-right alignment), sees the keys j with i' - window < j <= i':

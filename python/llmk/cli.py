@@ -65,8 +65,9 @@ def _info() -> int:
         print("  attention: " + _attention_paths(hopper, ATTENTION_SM90_HEAD_DIMS))
         print("  attention backward: " + _attention_paths(hopper, ATTENTION_SM90_HEAD_DIMS))
         print("  attention score variants (window, softcap, sinks): "
-              + ("the Hopper forward (2-consumer tiles) and attention_decode;" if hopper else "attention_decode;")
-              + " the CPU backend; the CUDA backwards and the sm_80 forward reject them")
+              + ("the Hopper forward (2-consumer tiles), the Hopper backward and attention_decode;" if hopper
+                 else "attention_decode;")
+              + " the CPU backend; the sm_80 forward and backward reject them")
         print("  attention_decode: mma.sync split-KV kernel; "
               + ("2-8 pieces merged inside a thread-block cluster, more by a merge kernel over the workspace"
                  if major >= 9 and any(a.rstrip("a").isdigit() and int(a.rstrip("a")) >= 90 for a in archs.split(";"))

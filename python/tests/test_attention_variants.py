@@ -96,6 +96,16 @@ def test_forward(dtype, dim, case):
         torch.testing.assert_close(lse.double()[finite], want_lse[finite], rtol=0, atol=1e-5)
 
 
+def reference_grads(leaves, dout, causal, scale, window, softcap, with_sinks, dtype_):
+    """The gradients of q, k, v (and the sinks) of the formula evaluated in dtype_ (the sinks in
+    float32 unless dtype_ is float64), from copies of the leaves."""
+    ls = [t.detach().to(dtype_ if t.dtype != torch.float32 or dtype_ == torch.float64 else torch.float32)
+          .requires_grad_() for t in leaves]
+    o, _ = reference(*ls[:3], causal, scale, window, softcap, ls[3] if with_sinks else None, dtype=dtype_)
+    o.backward(dout.to(dtype_))
+    return [t.grad if t.grad is not None else torch.zeros_like(t) for t in ls]
+
+
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("case", [c for c in FORWARD_CASES if c[0] <= c[1] or c[5]],
                          ids=lambda c: "q{}_k{}_{}_w{}_cap{}_{}".format(
@@ -112,14 +122,8 @@ def test_backward(dtype, case):
     out.backward(dout)
     got = [t.grad for t in leaves]
 
-    def grads(dtype_):
-        ls = [t.detach().to(dtype_ if t.dtype != torch.float32 or dtype_ == torch.float64 else torch.float32)
-              .requires_grad_() for t in leaves]
-        o, _ = reference(*ls[:3], causal, scale, window, softcap, ls[3] if with_sinks else None, dtype=dtype_)
-        o.backward(dout.to(dtype_))
-        return [t.grad if t.grad is not None else torch.zeros_like(t) for t in ls]
-
-    want, theirs = grads(torch.float64), grads(dtype)
+    want = reference_grads(leaves, dout, causal, scale, window, softcap, with_sinks, torch.float64)
+    theirs = reference_grads(leaves, dout, causal, scale, window, softcap, with_sinks, dtype)
     for name, g, w, t in zip(("dq", "dk", "dv", "dsinks"), got, want, theirs):
         assert g is not None, f"{name}: no gradient"
         if w.numel() == 0 or w.abs().max() == 0:
@@ -395,11 +399,84 @@ def test_cuda_varlen_forward(dim):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("dim", [64, 128, 256])
+@pytest.mark.parametrize("case", CUDA_CASES, ids=lambda c: "q{}_k{}_{}_w{}_cap{}_{}".format(
+    c[0], c[1], "causal" if c[2] else "full", c[3], c[4], "sinks" if c[5] else "nosink"))
+def test_cuda_backward(dtype, dim, case):
+    """The Hopper backward with the variants (the window's walks end at the last query tile
+    that sees a key block; softcap's chain rule from P itself): dq, dk, dv and the sinks'
+    gradient against the float64 formula's autograd by the FlashAttention rule."""
+    if not hopper_forward():
+        pytest.skip("the variants run on the Hopper kernels only")
+    seq_q, seq_k, causal, window, softcap, with_sinks = case
+    q, k, v, sinks = (None if t is None else t.cuda() for t in make(1, seq_q, seq_k, 8, 2, dim, dtype, with_sinks))
+    scale = 1 / math.sqrt(dim)
+    dout = torch.randn_like(q)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)] + ([sinks.clone().requires_grad_()] if with_sinks else [])
+    out = llmk.attention(*leaves[:3], causal, scale, window=window, softcap=softcap,
+                         sinks=leaves[3] if with_sinks else None)
+    out.backward(dout)
+    got = [t.grad for t in leaves]
+
+    want = reference_grads(leaves, dout, causal, scale, window, softcap, with_sinks, torch.float64)
+    theirs = reference_grads(leaves, dout, causal, scale, window, softcap, with_sinks, dtype)
+    # A window of 1 on the diagonal gives each query one key: dq and dk are zero by identity (dS =
+    # P (dP - D) with P = 1, O = V), so the kernel's rounding of O is held to dv's scale.
+    grad_scale = max(w.abs().max().item() for w in want[:3])
+    for name, g, w, t in zip(("dq", "dk", "dv", "dsinks"), got, want, theirs):
+        zero = name in ("dq", "dk") and not w.abs().max()
+        assert_flash_rule(g, w, t.to(g.dtype), g.dtype if g.dtype != torch.float32 else dtype, f"cuda {name} {case}",
+                          GRAD_ATOL_EPS, scale=grad_scale if zero else None)
+
+
+@requires_cuda
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_cuda_varlen_backward(deterministic):
+    """The Hopper backward's varlen walks with a window and softcap (GQA, an empty sequence,
+    seq_q != seq_k; deterministic: the dq turns over windowed walks) against the float64
+    formula per sequence."""
+    if not hopper_forward():
+        pytest.skip("the variants run on the Hopper kernels only")
+    dtype, dim, lens_q, lens_k = torch.bfloat16, 128, [300, 0, 129, 517], [300, 40, 400, 517]
+    heads_q, heads_kv = 8, 2
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(lens_q), heads_q, dim, dtype=dtype, device="cuda", requires_grad=True)
+    k = torch.randn(sum(lens_k), heads_kv, dim, dtype=dtype, device="cuda", requires_grad=True)
+    v = torch.randn(sum(lens_k), heads_kv, dim, dtype=dtype, device="cuda", requires_grad=True)
+    dout = torch.randn(sum(lens_q), heads_q, dim, dtype=dtype, device="cuda")
+    kw, scale = dict(window=131, softcap=20.0), dim**-0.5
+    out = llmk.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), True, scale, deterministic=deterministic,
+                                **kw)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    for b in range(len(lens_q)):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+
+        def grads(dtype_):
+            ls = [t.detach()[None, r].to(dtype_).requires_grad_() for t, r in ((q, qs), (k, ks), (v, ks))]
+            o, _ = reference(*ls, True, scale, kw["window"], kw["softcap"], dtype=dtype_)
+            o.backward(dout[None, qs].to(dtype_))
+            return [t.grad[0] for t in ls]
+
+        want, theirs = grads(torch.float64), grads(dtype)
+        for name, g, w, t in zip(("dq", "dk", "dv"), (dq[qs], dk[ks], dv[ks]), want, theirs):
+            if w.numel() == 0:
+                continue
+            assert_flash_rule(g, w, t, dtype, f"cuda varlen {name} sequence {b}", GRAD_ATOL_EPS)
+
+
+@requires_cuda
 def test_cuda_rejects_what_its_kernels_do_not_take(monkeypatch):
+    """The sm_80 kernels take no variant: forced onto them (LLMK_ATTENTION_PATH=sm80), the forward
+    and the backward with one are rejected before any work."""
     q, k, v, _ = make(1, 8, 8, 4, 2, 64, torch.bfloat16)
     q, k, v = q.cuda().requires_grad_(), k.cuda(), v.cuda()
-    with pytest.raises(RuntimeError, match="CUDA backward kernels do not take them yet"):
-        llmk.attention(q, k, v, True, window=4).sum().backward()
+    if hopper_forward():
+        out = llmk.attention(q, k, v, True, window=4)
+        monkeypatch.setenv("LLMK_ATTENTION_PATH", "sm80")
+        with pytest.raises(RuntimeError, match="run on the Hopper backward"):
+            out.sum().backward()
     monkeypatch.setenv("LLMK_ATTENTION_PATH", "sm80")
     with torch.no_grad(), pytest.raises(RuntimeError, match="run on the Hopper forward"):
         llmk.attention(q, k, v, True, softcap=5.0)

@@ -250,10 +250,10 @@ void backward(const char* op, const TensorView& dq, const TensorView& dk, const 
     for (const Arg& a : inputs) detail::check_no_overlap(op, "dsinks", *dsinks, a.first, *a.second, false);
     detail::check_no_overlap(op, "dsinks", *dsinks, "sinks", *options.sinks, false);
   }
-  // Before any work: the CUDA backward kernels do not take the variants yet (nothing written).
-  LLMK_CHECK(r.on_host || !r.p.variants.any(), op,
-             ": window, softcap and sinks run on the CPU backend in this version; the CUDA backward kernels do not "
-             "take them yet");
+  // Before any work: the sinks' gradient is the CPU backend's (on the GPU, compute it from out
+  // and lse: -sum over a head's rows of exp(sink - lse) rowsum(dout * out), as llmk's autograd does).
+  LLMK_CHECK(r.on_host || !dsinks, op, ": dsinks is computed by the CPU backend only; on the GPU compute it from out "
+             "and lse (-sum over a head's rows of exp(sink - lse) * rowsum(dout * out))");
   shapes(r);
   b.fwd = r.p;
   b.heads_kv = static_cast<int>(k.size(-2));

@@ -53,11 +53,11 @@ void expect_close(const Heads& out, const HostTensor& got, const Heads& ref, flo
   EXPECT_EQ(stray, 0) << "elements outside out were written";
 }
 
-void expect_lse_close(const HostTensor& got, const HostTensor& ref, int64_t n) {
+void expect_lse_close(const HostTensor& got, const HostTensor& ref, int64_t n, double atol = 1e-4) {
   int64_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float g = got.get(0, i), r = ref.get(0, i);
-    const bool ok = std::isinf(r) ? g == r : std::fabs(g - r) <= 1e-4f + 1e-5f * std::fabs(r);
+    const bool ok = std::isinf(r) ? g == r : std::fabs(g - r) <= atol + 1e-5 * std::fabs(r);
     if (!ok && bad++ < 5) ADD_FAILURE() << "lse[" << i << "] = " << g << ", reference " << r;
   }
   EXPECT_EQ(bad, 0);
@@ -580,6 +580,80 @@ TEST(AttentionErrors, BadInputsWriteNothing) {
   expect_error([&] { varlen(ok, 4); }, "cannot hold");
   expect_error([&] { varlen(ok, 10, DType::i64); }, "dtype");
   for (int64_t i = 0; i < po.store.d; ++i) ASSERT_TRUE(std::isnan(po.store.get(0, i)));
+}
+
+// The score variants (AttentionOptions: window, softcap, sinks, alone and together) on the GPU
+// against the CPU reference: the Hopper forward where it must take the call (an sm_90 device,
+// an sm_90a build, head dims 64-256), else the call is rejected before any work (out stays NaN).
+// Shapes around the 128-row / 128-key tiles, seq_q != seq_k (bottom-right windows, rows without
+// keys whose lse is the sink), GQA 4/2.
+TEST(AttentionGpu, ScoreVariants) {
+  LLMK_REQUIRE_GPU();
+  struct Case {
+    int64_t seq_q, seq_k, window;
+    double softcap;
+    bool sinks;
+  };
+  const Case cases[] = {{300, 300, 1, 0, false},   {257, 257, 129, 0, false}, {200, 333, 70, 0, true},
+                        {290, 140, 33, 0, true},   {200, 200, 0, 30.0, false}, {129, 129, 0, 0, true},
+                        {300, 300, 100, 20.0, true}};
+  for (const DType dt : kDTypes)
+    for (const int64_t dim : {64, 128, 256})
+      for (const Case& c : cases) {
+        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " dim " << dim << " seq_q " << c.seq_q << " seq_k "
+                                        << c.seq_k << " window " << c.window << " softcap " << c.softcap
+                                        << (c.sinks ? " sinks" : ""));
+        const int64_t heads = 4;
+        Heads q(dt, 1, c.seq_q, heads, dim), k(dt, 1, c.seq_k, 2, dim), v(dt, 1, c.seq_k, 2, dim);
+        q.randomize();
+        k.randomize();
+        v.randomize();
+        Lse sinks({heads}), lse_ref({1, heads, c.seq_q}), lse({1, heads, c.seq_q});
+        for (int64_t h = 0; h < heads; ++h) sinks.host.set(0, h, 0.75f * static_cast<float>(h) - 1.0f);
+        AttentionOptions cpu_options, gpu_options;
+        if (c.window > 0) cpu_options.window = gpu_options.window = c.window;
+        if (c.softcap > 0) cpu_options.softcap = gpu_options.softcap = c.softcap;
+        if (c.sinks) {
+          cpu_options.sinks = sinks.cpu();
+          gpu_options.sinks = sinks.gpu();
+        }
+        Heads ref(dt, 1, c.seq_q, heads, dim), out(dt, 1, c.seq_q, heads, dim);
+        const double scale = 1.0 / std::sqrt(double(dim));
+        attention(ref.host(), q.host(), k.host(), v.host(), true, scale, cpu_options, lse_ref.cpu());
+        if (!sm90_must_take(dim)) {
+          expect_error([&] { attention(out.gpu(), q.gpu(), k.gpu(), v.gpu(), true, scale, gpu_options, lse.gpu()); },
+                       "run on the Hopper forward");
+          const HostTensor untouched = out.download();
+          for (int64_t i = 0; i < untouched.d; ++i) ASSERT_TRUE(std::isnan(untouched.get(0, i)));
+          continue;
+        }
+        attention(out.gpu(), q.gpu(), k.gpu(), v.gpu(), true, scale, gpu_options, lse.gpu());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        // The softcap runs on tanh.approx (relative error 2^-11): a capped score off by delta <=
+        // 2^-11 |capped| moves each P by a factor within 1 +- 2 delta, out by at most 4 delta max|v|
+        // beyond the rounding; |capped| <= min(softcap, scale |q| |k|) (Cauchy-Schwarz).
+        const float max_v = max_abs_v(v);
+        double allowance = 0, capped_error = 0;  // out's allowance; the capped scores' error (lse's)
+        if (c.softcap > 0) {
+          double q2 = 0, k2 = 0;
+          for (int64_t s = 0; s < c.seq_q; ++s)
+            for (int64_t h = 0; h < heads; ++h) {
+              double n = 0;
+              for (int64_t e = 0; e < dim; ++e) n += double(q.get(0, s, h, e)) * q.get(0, s, h, e);
+              q2 = std::max(q2, n);
+            }
+          for (int64_t s = 0; s < c.seq_k; ++s)
+            for (int64_t h = 0; h < 2; ++h) {
+              double n = 0;
+              for (int64_t e = 0; e < dim; ++e) n += double(k.get(0, s, h, e)) * k.get(0, s, h, e);
+              k2 = std::max(k2, n);
+            }
+          capped_error = std::ldexp(1.0, -11) * std::min(c.softcap, scale * std::sqrt(q2 * k2));
+          allowance = 4 * capped_error * max_v;
+        }
+        expect_close(out, out.download(), ref, static_cast<float>(max_v + allowance / eps_of(dt)));
+        expect_lse_close(lse.device->download(), lse_ref.host, Lse::numel(lse.shape), 1e-4 + capped_error);
+      }
 }
 
 TEST(AttentionGpu, MixedDevicesAreRejected) {

@@ -134,8 +134,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Opti
     makes the gradients bitwise identical run to run, at the cost of a slower dq pass; the
     default sums dq with fp32 atomics.
 
-    The score variants (each off when None; on the GPU the Hopper forward takes them, the sm_80
-    kernel and the CUDA backward reject them with an error naming them): ``window`` (int >= 1,
+    The score variants (each off when None; on the GPU the Hopper forward and backward take them,
+    the sm_80 kernels reject them with an error naming them): ``window`` (int >= 1,
     causal only):
     row i, at key position i' = i + seq_k - seq_q, sees the keys j with i' - window < j <= i'
     (Mistral's and Gemma's sliding window); ``softcap`` (float > 0): each score s = scale * q.k

@@ -96,6 +96,9 @@ void attention_backward_cuda(const AttentionBackwardParams& p, DType dtype, cuda
              " is not float16 or bfloat16");
   const bool hopper = attention_runs_sm90(
       op, [&](int device, const char** why) { return attention_backward_sm90_takes(p, dtype, device, why); });
+  // The score variants are compiled into the Hopper kernels only (nothing written).
+  LLMK_CHECK(hopper || !p.fwd.variants.any(), op, ": window, softcap and sinks run on the Hopper backward (an sm_90 "
+             "GPU, an sm_90a build, head dims 64-256) and on the CPU backend; this call would run the sm_80 kernel");
   AttentionBackwardParams run = p;
   if (hopper) {
     attention_backward_sm90_plan(run);

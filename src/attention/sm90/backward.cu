@@ -5,7 +5,9 @@
 // is the same kernels with their dq reductions in key-block order.
 //
 // Instantiations (the only list): {bf16, fp16} x head dim {64 (both dQ orders), 96, 128, each
-// on a grid of one block per unit and on a persistent grid; 256}. Head dim 32 (rows of half a
+// on a grid of one block per unit and on a persistent grid; 256}, and {bf16, fp16} x {64, 96,
+// 128, 256} with the score variants compiled in (one block per unit, the consumers meeting for
+// dQ), which every call with a window or softcap takes (scores_vary). Head dim 32 (rows of half a
 // 128-byte swizzle chunk), head dims LLMK_HEAD_DIMS leaves out, and strides TMA cannot address
 // take the sm_80 main kernel.
 #include <algorithm>
@@ -26,17 +28,22 @@ namespace llmk::detail {
 
 namespace {
 
+// Whether the call's scores differ from the plain ones (a window or a softcap): those calls take
+// the kernels with the variants compiled in. Sinks alone need nothing of the kernels (the
+// forward's lse holds them).
+bool scores_vary(const AttentionParams& p) { return p.variants.window > 0 || p.variants.softcap > 0.0f; }
+
 template <int kHeadDim>
 using TileOf = std::conditional_t<kHeadDim == 256, sm90::AttentionBackwardSm90Hd256Tile,
                                   sm90::AttentionBackwardSm90Tile<kHeadDim>>;
 
-template <class T, int kHeadDim, bool kDqOfPreviousTile = false, bool kPersistent = false>
+template <class T, int kHeadDim, bool kDqOfPreviousTile = false, bool kPersistent = false, bool kVariants = false>
 const void* kernel_for() {
   if constexpr (kHeadDim == 256) {
-    return reinterpret_cast<const void*>(sm90::attention_backward_sm90_hd256_kernel<T>);
+    return reinterpret_cast<const void*>(sm90::attention_backward_sm90_hd256_kernel<T, kVariants>);
   } else {
     return reinterpret_cast<const void*>(
-        sm90::attention_backward_sm90_kernel<T, kHeadDim, kDqOfPreviousTile, kPersistent>);
+        sm90::attention_backward_sm90_kernel<T, kHeadDim, kDqOfPreviousTile, kPersistent, kVariants>);
   }
 }
 
@@ -46,7 +53,7 @@ const void* kernel_for() {
 // a large share. At head dim 128 it does not pay.
 bool dq_of_previous_tile(const AttentionBackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
-  if (p.head_dim != 64) return false;
+  if (p.head_dim != 64 || scores_vary(p)) return false;  // the variants' kernels: the consumers meet
   const int64_t tiles = (int64_t{p.seqlen_q} + TileOf<64>::kBlockM - 1) / TileOf<64>::kBlockM * p.group;
   return tiles >= (p.causal ? 32 : 16);
 }
@@ -61,7 +68,7 @@ bool dq_of_previous_tile(const AttentionBackwardParams& bp) {
 bool persistent_grid(const AttentionBackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   const bool long_walk_at_96 = p.head_dim == 96 && !bp.dq_ordered && p.seqlen_k > 4096;
-  return p.head_dim != 256 && !p.causal && p.cu_seqlens_q == nullptr && !long_walk_at_96;
+  return p.head_dim != 256 && !p.causal && p.cu_seqlens_q == nullptr && !long_walk_at_96 && !scores_vary(p);
 }
 
 // The persistent grid's CTAs: the SMs, or where blocks wait on each other (dq turns, the first
@@ -121,7 +128,9 @@ void launch(const AttentionBackwardParams& bp, DType dtype, cudaStream_t stream)
   // reverse it: KeyBlockWalk maps the unit). The persistent grid is one-dimensional: fewer
   // CTAs than units, each walking several (persistent_ctas).
   const bool previous = dq_of_previous_tile(bp);
-  const void* kernel = previous ? kernel_for<T, kHeadDim, kHeadDim == 64>() : kernel_for<T, kHeadDim>();
+  const void* kernel = scores_vary(p) ? kernel_for<T, kHeadDim, false, false, true>()
+                       : previous       ? kernel_for<T, kHeadDim, kHeadDim == 64>()
+                                        : kernel_for<T, kHeadDim>();
   const int key_blocks = sm90::grid_key_blocks<Tile::kBlockN>(bp);
   dim3 grid(key_blocks, bp.heads_kv, p.batch);
   int shared_bytes = Tile::kSharedBytes;

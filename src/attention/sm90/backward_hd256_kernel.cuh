@@ -74,7 +74,7 @@ struct AttentionBackwardSm90Hd256Tile {
 
 // grid (ceil(seqlen_k / 64), heads_kv, batch). Writes dk, dv of the block's keys (0 for keys
 // no query row sees) and adds its share of dq to bp.dq_accum.
-template <class T>
+template <class T, bool kVariants>
 __global__ void __launch_bounds__(AttentionBackwardSm90Hd256Tile::kThreads, 1)
     attention_backward_sm90_hd256_kernel(const __grid_constant__ AttentionBackwardSm90Maps maps,
                                          const __grid_constant__ AttentionBackwardParams bp) {
@@ -82,7 +82,9 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Hd256Tile::kThreads, 1)
   using Tile = AttentionBackwardSm90Hd256Tile;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN, kCols = Tile::kHeadDim / Tile::kConsumers;
   const AttentionParams& p = bp.fwd;
-  const KeyBlockWalk<M, N> walk(bp);
+  // kVariants: the score variants compiled in (window, softcap; the sinks are in the forward's
+  // lse already): the plain calls' kernel carries none of it.
+  const KeyBlockWalk<M, N, kVariants> walk(bp);
   if (walk.empty()) return;
   const int n_iters = walk.n_iters;
 
@@ -212,17 +214,24 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Hd256Tile::kThreads, 1)
     if (it > 0) warp_arrive(&q_empty[ring.stage ^ 1], lane);
 
     const int key0 = walk.n0 + 16 * warp, query0 = m0 + 32 * consumer;  // the warp's first key, query
-    const bool need_mask =
-        key0 + 16 > walk.seq.seqlen_k || (p.causal && key0 + 15 > query0 + walk.shift);
+    // A sliding window (kVariants, causal): key j is left of query query0 + col's window where
+    // j <= query0 + col + shift - window (the warp's 32 query columns).
+    const int window = kVariants ? p.variants.window : 0;
+    const bool need_mask = key0 + 16 > walk.seq.seqlen_k || (p.causal && key0 + 15 > query0 + walk.shift) ||
+                           (window > 0 && key0 <= query0 + 31 + walk.shift - window);
     auto lse2_of = [&](int, int nt, int i) { return lse2[nt * 8 + 2 * (lane % 4) + (i & 1)]; };
     auto masked = [&](int row, int col) {
       const int j = key0 + row;
-      return j >= walk.seq.seqlen_k || (p.causal && j > query0 + col + walk.shift);
+      return j >= walk.seq.seqlen_k || (p.causal && j > query0 + col + walk.shift) ||
+             (window > 0 && j <= query0 + col + walk.shift - window);
     };
-    bwd::probabilities(s, p.scale_log2, lane, lse2_of, need_mask, masked);
+    const float softcap = kVariants ? p.variants.softcap : 0.0f;
+    bwd::probabilities(s, p.scale_log2, lane, lse2_of, need_mask, masked, softcap > 0.0f ? softcap / p.scale : 0.0f,
+                       softcap > 0.0f ? p.scale / softcap : 0.0f);
     wgmma_wait<0>();
     wgmma_fence_operands(dp_flat);
     bwd::score_gradients(dp, s, [&](int, int nt, int i) { return delta[nt * 8 + 2 * (lane % 4) + (i & 1)]; });
+    if (softcap > 0.0f) bwd::softcap_gradients(dp, s, lse2_of, softcap * 1.4426950408889634f);
     uint32_t pa[2][4], dsa[2][4];
     accumulators_as_a<T>(pa, s);
     accumulators_as_a<T>(dsa, dp);

@@ -149,14 +149,17 @@ struct AttentionBackwardSm90Tile {
 // dV, behind an mbarrier on the other consumer's half of that tile's dS^T, so the consumers
 // never meet (head dim 64, long walks: dq_of_previous_tile in sm90/backward.cu); else
 // the consumers meet at a named barrier before this tile's dQ.
-template <class T, int kHeadDim, bool kDqOfPreviousTile, bool kPersistent>
+template <class T, int kHeadDim, bool kDqOfPreviousTile, bool kPersistent, bool kVariants>
 __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim, kPersistent>::kThreads, 1)
     attention_backward_sm90_kernel(const __grid_constant__ AttentionBackwardSm90Maps maps,
                                    const __grid_constant__ AttentionBackwardParams bp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tile = AttentionBackwardSm90Tile<kHeadDim, kPersistent>;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN, D = kHeadDim;
-  using Walk = KeyBlockWalk<M, N>;
+  // kVariants: the score variants compiled in (window, softcap; the sinks are in the forward's
+  // lse already), one-block-per-unit walks only: the plain calls' kernels carry none of it.
+  static_assert(!kVariants || !kPersistent, "the score variants' kernels walk one unit per block");
+  using Walk = KeyBlockWalk<M, N, kVariants>;
   const AttentionParams& p = bp.fwd;
   // One unit per block: its walk, computed here for every role (within the producer's 24
   // registers its computation spilled); persistent: each role walks the CTA's units.
@@ -340,13 +343,21 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim, kPersisten
 
       const int key0 = n0 + 64 * consumer + 16 * warp;  // the warp's first key
       const bool causal = !kPersistent && p.causal;  // persistent calls are non-causal
-      const bool need_mask = key0 + 16 > seq.seqlen_k || (causal && key0 + 15 > m0 + walk.shift);
+      // A sliding window (kVariants, causal): key j is left of query m0 + col's window where j <=
+      // m0 + col + shift - window; the warp's tile needs the mask where its first key is left of
+      // its last query's.
+      const int window = kVariants ? p.variants.window : 0;
+      const bool need_mask = key0 + 16 > seq.seqlen_k || (causal && key0 + 15 > m0 + walk.shift) ||
+                             (window > 0 && key0 <= m0 + M - 1 + walk.shift - window);
       auto lse2_of = [&](int, int nt, int i) { return lse2[nt * 8 + 2 * (lane % 4) + (i & 1)]; };
       auto masked = [&](int row, int col) {
         const int j = key0 + row;
-        return j >= seq.seqlen_k || (causal && j > m0 + col + walk.shift);
+        return j >= seq.seqlen_k || (causal && j > m0 + col + walk.shift) ||
+               (window > 0 && j <= m0 + col + walk.shift - window);
       };
-      bwd::probabilities(s, p.scale_log2, lane, lse2_of, need_mask, masked);
+      const float softcap = kVariants ? p.variants.softcap : 0.0f;
+      bwd::probabilities(s, p.scale_log2, lane, lse2_of, need_mask, masked, softcap > 0.0f ? softcap / p.scale : 0.0f,
+                         softcap > 0.0f ? p.scale / softcap : 0.0f);
 
       // dS^T = P^T (dP^T - D); P^T and dS^T rounded and packed as the A fragments of dV += P^T
       // dO and dK += dS^T Q (B = dO, Q [kBlockM rows][D], MN-major). Issuing dV before the wait
@@ -367,6 +378,7 @@ __global__ void __launch_bounds__(AttentionBackwardSm90Tile<kHeadDim, kPersisten
       wgmma_wait<0>();
       wgmma_fence_operands(dp_flat);
       bwd::score_gradients(dp, s, [&](int, int nt, int i) { return delta[nt * 8 + 2 * (lane % 4) + (i & 1)]; });
+      if (softcap > 0.0f) bwd::softcap_gradients(dp, s, lse2_of, softcap * 1.4426950408889634f);
       uint32_t pa[M / 16][4];
       accumulators_as_a<T>(pa, s);
       accumulators_as_a<T>(dsa, dp);

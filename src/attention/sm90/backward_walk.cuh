@@ -50,7 +50,9 @@ __host__ __device__ inline int64_t key_block_units(const AttentionBackwardParams
 // of kBlockM rows that see them, for every query head of the kv head's group: step it visits
 // tile u = (it + walk_start) mod n_iters (rotate_walk: non-causal, every block sees every
 // tile), query head kv_head * group + u / per_head, query tile m_begin + u % per_head.
-template <int kBlockM_, int kBlockN_>
+// kWindow: the kernels of the score variants, whose sliding window (p.variants.window) ends the
+// walk at the last tile that still sees the block (bwd::query_tiles_seeing).
+template <int kBlockM_, int kBlockN_, bool kWindow = false>
 struct KeyBlockWalk {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_;
   const AttentionParams& p;
@@ -75,7 +77,8 @@ struct KeyBlockWalk {
     seq = sequence_bounds(p, batch);
     n0 = n_block * kBlockN;
     shift = seq.seqlen_k - seq.seqlen_q;  // causal: row i sees key j <= i + shift
-    const bwd::QueryTiles tiles = bwd::query_tiles_seeing(seq, p.causal, n0, kBlockM);
+    const bwd::QueryTiles tiles =
+        bwd::query_tiles_seeing(seq, p.causal, n0, kBlockM, kWindow ? p.variants.window : 0, kBlockN);
     m_begin = tiles.begin;
     per_head = tiles.count();
     n_iters = per_head * p.group;
