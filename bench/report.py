@@ -36,9 +36,10 @@ FAMILIES = {
     "attention forward": "attention forward (causal or not, GQA), TFLOP/s against SDPA's backends",
     "attention backward": "attention backward, TFLOP/s against SDPA's backends",
     "attention train": "attention forward + backward through autograd",
-    "attention variants": "attention forward (and training step) with a sliding window, Gemma 2's logit softcap or "
-                          "gpt-oss's sinks, against FlexAttention (compiled) and, for the window, plain causal "
-                          "attention",
+    "attention variants": "attention forward with a sliding window, Gemma 2's logit softcap or gpt-oss's sinks, "
+                          "against FlexAttention (compiled) and, for the window, plain causal attention",
+    "attention variants train": "the same variants' training step (forward + autograd backward) against "
+                                "FlexAttention's and, for the window, plain causal attention's",
     "decode": "attention decode over a KV cache (contiguous, paged, fp8, four queries)",
     "gemm": "llmk.linear against cuBLAS, fused epilogues, rmsnorm_linear",
     "quantized": "Weight-only quantized linear (llmk.quantized_linear, int4 / int8 weights) against cuBLAS bf16, tinygemm and int8pack",
@@ -76,7 +77,7 @@ def family_of(op):
     if op.startswith("attention_decode"):
         return "decode"
     if op.startswith(("attention_window", "attention_softcap", "attention_sinks")):
-        return "attention variants"
+        return "attention variants train" if op.endswith("_train") else "attention variants"
     if op.startswith("attention"):
         return "attention backward" if "backward" in op else "attention train" if "train" in op else \
             "attention forward"
