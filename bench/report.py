@@ -41,6 +41,8 @@ FAMILIES = {
     "attention variants train": "the same variants' training step (forward + autograd backward) against "
                                 "FlexAttention's and, for the window, plain causal attention's",
     "decode": "attention decode over a KV cache (contiguous, paged, fp8, four queries)",
+    "attention paged prefill": "a prefill chunk over a KV cache (paged, shuffled 16-token pages; contiguous) "
+                               "against the prefill kernel on dense K/V, the decode kernel and SDPA's backends",
     "gemm": "llmk.linear against cuBLAS, fused epilogues, rmsnorm_linear",
     "quantized": "Weight-only quantized linear (llmk.quantized_linear, int4 / int8 weights) against cuBLAS bf16, tinygemm and int8pack",
     **{f"distributed, {w} GPUs": "tensor-parallel all-reduce + residual add + RMSNorm "
@@ -76,6 +78,8 @@ def family_of(op):
         return "loss"
     if op.startswith("attention_decode"):
         return "decode"
+    if op == "attention_paged_prefill":
+        return "attention paged prefill"
     if op.startswith(("attention_window", "attention_softcap", "attention_sinks")):
         return "attention variants train" if op.endswith("_train") else "attention variants"
     if op.startswith("attention"):

@@ -52,7 +52,7 @@ from .views.common import CPU_NOTE, columns, fmt, header_line, on_cpu, parse_hea
 
 # The suites, in the order their sweeps run and their tables print: suites/<name>.py.
 SUITES = ("norm", "activation", "softmax", "rope", "optim", "loss", "attention", "attention_variants", "decode",
-          "chain", "gemm", "quantized", "distributed", "overhead", "e2e", "generate", "e2e_tp")
+          "attention_cache", "chain", "gemm", "quantized", "distributed", "overhead", "e2e", "generate", "e2e_tp")
 OVERHEAD = "overhead"
 GENERATE = "e2e_decode"  # generate on a whole model: suites/generate.py's run
 GEMM = "gemm"  # its own sweep over (M, N, K) and fused forms: suites/gemm.py's run
@@ -134,8 +134,8 @@ def machine(device, ops) -> dict:
     if any(op in OPS or op in (GEMM, QLINEAR) for op in ops):
         info.update(copy_gbs=timing.copy_bandwidth_gbs(device), empty_us=timing.empty_launch_us(device))
     # The tensor-core ceiling, measured only when a compute-bound op (one that counts FLOPs) runs.
-    if any(op in MODULES["attention"].OPS or op in MODULES["attention_variants"].OPS or op in (GEMM, QLINEAR)
-           for op in ops):
+    if any(op in MODULES["attention"].OPS or op in MODULES["attention_variants"].OPS
+           or op in MODULES["attention_cache"].OPS or op in (GEMM, QLINEAR) for op in ops):
         info["gemm"] = timing.gemm_tflops(device)
     return info
 

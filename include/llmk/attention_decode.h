@@ -2,8 +2,14 @@
 // (q_len 1 for a decode step, 2-16 for speculative-decoding verification) against each
 // sequence's cached keys and values, optionally appending the new tokens' k/v to the cache
 // (and rotating q and the new k with RoPE) in the same launch. Any q_len >= 1 is taken and
-// exact; it is built for q_len x (heads_q / heads_kv) rows up to one tile (16-64 rows by
-// head dim), which share one pass over the keys; every further tile of rows re-reads them.
+// exact; the decode kernel is built for q_len x (heads_q / heads_kv) rows up to one tile
+// (16-64 rows by head dim), which share one pass over the keys. From 64 query tokens (a
+// prefill chunk over a cache: chunked prefill, prefix caching) a call without append, on an
+// sm_90 GPU, with a cache in q's dtype, head dims 64-128 and page sizes a multiple of 8 runs
+// the Hopper prefill kernel over the cache instead (128-row tiles per query head, the pages
+// read by TMA); LLMK_DECODE_PATH=auto|decode|prefill forces one (prefill raises, naming the
+// reason, where it cannot take the call). Appending calls run the decode kernel at any q_len:
+// write a long chunk's k/v into the cache first, then call without append.
 //
 //   q, out    [batch, q_len, heads_q, head_dim]     fp16 or bf16, any 16-byte-aligned strides
 //   cache.k / cache.v:

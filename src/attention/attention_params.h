@@ -33,6 +33,16 @@ struct AttentionParams {
   float scale = 1.0f;
   float scale_log2 = 1.0f;  // scale * log2(e): the softmax runs on exp2
   AttentionVariants variants;  // window, softcap, sinks (the CPU reference and the Hopper forward)
+  // Keys and values from a KV cache (attention_over_cache; the Hopper forward's variant
+  // kernels only): k and v are pages [num_pages, page_size, heads_kv, D] (batch_stride the
+  // page stride; a contiguous cache has a page per sequence, no table), sequence b's keys
+  // are its first cache_seqlens[b] (clamped to seqlen_k, the capacity), token t in page
+  // block_table[b][t / page_size]. kv_box_rows: the rows of one TMA box of K or V (a page's
+  // whole 8-row swizzle atoms, at most a key block).
+  const int32_t* cache_seqlens = nullptr;
+  const int32_t* block_table = nullptr;
+  int64_t block_table_stride = 0;
+  int page_size = 0, num_pages = 0, kv_box_rows = 0;
 
   // Where (batch entry, query head) starts in lse's layout, which the backward's per-row
   // arrays share (D, the dq accumulator's rows, the turn counters): add the packed row,
@@ -63,6 +73,10 @@ LLMK_HOST_DEVICE inline SequenceBounds sequence_bounds(const AttentionParams& p,
   if (p.cu_seqlens_q == nullptr) {
     s.seqlen_q = p.seqlen_q;
     s.seqlen_k = p.seqlen_k;
+    if (p.cache_seqlens) {
+      const int n = p.cache_seqlens[b];
+      s.seqlen_k = n < 0 ? 0 : (n > p.seqlen_k ? p.seqlen_k : n);
+    }
     return s;
   }
   packed_range(p.cu_seqlens_q, b, p.total_q, s.q_start, s.seqlen_q);

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "common/attention_options.h"
+#include "common/cache_attention.h"
 #include "common/cuda_check.h"
+#include "common/env_path.h"
 #include "common/head_dims.h"
 #include "common/rows.h"
 #include "decode/attention_decode_params.h"
@@ -268,6 +270,56 @@ int splits_for(const Validated& r, int device) {
   return with_variants < plain ? with_variants : plain;
 }
 
+// Calls with at least this many query tokens per sequence run the prefill kernel over the
+// cache (attention_over_cache) where it takes them: the decode kernel's tiles of 16-64 query
+// rows each re-read the keys, the prefill's 128-row tiles share them through L2.
+constexpr int kPrefillMinQueries = 64;
+
+detail::CacheAttentionCall cache_call(const DecodeParams& p) {
+  detail::CacheAttentionCall c;
+  c.q = p.q;
+  c.out = p.out;
+  for (auto [dst, src] : {std::pair<AttentionTensor*, const DecodeCacheTensor*>{&c.k, &p.k}, {&c.v, &p.v}}) {
+    dst->data = src->data;
+    dst->batch_stride = src->page_stride;
+    dst->row_stride = src->row_stride;
+    dst->head_stride = src->head_stride;
+  }
+  c.cache_seqlens = p.cache_seqlens;
+  c.block_table = p.block_table;
+  c.block_table_stride = p.block_table_stride;
+  c.page_size = p.page_size;
+  c.num_pages = p.num_pages;
+  c.capacity = p.capacity;
+  c.batch = p.batch;
+  c.q_len = p.q_len;
+  c.heads_q = p.heads_q;
+  c.group = p.group;
+  c.head_dim = p.head_dim;
+  c.causal = p.causal;
+  c.scale = p.scale;
+  c.scale_log2 = p.scale_log2;
+  c.variants = p.variants;
+  c.lse = p.lse;
+  return c;
+}
+
+// LLMK_DECODE_PATH=auto|decode|prefill: whether a GPU call runs the prefill kernel over the
+// cache (auto: from kPrefillMinQueries query tokens, where it takes the call; prefill: an
+// error naming the reason where it cannot). Calls that append take the decode kernel.
+bool runs_prefill(const Validated& r, int device) {
+  enum Path { automatic, decode, prefill };
+  const int path = detail::env_path(kOp, "LLMK_DECODE_PATH", {"auto", "decode", "prefill"});
+  if (path == decode || (path == automatic && r.p.q_len < kPrefillMinQueries)) return false;
+  const char* why = "";
+  bool takes = false;
+  if (r.p.k_new.data != nullptr) why = "the call appends to the cache (the decode kernel writes k_new / v_new)";
+  else if (r.cache_dtype != r.dtype) why = "the cache is float8_e4m3fn (the prefill kernel reads 16-bit caches)";
+  else takes = detail::attention_over_cache_takes(cache_call(r.p), r.dtype, device, &why);
+  LLMK_CHECK(takes || path == automatic, kOp, ": LLMK_DECODE_PATH=prefill cannot take this call: ", why);
+  return takes;
+}
+
 }  // namespace
 
 std::vector<int64_t> attention_decode_head_dims() {
@@ -381,6 +433,7 @@ void attention_decode(const TensorView& out, const TensorView& q, const DecodeCa
   LLMK_CHECK(detail::head_dim_compiled(p.head_dim), kOp, ": head_dim ", p.head_dim,
              " has no CUDA kernel in this build (CMake option LLMK_HEAD_DIMS)");
   detail::DeviceGuard guard(kOp, "q", q);
+  if (runs_prefill(r, q.device().index)) return detail::attention_over_cache(cache_call(p), r.dtype, stream);
   const int splits = splits_for(r, q.device().index);
   if (workspace) {
     const int64_t needed = workspace_elements(p, splits);

@@ -3,8 +3,10 @@
 //
 // Instantiations (the only list): {bf16, fp16} x {head dim 64 with 2 and 3 consumers, 96,
 // 128, 256}, and the 2-consumer tiles again with the score variants (window, softcap, sinks)
-// compiled in. Head dim 32 (rows of half a 128-byte swizzle chunk), head dims LLMK_HEAD_DIMS
+// and the loads from a KV cache (attention_over_cache) compiled in. Head dim 32 (rows of half a 128-byte swizzle chunk), head dims LLMK_HEAD_DIMS
 // leaves out, and strides TMA cannot address take the sm_80 kernel (sm80/forward.cu).
+#include <numeric>
+
 #include "attention/attention_params.h"
 #include "attention/sm90/forward_kernel.cuh"
 #include "attention/sm90/maps.h"
@@ -32,10 +34,17 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   if (rows_q == 0) return;
   maps.q = attention_tma_map(p.q, dtype, kHeadDim, p.heads_q, rows_q, batch, Tile::kBlockM);
-  // Without keys no block reads K or V (n_blocks is 0): q's map stands in for theirs, as
-  // TMA has no map of 0 rows.
-  maps.k = rows_k > 0 ? attention_tma_map(p.k, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
-  maps.v = rows_k > 0 ? attention_tma_map(p.v, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
+  AttentionParams kp = p;
+  if (p.cache_seqlens) {  // K and V over the cache's pages, boxes of whole swizzle atoms of a page
+    kp.kv_box_rows = p.block_table ? std::gcd(p.page_size, Tile::kBlockN) : Tile::kBlockN;
+    maps.k = attention_tma_map(p.k, dtype, kHeadDim, heads_kv, p.page_size, p.num_pages, kp.kv_box_rows);
+    maps.v = attention_tma_map(p.v, dtype, kHeadDim, heads_kv, p.page_size, p.num_pages, kp.kv_box_rows);
+  } else {
+    // Without keys no block reads K or V (n_blocks is 0): q's map stands in for theirs, as
+    // TMA has no map of 0 rows.
+    maps.k = rows_k > 0 ? attention_tma_map(p.k, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
+    maps.v = rows_k > 0 ? attention_tma_map(p.v, dtype, kHeadDim, heads_kv, rows_k, batch, Tile::kBlockN) : maps.q;
+  }
   maps.tma_out = Tile::kTmaOut && attention_sm90_tma_out(p);
   if (maps.tma_out) maps.out = attention_tma_map(p.out, dtype, kHeadDim, p.heads_q, rows_q, batch, 16);
   const void* kernel = kernel_for<T, kHeadDim, kConsumers, kVariants>();
@@ -55,7 +64,7 @@ void launch(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   const int64_t sms = sm_count_of(device);
   const int grid = static_cast<int>(schedule.units < sms ? schedule.units : sms);
   sm90::attention_forward_sm90_kernel<T, kHeadDim, kConsumers, kVariants>
-      <<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(maps, p, schedule);
+      <<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(maps, kp, schedule);
 }
 
 // A compiled kernel, to ask whether the device runs this build's sm_90a code.
@@ -88,9 +97,10 @@ bool attention_sm90_tma_out(const AttentionParams& p) {
 // Causal calls at head dim 64 take 192-row tiles from 8192 query rows: below, they lose to
 // 128-row tiles, computing key blocks wholly above a consumer's diagonal.
 int attention_sm90_consumers(const AttentionParams& p) {
-  // The score variants run on the 2-consumer tiles only (the 3-consumer one has no register
-  // left for the window's mask: 100 bytes of spills with it; the kernel's kVariants).
-  return p.head_dim == 64 && (!p.causal || p.seqlen_q >= 8192) && !p.variants.any() ? 3 : 2;
+  // The score variants and the calls over a KV cache run on the 2-consumer tiles only (the
+  // 3-consumer one has no register left for the window's mask: 100 bytes of spills with it;
+  // the kernel's kVariants).
+  return p.head_dim == 64 && (!p.causal || p.seqlen_q >= 8192) && !p.variants.any() && !p.cache_seqlens ? 3 : 2;
 }
 
 void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t stream) {
@@ -103,7 +113,7 @@ void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t 
       if constexpr (attention_sm90_head_dim(D)) {
         if constexpr (D == 64)
           if (attention_sm90_consumers(p) == 3) return launch<T, D, 3, false>(p, dtype, stream);
-        if (p.variants.any()) return launch<T, D, 2, true>(p, dtype, stream);
+        if (p.variants.any() || p.cache_seqlens) return launch<T, D, 2, true>(p, dtype, stream);
         launch<T, D, 2, false>(p, dtype, stream);
       }
     });

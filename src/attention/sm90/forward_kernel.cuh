@@ -3,7 +3,8 @@
 // (batch, head) (AttentionSchedule): 192 at D = 64 (but causal below 8192 query rows), else
 // 128 (AttentionSm90Tile); per tile:
 //
-//   warpgroup 0, the producer (one thread, 24 registers): Q [kBlockM, D], then the key
+//   warpgroup 0, the producer (one thread, 24 registers; its first warp for keys from a KV
+//     cache, cache_loads.cuh): Q [kBlockM, D], then the key
 //     blocks of kBlockN keys (128; 64 at D = 256) the rows may see, in the order the
 //     consumers use them: K_0, then K_j and V_{j-1} for j = 1.., then the last V. K and V
 //     have their own full and empty barriers in a 2-stage ring, so K_{j+1} loads as soon as
@@ -46,6 +47,7 @@
 #include <cuda.h>
 
 #include "attention/attention_params.h"
+#include "attention/sm90/cache_loads.cuh"
 #include "attention/sm90/schedule.h"
 #include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
@@ -225,52 +227,84 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
   }
   __syncthreads();
 
+  // Keys from a KV cache (the variant kernels, D <= 128: at D = 256 the cache walk cost the
+  // variant kernel 212 bytes of spills): the producer's whole first warp loads them
+  // (cache_loads.cuh), lane 0 alone issues Q and arrives.
+  const bool from_cache = kVariants && kHeadDim <= 128 && p.cache_seqlens != nullptr;
   const int wg = warpgroup_index();
   if (wg == 0) {
     warpgroup_release_registers<Tile::kProducerRegisters>();
-    if (threadIdx.x != 0) return;
+    if (threadIdx.x >= (from_cache ? 32u : 1u)) return;
+    const int lane = threadIdx.x;
     RingState<Tile::kStages> k_ring, v_ring;
     RingState<Tile::kQBuffers> q_ring;
-    walk_attention_tiles(p, schedule, [&](const AttentionTileCoord& c, auto next_tile) {
-      SequenceBounds seq;
-      int m0, j0, n_blocks;
-      tile_work(c, seq, m0, j0, n_blocks);
-      if (n_blocks == 0) return;
-      const int kv_head = c.head / p.group;
-      const int32_t map_batch = varlen ? 0 : c.batch;
-      mbarrier_wait(&q_empty[q_ring.stage], q_ring.phase ^ 1u);
-      mbarrier_arrive_expect_tx(&q_full[q_ring.stage], Tile::kQBytes);
-      tma_load_4d_chunks<Tile::kChunks>(q_smem(q_ring.stage), Tile::kQChunkBytes, &maps.q, &q_full[q_ring.stage],
-                                        static_cast<int32_t>(seq.q_start + m0), c.head, map_batch);
-      q_ring.advance();
-      // One Q buffer (D = 256): the next tile's Q loads only once this tile's last S GEMM is
-      // done, so in dense non-causal calls it goes to the L2 halfway through this tile (tiles
-      // of two or more key blocks; it pays on long sequences). Causal and varlen walks do not
-      // prefetch: computing their next tile spills the producer's 24 registers, which costs
-      // short sequences more than the prefetch gains. Dense
-      // coordinates: a tile's rows start at m_block * kBlockM, its map batch is its batch.
-      auto prefetch_next_q = [&]() {
-        const AttentionTileCoord next = next_tile();
-        if (next.m_block >= 0)
-          tma_prefetch_4d_chunks<Tile::kChunks>(&maps.q, next.m_block * Tile::kBlockM, next.head, next.batch);
-      };
-      // Key block j of K (or V) into the next stage of its ring, once every consumer left it.
-      auto load_block = [&](int j, RingState<Tile::kStages>& ring, int part, const CUtensorMap* map, uint64_t* full,
-                            uint64_t* empty) {
-        mbarrier_wait(&empty[ring.stage], ring.phase ^ 1u);
-        mbarrier_arrive_expect_tx(&full[ring.stage], Tile::kKvBytes);
-        tma_load_4d_chunks<Tile::kChunks>(kv_smem(ring.stage, part), Tile::kKvChunkBytes, map, &full[ring.stage],
-                                          static_cast<int32_t>(seq.k_start + j * Tile::kBlockN), kv_head, map_batch);
-        ring.advance();
-      };
-      load_block(j0, k_ring, 0, &maps.k, k_full, k_empty);
-      for (int j = j0 + 1; j < n_blocks; ++j) {
-        load_block(j, k_ring, 0, &maps.k, k_full, k_empty);
-        load_block(j - 1, v_ring, 1, &maps.v, v_full, v_empty);
-        if (Tile::kQBuffers == 1 && j == (j0 + n_blocks) / 2 && !schedule.paired && !varlen) prefetch_next_q();
-      }
-      load_block(n_blocks - 1, v_ring, 1, &maps.v, v_full, v_empty);
-    });
+    // The walk, compiled once for loads from k and v and once from a cache (kCache: the
+    // warp's loads; the plain walk's code stays the one-thread loop it was).
+    auto produce = [&](auto cache_tag) {
+      constexpr bool kCache = decltype(cache_tag)::value;
+      walk_attention_tiles(p, schedule, [&](const AttentionTileCoord& c, auto next_tile) {
+        SequenceBounds seq;
+        int m0, j0, n_blocks;
+        tile_work(c, seq, m0, j0, n_blocks);
+        if (n_blocks == 0) return;
+        const int kv_head = c.head / p.group;
+        const int32_t map_batch = varlen ? 0 : c.batch;
+        mbarrier_wait(&q_empty[q_ring.stage], q_ring.phase ^ 1u);
+        if (!kCache || lane == 0) {
+          mbarrier_arrive_expect_tx(&q_full[q_ring.stage], Tile::kQBytes);
+          tma_load_4d_chunks<Tile::kChunks>(q_smem(q_ring.stage), Tile::kQChunkBytes, &maps.q, &q_full[q_ring.stage],
+                                            static_cast<int32_t>(seq.q_start + m0), c.head, map_batch);
+        }
+        q_ring.advance();
+        // One Q buffer (D = 256): the next tile's Q loads only once this tile's last S GEMM
+        // is done, so in dense non-causal calls it goes to the L2 halfway through this tile
+        // (tiles of two or more key blocks; it pays on long sequences). Causal, varlen and
+        // cache walks do not prefetch: computing their next tile spills the producer's 24
+        // registers, which costs short sequences more than the prefetch gains. Dense
+        // coordinates: a tile's rows start at m_block * kBlockM, its map batch is its batch.
+        auto prefetch_next_q = [&]() {
+          const AttentionTileCoord next = next_tile();
+          if (next.m_block >= 0)
+            tma_prefetch_4d_chunks<Tile::kChunks>(&maps.q, next.m_block * Tile::kBlockM, next.head, next.batch);
+        };
+        // Key block j of K (or V) into the next stage of its ring, once every consumer left it;
+        // from a cache, `page` is this lane's box page of block j (cache_box_page).
+        auto load_block = [&](int j, RingState<Tile::kStages>& ring, int part, const CUtensorMap* map, uint64_t* full,
+                              uint64_t* empty, int page) {
+          mbarrier_wait(&empty[ring.stage], ring.phase ^ 1u);
+          if constexpr (kCache) {
+            load_cache_block<T, Tile>(kv_smem(ring.stage, part), map, &full[ring.stage], part == 0 ? p.k : p.v, p,
+                                      c.batch, kv_head, j * Tile::kBlockN, seq.seqlen_k, lane, page);
+          } else {
+            mbarrier_arrive_expect_tx(&full[ring.stage], Tile::kKvBytes);
+            tma_load_4d_chunks<Tile::kChunks>(kv_smem(ring.stage, part), Tile::kKvChunkBytes, map, &full[ring.stage],
+                                              static_cast<int32_t>(seq.k_start + j * Tile::kBlockN), kv_head,
+                                              map_batch);
+          }
+          ring.advance();
+        };
+        // A cache's block table is read a block ahead, behind a block's loads, and block j's
+        // pages serve its K and then its V (read for each as its stage came free, paged calls ran
+        // 0.73-0.78x a contiguous cache's speed; a block ahead 0.81-0.85x).
+        auto box_page = [&](int j) {
+          return kCache && j < n_blocks ? cache_box_page<Tile>(p, c.batch, j * Tile::kBlockN, seq.seqlen_k, lane) : -1;
+        };
+        int page = box_page(j0), next_page = box_page(j0 + 1);
+        load_block(j0, k_ring, 0, &maps.k, k_full, k_empty, page);
+        for (int j = j0 + 1; j < n_blocks; ++j) {
+          const int page_j = next_page;
+          next_page = box_page(j + 1);
+          load_block(j, k_ring, 0, &maps.k, k_full, k_empty, page_j);
+          load_block(j - 1, v_ring, 1, &maps.v, v_full, v_empty, page);
+          page = page_j;
+          if (!kCache && Tile::kQBuffers == 1 && j == (j0 + n_blocks) / 2 && !schedule.paired && !varlen)
+            prefetch_next_q();
+        }
+        load_block(n_blocks - 1, v_ring, 1, &maps.v, v_full, v_empty, page);
+      });
+    };
+    if (from_cache) produce(std::true_type{});
+    else produce(std::false_type{});
     return;
   }
 
@@ -319,6 +353,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
     const uint32_t q_at = descriptor_address(q_addr);
     const uint32_t k_addr = descriptor_address(static_cast<uint32_t>(__cvta_generic_to_shared(kv_smem(k_ring.stage, 0))));
     mbarrier_wait(&k_full[k_ring.stage], k_ring.phase);
+    if (from_cache) fence_async_shared();  // a block cp.async wrote (cache_loads.cuh)
     wgmma_fence();  // after the wait: else ptxas injects the fence itself (C7519)
     const uint64_t a0 = smem_descriptor(q_at, 16, 1024), b0 = smem_descriptor(k_addr, 16, 1024);
 #pragma unroll
@@ -338,6 +373,7 @@ __global__ void __launch_bounds__(AttentionSm90Tile<kHeadDim, kConsumers>::kThre
     const uint32_t v_addr = descriptor_address(static_cast<uint32_t>(
         __cvta_generic_to_shared(stand_in ? kv_smem(k_ring.stage, 0) : kv_smem(v_ring.stage, 1))));
     if (!stand_in) mbarrier_wait(&v_full[v_ring.stage], v_ring.phase);
+    if (from_cache) fence_async_shared();
     wgmma_fence();  // after the wait: else ptxas injects the fence itself (C7519)
     const uint64_t b0 = smem_descriptor(v_addr, Tile::kKvChunkBytes, 1024);
 #pragma unroll

@@ -35,6 +35,14 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   (void)cuda::ptx::mbarrier_arrive(bar);
 }
 
+// The arrival of this thread's cp.async copies issued so far, once they complete (the
+// barrier's pending count is raised now and lowered then: the expected count stays).
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+               : "memory");
+}
+
 // Arrives on the barrier at the same shared offset as `bar` in block `cta_rank` of the
 // cluster (this block's own included). CTA-scope release: the consumers that arrive only
 // read the stage (through wgmma), so nothing of theirs must become visible to the other
