@@ -23,6 +23,10 @@ def _is_decode(op) -> bool:
     return op.startswith("attention_decode")  # tokens = context, hidden = batch
 
 
+# What tokens and hidden mean in a compute-bound op's rows (default: seqlen, head dim).
+FLOPS_AXES = {"attention_paged_prefill": ("chunk", "prefix")}
+
+
 def _has_flops(rows, op) -> bool:
     return any(r["op"] == op and r.get("tflops") not in (None, "") for r in rows)
 
@@ -41,7 +45,7 @@ def markdown(rows, info):
         peers = [i for i in dict.fromkeys(i for _, impls in cases for i in impls) if i != "llmk"]
         out.append(f"\n### {op}\n")
         if cases[0][1]["llmk"].get("tflops") not in (None, ""):
-            out += _flops_table(cases, peers)
+            out += _flops_table(cases, peers, FLOPS_AXES.get(op, ("seqlen", "head dim")))
             continue
         head = "| context | batch |" if _is_decode(op) else "| tokens | hidden |"
         out.append(head + " llmk us | GB/s | % of copy | x launch | " +
@@ -59,9 +63,9 @@ def markdown(rows, info):
     return out
 
 
-def _flops_table(cases, peers):
-    """Rows of a compute-bound op: tokens is the sequence length, hidden the head dim."""
-    lines = ["| seqlen | head dim | llmk us | TFLOP/s | % of cuBLAS | " + " | ".join(f"vs {p}" for p in peers) +
+def _flops_table(cases, peers, axes):
+    """Rows of a compute-bound op: tokens and hidden under the names `axes` gives them."""
+    lines = [f"| {axes[0]} | {axes[1]} | llmk us | TFLOP/s | % of cuBLAS | " + " | ".join(f"vs {p}" for p in peers) +
              " | " + " | ".join(f"{p} TFLOP/s" for p in peers) + " | llmk max rel err |",
              "|---:|---:|---:|---:|---:|" + "---:|" * (2 * len(peers)) + "---:|"]
     for (_, tokens, hidden), impls in cases:
@@ -95,11 +99,13 @@ def plot(rows, path, title=""):
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=impl,
                         color=COLORS.get(impl))
             ax.set_xscale("log")
-            ax.set_title(f"{op} {'batch' if _is_decode(op) else 'd'}={hidden}", fontsize=8)
+            title = FLOPS_AXES[op][1] if op in FLOPS_AXES else "batch" if _is_decode(op) else "d"
+            ax.set_title(f"{op} {title}={hidden}", fontsize=8)
             ax.tick_params(labelsize=7)
             if j == 0:
                 ax.set_ylabel("TFLOP/s" if flops else "GB/s", fontsize=8)
-            ax.set_xlabel("seqlen" if flops else "context" if _is_decode(op) else "tokens", fontsize=8)
+            ax.set_xlabel(FLOPS_AXES[op][0] if op in FLOPS_AXES else "seqlen" if flops else
+                          "context" if _is_decode(op) else "tokens", fontsize=8)
         axes[i][0].legend(fontsize=6)
     if host:
         for ax in axes[-1][2:]:
