@@ -72,7 +72,9 @@ def _info() -> int:
               + ("2-8 pieces merged inside a thread-block cluster, more by a merge kernel over the workspace"
                  if major >= 9 and any(a.rstrip("a").isdigit() and int(a.rstrip("a")) >= 90 for a in archs.split(";"))
                  else "pieces merged by a merge kernel over the workspace")
-              + " (LLMK_DECODE_MERGE=kernel|cluster forces one)")
+              + " (LLMK_DECODE_MERGE=kernel|cluster forces one)"
+              + ("; from 64 query tokens without append (16-bit cache, head dims 64-128, pages a multiple of 8)"
+                 " the Hopper forward over the cache (LLMK_DECODE_PATH=decode|prefill forces one)" if hopper else ""))
     return 0
 
 
