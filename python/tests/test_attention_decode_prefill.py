@@ -36,9 +36,10 @@ def test_matches_reference(monkeypatch, dtype, dim, page_size, causal):
 
 
 @pytest.mark.parametrize("q_len", [1, 17, 64, 127, 129, 700])
-@pytest.mark.parametrize("path", ["prefill", "auto"])
+@pytest.mark.parametrize("path", ["prefill", "auto", "decode"])
 def test_query_lengths(monkeypatch, q_len, path):
-    """Every q_len on the forced path and on the default one (the decode kernel below 64)."""
+    """Every q_len on either kernel (forced) and on the default path (the decode kernel below 64);
+    q_len 700 walks the persistent grid over several units per block."""
     monkeypatch.setenv("LLMK_DECODE_PATH", path)
     args = make_problem("cuda", torch.bfloat16, [700, 3000, 5], q_len=q_len, heads_q=16, heads_kv=4, dim=128,
                         page_size=16)
@@ -46,18 +47,30 @@ def test_query_lengths(monkeypatch, q_len, path):
 
 
 @pytest.mark.parametrize("heads_q,heads_kv", [(32, 8), (8, 8), (8, 1), (12, 4)])
-def test_gqa_groups(heads_q, heads_kv):
+def test_gqa_groups(monkeypatch, heads_q, heads_kv):
+    monkeypatch.setenv("LLMK_DECODE_PATH", "prefill")
     args = make_problem("cuda", torch.float16, [300, 1500], q_len=256, heads_q=heads_q, heads_kv=heads_kv, dim=128,
                         page_size=64)
     check(dict(args, causal=True), what=f"heads {heads_q}/{heads_kv}")
 
 
-def test_long_prefix():
-    """A 2048-token chunk after a 6000-token prefix in 64-row pages (many key blocks per tile,
-    the persistent grid walking several tiles)."""
+def test_long_prefix(monkeypatch):
+    """A 2048-token chunk after a 6000-token prefix in 64-row pages (many key blocks per tile)."""
+    monkeypatch.setenv("LLMK_DECODE_PATH", "prefill")
     args = make_problem("cuda", torch.bfloat16, [8048, 2100], q_len=2048, heads_q=8, heads_kv=2, dim=128,
                         page_size=64)
     check(dict(args, causal=True), what="long prefix")
+
+
+@pytest.mark.parametrize("lens,capacity,q_len", [([256, 100], 256, 100), ([100], 100, 64), ([40, 0], 60, 64)],
+                         ids=["full_last_block", "capacity_below_a_block", "short"])
+def test_contiguous_capacity_edges(monkeypatch, lens, capacity, q_len):
+    """Contiguous caches whose capacity ends a full key block, or holds less than one (the map's
+    rows below its 128-row box), the rows past each sequence NaN."""
+    monkeypatch.setenv("LLMK_DECODE_PATH", "prefill")
+    args = make_problem("cuda", torch.float16, lens, q_len=q_len, heads_q=8, heads_kv=2, dim=128, page_size=None,
+                        capacity=capacity)
+    check(dict(args, causal=True), what=f"contiguous capacity {capacity}")
 
 
 @pytest.mark.parametrize("dim", [64, 128])
@@ -98,6 +111,8 @@ def test_score_variants(monkeypatch, dim, page_size, variants):
 def test_what_the_path_does_not_take(monkeypatch, case, needle):
     """Forced, the path raises naming the reason and writes nothing; by default those calls run
     the decode kernel and match the reference."""
+    if case.get("dim") == 256 and not llmk._C.attention_head_dim_compiled(256):
+        pytest.skip("head_dim 256 not in this build's LLMK_HEAD_DIMS")
     kw = dict(dim=128, page_size=16)
     kw.update(case)
     args = make_problem("cuda", torch.bfloat16, [500, 90], q_len=100, heads_q=8, heads_kv=2, **kw)

@@ -36,11 +36,15 @@ Q, K_PAGED, V_PAGED, TABLE, LENS, K, V, K_T, V_T, K_BIG, V_BIG, TABLE_BIG = rang
 
 def _decode_kernel(*s):
     """The paged call on the decode kernel (the path is read when the call runs, or is captured)."""
+    before = os.environ.get("LLMK_DECODE_PATH")
     os.environ["LLMK_DECODE_PATH"] = "decode"
     try:
         return llmk.attention_decode(s[Q], s[K_PAGED], s[V_PAGED], s[LENS], s[TABLE], causal=True)
     finally:
-        del os.environ["LLMK_DECODE_PATH"]
+        if before is None:
+            del os.environ["LLMK_DECODE_PATH"]
+        else:
+            os.environ["LLMK_DECODE_PATH"] = before
 
 
 def _sdpa(backend):

@@ -105,6 +105,10 @@ int attention_sm90_consumers(const AttentionParams& p) {
 
 void attention_forward_sm90(const AttentionParams& p, DType dtype, cudaStream_t stream) {
   const char* op = "attention_forward_sm90_kernel";
+  // Keys from a cache are read by the variant kernels of head dims 64-128 only (the others
+  // would read the cache's pages as rows of a dense tensor); attention_over_cache_takes says so.
+  LLMK_CHECK(p.cache_seqlens == nullptr || (p.head_dim <= 128 && p.cu_seqlens_q == nullptr),
+             "attention over a cache: head dim ", p.head_dim, " (64-128 taken), dense batches only");
   auto with_type = [&](auto tag) {
     using T = device_type_t<decltype(tag)>;
     // The head dims LLMK_HEAD_DIMS builds (attention_sm90_takes turned the others away).
