@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import llmk
-from conftest import assert_flash_rule, poison_allocator, requires_cuda
-from test_attention_decode import ATOL_EPS, HALF_DTYPES, check, make_problem
-from test_attention_variants import hopper_forward, reference
+from conftest import poison_allocator, requires_cuda
+from test_attention_decode import HALF_DTYPES, check, make_problem, slots
+from test_attention_variants import assert_sequence_matches, hopper_forward
 
 pytestmark = requires_cuda
 
@@ -89,17 +89,10 @@ def test_score_variants(monkeypatch, dim, page_size, variants):
     sinks = torch.randn(heads_q, device="cuda") if kw.pop("sinks", False) else None
     out, lse = llmk.attention_decode(**args, causal=True, scale=dim**-0.5, return_lse=True, sinks=sinks, **kw)
     for b, n in enumerate(lens):
-        t = torch.arange(n, device="cuda")
-        table = args["block_table"]
-        rows = (b, t) if table is None else (table[b, t // page_size].long(), t % page_size)
-        k, v = args["k_cache"][rows][None], args["v_cache"][rows][None]
-        ref = (args["q"][b:b + 1], k, v, True, dim**-0.5, kw.get("window"), kw.get("softcap"), sinks)
-        want, want_lse = reference(*ref)
-        theirs, _ = reference(*ref, dtype=dtype)
-        assert_flash_rule(out[b:b + 1], want, theirs, dtype, f"prefill variants sequence {b}", ATOL_EPS)
-        finite = torch.isfinite(want_lse)
-        assert torch.equal(torch.isfinite(lse[b:b + 1]), finite)
-        torch.testing.assert_close(lse[b:b + 1].double()[finite], want_lse[finite], rtol=0, atol=2e-3)
+        rows = slots(args, b, n)
+        ref = (args["q"][b:b + 1], args["k_cache"][rows][None], args["v_cache"][rows][None], True, dim**-0.5,
+               kw.get("window"), kw.get("softcap"), sinks)
+        assert_sequence_matches(out[b:b + 1], lse[b:b + 1], ref, dtype, f"prefill variants sequence {b}", 2e-3)
 
 
 @pytest.mark.parametrize("case,needle", [

@@ -106,6 +106,21 @@ def reference_grads(leaves, dout, causal, scale, window, softcap, with_sinks, dt
     return [t.grad if t.grad is not None else torch.zeros_like(t) for t in ls]
 
 
+def backward_and_references(q, k, v, sinks, causal, scale, window, softcap, dtype):
+    """llmk.attention's gradients of q, k, v (and the sinks) for a random dout, with the formula's
+    in float64 (want) and in dtype (theirs): (got, want, theirs)."""
+    with_sinks = sinks is not None
+    dout = torch.randn_like(q)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)] + ([sinks.clone().requires_grad_()] if with_sinks else [])
+    out = llmk.attention(*leaves[:3], causal, scale, window=window, softcap=softcap,
+                         sinks=leaves[3] if with_sinks else None)
+    out.backward(dout)
+    got = [t.grad for t in leaves]
+    want = reference_grads(leaves, dout, causal, scale, window, softcap, with_sinks, torch.float64)
+    theirs = reference_grads(leaves, dout, causal, scale, window, softcap, with_sinks, dtype)
+    return got, want, theirs
+
+
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("case", [c for c in FORWARD_CASES if c[0] <= c[1] or c[5]],
                          ids=lambda c: "q{}_k{}_{}_w{}_cap{}_{}".format(
@@ -114,16 +129,7 @@ def test_backward(dtype, case):
     seq_q, seq_k, causal, window, softcap, with_sinks = case
     dim = 32
     q, k, v, sinks = make(2, seq_q, seq_k, 4, 2, dim, dtype, with_sinks)
-    scale = 1 / math.sqrt(dim)
-    dout = torch.randn_like(q)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)] + ([sinks.clone().requires_grad_()] if with_sinks else [])
-    out = llmk.attention(*leaves[:3], causal, scale, window=window, softcap=softcap,
-                         sinks=leaves[3] if with_sinks else None)
-    out.backward(dout)
-    got = [t.grad for t in leaves]
-
-    want = reference_grads(leaves, dout, causal, scale, window, softcap, with_sinks, torch.float64)
-    theirs = reference_grads(leaves, dout, causal, scale, window, softcap, with_sinks, dtype)
+    got, want, theirs = backward_and_references(q, k, v, sinks, causal, 1 / math.sqrt(dim), window, softcap, dtype)
     for name, g, w, t in zip(("dq", "dk", "dv", "dsinks"), got, want, theirs):
         assert g is not None, f"{name}: no gradient"
         if w.numel() == 0 or w.abs().max() == 0:
@@ -201,6 +207,18 @@ def test_identities():
     assert (capped.float() - plain.float()).abs().max() <= 2**-7 * plain.float().abs().max()
 
 
+def assert_sequence_matches(out, lse, args, dtype, what, lse_atol):
+    """One sequence's out [1, L, Hq, D] and lse [1, Hq, L] of a decode call against the prefill
+    formula over its keys (args: reference's): the FlashAttention rule on out, lse's infinities
+    where the formula's are and its finite values within lse_atol."""
+    want, want_lse = reference(*args)
+    theirs, _ = reference(*args, dtype=dtype)
+    assert_flash_rule(out, want, theirs, dtype, what, ATOL_EPS)
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite), f"{what}: lse finiteness"
+    torch.testing.assert_close(lse.double()[finite], want_lse[finite], rtol=0, atol=lse_atol)
+
+
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("q_len", [1, 3])
 @pytest.mark.parametrize("variants", [dict(window=1), dict(window=4, sinks=True), dict(softcap=6.0),
@@ -221,12 +239,7 @@ def test_decode_matches_the_prefill_definition(dtype, q_len, variants):
     for b, n in enumerate(lens):
         args = (q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n], True, 0.125, kw.get("window"),
                 kw.get("softcap"), sinks)
-        want, want_lse = reference(*args)
-        theirs, _ = reference(*args, dtype=dtype)
-        assert_flash_rule(out[b:b + 1], want, theirs, dtype, f"decode sequence {b}", ATOL_EPS)
-        finite = torch.isfinite(want_lse)
-        assert torch.equal(torch.isfinite(lse[b:b + 1]), finite)
-        torch.testing.assert_close(lse[b:b + 1].double()[finite], want_lse[finite], rtol=0, atol=1e-5)
+        assert_sequence_matches(out[b:b + 1], lse[b:b + 1], args, dtype, f"decode sequence {b}", 1e-5)
 
 
 def test_decode_bad_inputs():
@@ -287,10 +300,7 @@ def test_cuda_decode(monkeypatch, dtype, q_len, batch, max_len, variants, merge)
     for b, n in enumerate(lens.tolist()):
         args = (q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n], True, dim**-0.5, kw.get("window"),
                 kw.get("softcap"), sinks)
-        want, want_lse = reference(*args)
-        theirs, _ = reference(*args, dtype=dtype)
-        assert_flash_rule(out[b:b + 1], want, theirs, dtype, f"cuda decode sequence {b}", ATOL_EPS)
-        torch.testing.assert_close(lse[b:b + 1].double(), want_lse, rtol=0, atol=2e-3)
+        assert_sequence_matches(out[b:b + 1], lse[b:b + 1], args, dtype, f"cuda decode sequence {b}", 2e-3)
 
 
 @requires_cuda
@@ -325,10 +335,7 @@ def test_cuda_decode_tiles(dim, heads_q, heads_kv, fp8):
         k = kf[table[b].long()].flatten(0, 1)[None, :n]
         v = vf[table[b].long()].flatten(0, 1)[None, :n]
         args = (q[b:b + 1], k, v, True, scale, window, softcap, sinks)
-        want, want_lse = reference(*args)
-        theirs, _ = reference(*args, dtype=dtype)
-        assert_flash_rule(out[b:b + 1], want, theirs, dtype, f"cuda decode tiles sequence {b}", ATOL_EPS)
-        torch.testing.assert_close(lse[b:b + 1].double(), want_lse, rtol=0, atol=2e-3)
+        assert_sequence_matches(out[b:b + 1], lse[b:b + 1], args, dtype, f"cuda decode tiles sequence {b}", 2e-3)
 
 
 def hopper_forward():
@@ -411,16 +418,7 @@ def test_cuda_backward(dtype, dim, case):
         pytest.skip("the variants run on the Hopper kernels only")
     seq_q, seq_k, causal, window, softcap, with_sinks = case
     q, k, v, sinks = (None if t is None else t.cuda() for t in make(1, seq_q, seq_k, 8, 2, dim, dtype, with_sinks))
-    scale = 1 / math.sqrt(dim)
-    dout = torch.randn_like(q)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)] + ([sinks.clone().requires_grad_()] if with_sinks else [])
-    out = llmk.attention(*leaves[:3], causal, scale, window=window, softcap=softcap,
-                         sinks=leaves[3] if with_sinks else None)
-    out.backward(dout)
-    got = [t.grad for t in leaves]
-
-    want = reference_grads(leaves, dout, causal, scale, window, softcap, with_sinks, torch.float64)
-    theirs = reference_grads(leaves, dout, causal, scale, window, softcap, with_sinks, dtype)
+    got, want, theirs = backward_and_references(q, k, v, sinks, causal, 1 / math.sqrt(dim), window, softcap, dtype)
     # A window of 1 on the diagonal gives each query one key: dq and dk are zero by identity (dS =
     # P (dP - D) with P = 1, O = V), so the kernel's rounding of O is held to dv's scale.
     grad_scale = max(w.abs().max().item() for w in want[:3])

@@ -306,16 +306,22 @@ detail::CacheAttentionCall cache_call(const DecodeParams& p) {
 
 // LLMK_DECODE_PATH=auto|decode|prefill: whether a GPU call runs the prefill kernel over the
 // cache (auto: from kPrefillMinQueries query tokens, where it takes the call; prefill: an
-// error naming the reason where it cannot). Calls that append take the decode kernel.
-bool runs_prefill(const Validated& r, int device) {
+// error naming the reason where it cannot). Calls that append take the decode kernel. Sets
+// `call` where it returns true.
+bool runs_prefill(const Validated& r, int device, detail::CacheAttentionCall& call) {
   enum Path { automatic, decode, prefill };
   const int path = detail::env_path(kOp, "LLMK_DECODE_PATH", {"auto", "decode", "prefill"});
   if (path == decode || (path == automatic && r.p.q_len < kPrefillMinQueries)) return false;
   const char* why = "";
   bool takes = false;
-  if (r.p.k_new.data != nullptr) why = "the call appends to the cache (the decode kernel writes k_new / v_new)";
-  else if (r.cache_dtype != r.dtype) why = "the cache is float8_e4m3fn (the prefill kernel reads 16-bit caches)";
-  else takes = detail::attention_over_cache_takes(cache_call(r.p), r.dtype, device, &why);
+  if (r.p.k_new.data != nullptr) {
+    why = "the call appends to the cache (the decode kernel writes k_new / v_new)";
+  } else if (r.cache_dtype != r.dtype) {
+    why = "the cache is float8_e4m3fn (the prefill kernel reads 16-bit caches)";
+  } else {
+    call = cache_call(r.p);
+    takes = detail::attention_over_cache_takes(call, r.dtype, device, &why);
+  }
   LLMK_CHECK(takes || path == automatic, kOp, ": LLMK_DECODE_PATH=prefill cannot take this call: ", why);
   return takes;
 }
@@ -433,7 +439,8 @@ void attention_decode(const TensorView& out, const TensorView& q, const DecodeCa
   LLMK_CHECK(detail::head_dim_compiled(p.head_dim), kOp, ": head_dim ", p.head_dim,
              " has no CUDA kernel in this build (CMake option LLMK_HEAD_DIMS)");
   detail::DeviceGuard guard(kOp, "q", q);
-  if (runs_prefill(r, q.device().index)) return detail::attention_over_cache(cache_call(p), r.dtype, stream);
+  if (detail::CacheAttentionCall call; runs_prefill(r, q.device().index, call))
+    return detail::attention_over_cache(call, r.dtype, stream);
   const int splits = splits_for(r, q.device().index);
   if (workspace) {
     const int64_t needed = workspace_elements(p, splits);
