@@ -54,10 +54,12 @@ def _info() -> int:
               " 16-byte accesses for aligned rows (d up to 32768 forward),"
               " a scalar loop kernel otherwise")
         hopper = (major, minor) == (9, 0) and "90a" in archs.split(";")
-        print("  gemm/linear: " + ("Hopper TMA + wgmma kernel for M > 64 (16-byte rows, out dtype = input dtype;"
-                                   " split-K when its tiles would not fill the GPU),"
-                                   if hopper else "no Hopper kernel here (needs sm_90 and an sm_90a build),")
-              + " small-M weight-streaming kernel for M <= 64, mma.sync kernel for the rest"
+        print("  gemm/linear: " + ("Hopper TMA + wgmma kernel for M >= 33 (16-byte rows, out dtype = input dtype;"
+                                   " one-block clusters for M <= 128, split-K when its tiles would not fill the GPU),"
+                                   " small-M weight-streaming kernel for M <= 32,"
+                                   if hopper else "no Hopper kernel here (needs sm_90 and an sm_90a build),"
+                                   " small-M weight-streaming kernel for M <= 64,")
+              + " mma.sync kernel for the rest"
               " (LLMK_GEMM_PATH=sm90|small_m|sm80 forces one)")
         print("  quantized_linear: int4/int8 weights streamed and dequantized in registers for M <= 64"
               " (int4 at M <= 16: the group scale applied to each group's fp32 sum),"

@@ -102,7 +102,8 @@ def test_backward(device, shape, dtype, activation):
 @requires_cuda
 @pytest.mark.parametrize("path,shape", [("sm80", ((300,), 1032, 392)), ("sm80", ((16,), 512, 264)),
                                         ("small_m", ((1,), 4096, 1024)), ("small_m", ((64,), 1000, 264)),
-                                        ("sm90", ((65,), 512, 256)), ("sm90", ((2, 129), 512, 1536))])
+                                        ("sm90", ((65,), 512, 256)), ("sm90", ((2, 129), 512, 1536)),
+                                        ("sm90", ((3,), 1024, 264)), ("sm90", ((128,), 4096, 520))])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_each_kernel_path(monkeypatch, path, shape, activation):
     """Each CUDA kernel, forced through LLMK_GEMM_PATH (the C++ API reads it per call), forward

@@ -104,14 +104,14 @@ void gemm_cuda(const detail::GemmParams& p, int device, cudaStream_t stream) {
   const bool k_ok = p.k > 0;
   switch (path) {
     case Path::automatic:
-      if (k_ok && detail::gemm_sm90_takes(p, device)) return detail::gemm_sm90_cuda(p, stream);
+      if (k_ok && p.m >= detail::kGemmSm90FromM && detail::gemm_sm90_takes(p, device))
+        return detail::gemm_sm90_cuda(p, stream);
       if (k_ok && detail::gemm_small_m_takes(p)) return detail::gemm_small_m_cuda(p, stream);
       return detail::gemm_sm80_cuda(p, stream);
     case Path::sm90:
       LLMK_CHECK(k_ok && detail::gemm_sm90_takes(p, device), kGemm,
                  ": LLMK_GEMM_PATH=sm90 cannot take this call (", describe(p), ", device ", device,
-                 "; it needs an sm_90 device, an sm_90a build, 16-byte aligned rows, m > ", detail::kGemmSmallM,
-                 " and k > 0)");
+                 "; it needs an sm_90 device, an sm_90a build, 16-byte aligned rows and k > 0)");
       return detail::gemm_sm90_cuda(p, stream);
     case Path::small_m:
       LLMK_CHECK(k_ok && detail::gemm_small_m_takes(p), kGemm, ": LLMK_GEMM_PATH=small_m cannot take this call (",

@@ -45,20 +45,20 @@ auto with_kernel(DType dtype, bool a_k_major, bool b_k_major, F&& f) {
   return pick(DTypeTag<DType::f16>{});
 }
 
-// Clusters of the kernel's shape that run at once on the device (cached per kernel and
-// device).
-int max_active_clusters(const void* kernel, cudaLaunchConfig_t config, int device) {
+// Clusters of `cluster` blocks of the kernel's shape that run at once on the device
+// (cached per kernel, device and cluster size).
+int max_active_clusters(const void* kernel, cudaLaunchConfig_t config, int cluster, int device) {
   static std::mutex mutex;
-  static std::vector<std::tuple<const void*, int, int>> known;
+  static std::vector<std::tuple<const void*, int, int, int>> known;
   std::lock_guard<std::mutex> lock(mutex);
-  for (const auto& [k, d, clusters] : known)
-    if (k == kernel && d == device) return clusters;
+  for (const auto& [k, d, size, clusters] : known)
+    if (k == kernel && d == device && size == cluster) return clusters;
   const int sms = sm_count_of(device);
-  config.gridDim = dim3(static_cast<unsigned>(sms / GemmSm90Config::kCluster * GemmSm90Config::kCluster));
+  config.gridDim = dim3(static_cast<unsigned>(sms / cluster * cluster));
   int clusters = 0;
   LLMK_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
   LLMK_CHECK(clusters > 0, "gemm: no cluster of the Hopper kernel fits on this device");
-  known.emplace_back(kernel, device, clusters);
+  known.emplace_back(kernel, device, cluster, clusters);
   return clusters;
 }
 
@@ -100,7 +100,7 @@ bool aligned16(const void* p, int64_t stride_elements) {
 }  // namespace
 
 bool gemm_sm90_takes(const GemmParams& p, int device) {
-  if (p.m <= kGemmSmallM || p.k == 0 || p.out_dtype != p.in_dtype) return false;
+  if (p.m < 1 || p.k == 0 || p.out_dtype != p.in_dtype) return false;
   // The contiguous dims of A and B whole 16-byte units (see the TMA store note below).
   if ((p.a_k_major ? p.k : p.m) % 8 != 0 || (p.b_k_major ? p.k : p.n) % 8 != 0) return false;
   if (p.a_k_major != true && p.b_k_major != false) return false;  // A M-major with B K-major: not built
@@ -121,9 +121,11 @@ void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
   args.p = p;
   args.n_tile = silu ? C::kBlockN / 2 : C::kBlockN;
   args.k_steps = (p.k + C::kBlockK - 1) / C::kBlockK;
-  // The raster walks cluster tiles: kCluster vertically adjacent 128 x n_tile tiles.
+  // The raster walks cluster tiles: `cluster` vertically adjacent 128 x n_tile tiles, 2
+  // (sharing B by multicast) unless there is one tile row.
   const int64_t tiles_m = (p.m + C::kBlockM - 1) / C::kBlockM;
-  args.raster = {(tiles_m + C::kCluster - 1) / C::kCluster, (p.n_out() + args.n_tile - 1) / args.n_tile,
+  args.cluster = tiles_m == 1 ? 1 : C::kMaxCluster;
+  args.raster = {(tiles_m + args.cluster - 1) / args.cluster, (p.n_out() + args.n_tile - 1) / args.n_tile,
                  C::kRasterGroup};
 
   // A: K-major [m, k] in boxes of 128 rows x 64 k; M-major: [k, m] in boxes of 64 k x 64 m.
@@ -159,7 +161,7 @@ void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
     cudaLaunchConfig_t config{};
     cudaLaunchAttribute cluster{};
     cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = C::kCluster;
+    cluster.val.clusterDim.x = static_cast<unsigned>(args.cluster);
     cluster.val.clusterDim.y = 1;
     cluster.val.clusterDim.z = 1;
     config.blockDim = dim3(C::kThreads);
@@ -169,7 +171,7 @@ void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
     config.numAttrs = 1;
     // As many clusters as fit at once (GPC boundaries can leave an SM out), at most one
     // per cluster tile.
-    const int clusters = max_active_clusters(kernel, config, device);
+    const int clusters = max_active_clusters(kernel, config, args.cluster, device);
     const int64_t tiles = args.raster.tiles();
     args.splits = split_k_pieces(p, tiles, clusters, args.k_steps);
     if (args.splits > 1 && !scratch_available(device)) args.splits = 1;  // its partials need the pool
@@ -180,7 +182,7 @@ void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
                                          sizeof(float) * args.splits * p.m * args.ld_partial, device, stream))
                                    : nullptr;
     const int64_t units = args.units();
-    config.gridDim = dim3(static_cast<unsigned>(C::kCluster * (units < clusters ? units : clusters)));
+    config.gridDim = dim3(static_cast<unsigned>(args.cluster * (units < clusters ? units : clusters)));
     void* params[] = {const_cast<CUtensorMap*>(&map_a), const_cast<CUtensorMap*>(&map_b),
                       const_cast<CUtensorMap*>(&map_out), const_cast<CUtensorMap*>(&map_residual), &args};
     LLMK_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, params));

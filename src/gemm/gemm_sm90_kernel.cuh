@@ -1,7 +1,8 @@
 // The Hopper GEMM: out = epilogue(A . B^T), TMA + wgmma, warp-specialized and persistent.
 //
 // Block = 3 warpgroups, one per SM (4-stage ring 192 KB + output boxes 32 KB of shared
-// memory), in clusters of 2 blocks that take vertically adjacent tiles:
+// memory), in clusters of 2 blocks that take vertically adjacent tiles (1 block loading all
+// of B when the output has a single tile row, M <= 128):
 //   warpgroup 0, the producer: one thread walks the block's tiles and, per 64-wide k
 //     step, waits for a stage that both blocks' consumers released, then loads A
 //     [128 x 64] by TMA and its half of B [256 x 64], multicast into both blocks
@@ -14,7 +15,7 @@
 //     (bias, activation, residual), writes its 64 x 256 (silu_mul: 64 x 128) piece to
 //     shared memory with stmatrix and stores it by TMA (store_tile.cuh), while the
 //     producer already fills the ring for the next tile.
-// Split-K: when the tiles are too few to fill the GPU (M = 65-256 rows against a projection,
+// Split-K: when the tiles are too few to fill the GPU (M = 33-256 rows against a projection,
 // where 16-24 tiles left 85% of the SMs idle), each tile's k steps are cut into pieces, each
 // piece a unit of the walk; a piece's consumers store their fp32 sums to a scratch buffer and
 // gemm_split_reduce_kernel (gemm_split_reduce.cuh) adds the pieces and applies the epilogue.
@@ -57,9 +58,10 @@ struct GemmSm90Config {
   static constexpr uint32_t kStageBytesB = kBlockN * kBlockK * 2;
   static constexpr uint32_t kStageBytes = kStageBytesA + kStageBytesB;
   static constexpr int kRasterGroup = 8;  // in cluster tiles (2 x 128 rows)
-  // Two blocks of a cluster take vertically adjacent tiles (same B columns): each loads
-  // its A and half of B, multicast to both.
-  static constexpr int kCluster = 2;
+  // Blocks per cluster: at most 2, vertically adjacent tiles (same B columns), each loading
+  // its A and half of B, multicast to both. The launcher picks 1 (args.cluster) when the
+  // output has one tile row: a second block would compute an empty tile.
+  static constexpr int kMaxCluster = 2;
   // Each consumer's output block goes out in 64 x 128 halves, two 64 x 64 TMA-store
   // boxes each (a 64 x 256 buffer would leave room for 3 stages only).
   static constexpr uint32_t kOutBytes = 64 * 128 * 2;
@@ -81,6 +83,7 @@ struct GemmSm90Args {
   // ld_partial) for gemm_split_reduce_kernel; splits 1: the epilogue in this kernel.
   int64_t splits, split_steps, ld_partial;
   float* partial;
+  int cluster;  // blocks per cluster, 1 or kMaxCluster (the launch's cluster dimension)
 
   LLMK_HOST_DEVICE int64_t units() const { return raster.tiles() * splits; }
   // Unit u: tile u / splits, its k steps [unit_k_begin(u), + unit_steps(u)).
@@ -100,7 +103,7 @@ __device__ __forceinline__ void gemm_sm90_load_stage(const CUtensorMap* map_a, c
                                                      const GemmSm90Args& args, int64_t m0, int64_t n0,
                                                      int64_t kt, uint32_t rank) {
   using C = GemmSm90Config;
-  constexpr uint16_t kAll = (1u << C::kCluster) - 1;
+  constexpr uint16_t kAll = (1u << C::kMaxCluster) - 1;
   const int32_t k0 = static_cast<int32_t>(kt * C::kBlockK);
   mbarrier_arrive_expect_tx(full, C::kStageBytes);
   if constexpr (kAKMajor) {
@@ -111,15 +114,16 @@ __device__ __forceinline__ void gemm_sm90_load_stage(const CUtensorMap* map_a, c
       tma_load_2d(a + c * 64 * C::kBlockK * 2, map_a, full, k0, static_cast<int32_t>(m0 + 64 * c));
   }
   // B in two halves of 128 rows (K-major) or columns (N-major), half h loaded by rank
-  // h % kCluster; silu_mul: the gate rows, then the up rows.
+  // h % cluster; silu_mul: the gate rows, then the up rows.
+  const bool multicast = args.cluster > 1;
   const bool silu = args.p.activation == GemmActivation::silu_mul;
 #pragma unroll
-  for (int h = static_cast<int>(rank); h < 2; h += C::kCluster) {
+  for (int h = static_cast<int>(rank); h < 2; h += args.cluster) {
     const int64_t first = silu ? (h == 0 ? n0 : args.p.n / 2 + n0) : n0 + 128 * h;
     uint8_t* half = b + h * 128 * C::kBlockK * 2;
     auto load = [&](uint8_t* dst, int32_t row, int32_t col) {
-      if constexpr (C::kCluster == 1) tma_load_2d(dst, map_b, full, row, col);
-      else tma_load_2d_multicast(dst, map_b, full, row, col, kAll);
+      if (multicast) tma_load_2d_multicast(dst, map_b, full, row, col, kAll);
+      else tma_load_2d(dst, map_b, full, row, col);
     };
     if constexpr (kBKMajor) {
       load(half, static_cast<int32_t>(first), k0);
@@ -249,7 +253,7 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       mbarrier_init(&full[s], 1);
-      mbarrier_init(&empty[s], C::kConsumers * C::kCluster);
+      mbarrier_init(&empty[s], C::kConsumers * args.cluster);
     }
     for (int c = 0; c < C::kConsumers; ++c) mbarrier_init(&residual_loaded[c], 1);
     mbarrier_init_fence();
@@ -257,7 +261,7 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
   // The peer block multicasts into this block's ring: its barriers must exist first.
   cluster_sync();
   const uint32_t rank = cluster_rank();
-  const int64_t first_tile = blockIdx.x / C::kCluster, tile_step = gridDim.x / C::kCluster;
+  const int64_t first_tile = blockIdx.x / args.cluster, tile_step = gridDim.x / args.cluster;
 
   const int wg = warpgroup_index();
   if (wg == 0) {
@@ -268,7 +272,7 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
       RingState<C::kStages> ring_state;
       for (int64_t u = first_tile; u < args.units(); u += tile_step) {
         const TileCoord tile = args.raster.at(u / args.splits);
-        const int64_t m0 = (tile.row * C::kCluster + rank) * C::kBlockM, n0 = tile.col * args.n_tile;
+        const int64_t m0 = (tile.row * args.cluster + rank) * C::kBlockM, n0 = tile.col * args.n_tile;
         const int k_begin = args.unit_k_begin(u), k_end = k_begin + args.unit_steps(u);
         for (int kt = k_begin; kt < k_end; ++kt) {
           mbarrier_wait(&empty[ring_state.stage], ring_state.phase ^ 1u);
@@ -292,7 +296,7 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
     // A stage is released to both blocks' producers (both multicast into it).
     auto release = [&](int s) {
       if (!leader) return;
-      for (uint32_t r = 0; r < C::kCluster; ++r) mbarrier_arrive_cluster(&empty[s], r);
+      for (int r = 0; r < args.cluster; ++r) mbarrier_arrive_cluster(&empty[s], static_cast<uint32_t>(r));
     };
     for (int64_t u = first_tile; u < args.units(); u += tile_step) {
       const TileCoord tile = args.raster.at(u / args.splits);
@@ -321,7 +325,7 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
       wgmma_fence_operands(d);
       if (previous >= 0) release(previous);
 
-      const int64_t row0 = (tile.row * C::kCluster + rank) * C::kBlockM + consumer * 64;
+      const int64_t row0 = (tile.row * args.cluster + rank) * C::kBlockM + consumer * 64;
       const int64_t col0 = tile.col * args.n_tile;
       const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
       if (args.splits > 1) {

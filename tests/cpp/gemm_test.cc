@@ -592,7 +592,7 @@ bool small_m_applies(const Case& c) { return c.m <= detail::kGemmSmallM && !c.b_
 bool sm90_applies(const Case& c) {
   const DeviceInfo info = device_info(0);
   // The Hopper kernel writes its inputs' dtype (other out dtypes take the mma.sync kernel).
-  return info.cc_major == 9 && info.cc_minor == 0 && c.m > detail::kGemmSmallM && c.k > 0 && c.out == c.in;
+  return info.cc_major == 9 && info.cc_minor == 0 && c.k > 0 && c.out == c.in;
 }
 
 void check_gpu_case(const Case& c) {
@@ -684,13 +684,17 @@ TEST(GemmGpu, SplitKFewTiles) {
       {128, 128, 4096, DType::bf16, DType::bf16, true, true},   // weight-gradient layout
       {129, 264, 3072, DType::f16, DType::f16, false, true},    // input-gradient layout
   };
-  for (Act act : kActs) {
-    Case c{129, 264, 4096};
-    c.act = act;
-    c.bias = true;
-    c.residual = act != Act::none;
-    c.in_place = act == Act::gelu;
-    cases.push_back(c);
+  // 129 rows: two-block clusters (the second block's tile mostly past M); 100: one tile row,
+  // one-block clusters.
+  for (int64_t m : {129, 100}) {
+    for (Act act : kActs) {
+      Case c{m, 264, 4096};
+      c.act = act;
+      c.bias = true;
+      c.residual = act != Act::none;
+      c.in_place = act == Act::gelu;
+      cases.push_back(c);
+    }
   }
   for (const Case& c : cases) check_gpu_case(c);
 }
