@@ -19,7 +19,8 @@ KEEP = ("llmk", "transformers", "torch/autograd", "torch/optim", "torch/nn")
 
 def frames_key(frames):
     kept = [f for f in frames if f.get("filename", "").endswith(".py") and any(k in f["filename"] for k in KEEP)]
-    return " < ".join(f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']}:{f['name']}" for f in kept[:4]) or "(no Python frame)"
+    names = [f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']}:{f['name']}" for f in kept[:4]]
+    return " < ".join(names) or "(no Python frame)"
 
 
 def live_at_peak(trace):

@@ -26,7 +26,10 @@ layout; :func:`from_gptq`), with ``P = 32 / bits`` codes per int32 word:
   kernels add the 1 back. GPTQModel's ``checkpoint_format: "gptq_v2"`` stores ``z`` itself:
   pass ``zero_offset=0``. ``g_idx`` is the trivial ``arange(K) // G`` unless the checkpoint
   was made with ``desc_act=True`` (act order) *and* saved unreordered; then its groups are
-  not contiguous runs of k, which llmk's format cannot express, and the import is refused.
+  not contiguous runs of k. llmk imports such a weight with its inputs sorted by group (a
+  stable sort of ``g_idx``: each group a contiguous run again) and keeps that order as
+  ``input_order``; the layer gathers ``x[..., input_order]`` before the product (one gather
+  of the activations per call, the weight untouched). Every group must hold ``G`` inputs.
 
 AWQ (AutoAWQ's ``version: "gemm"``, also what vLLM and transformers load as ``awq``;
 :func:`from_awq`), 4 bits only:
@@ -65,12 +68,15 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 class QuantizedTensors(NamedTuple):
-    """A weight in llmk's format: the arguments of :func:`llmk.quantized_linear` after x."""
+    """A weight in llmk's format: the arguments of :func:`llmk.quantized_linear` after x, and
+    for an act-order GPTQ import the order of the inputs the packed weight expects:
+    ``quantized_linear(x[..., input_order], ...)`` is the layer's product."""
     packed: torch.Tensor  # int32 [N, K * bits / 32]
     scales: torch.Tensor  # [N, K / group_size], float16 or bfloat16
     zeros: Optional[torch.Tensor]  # uint8 [N, K / group_size], or None: 2^(bits - 1)
     bits: int
     group_size: int
+    input_order: Optional[torch.Tensor] = None  # int64 [K]: packed input j is the layer's input input_order[j]
 
     @property
     def in_features(self) -> int:
@@ -81,8 +87,18 @@ class QuantizedTensors(NamedTuple):
         return self.packed.shape[0]
 
     def dequantize(self) -> torch.Tensor:
-        """The weight ``[N, K]`` that :func:`llmk.quantized_linear` multiplies by."""
-        return dequantize_weight(self.packed, self.scales, self.zeros, self.bits, self.group_size)
+        """The layer's weight ``[N, K]`` (columns in the layer's input order)."""
+        return _in_input_order(dequantize_weight(self.packed, self.scales, self.zeros, self.bits, self.group_size),
+                               self.input_order)
+
+
+def _in_input_order(weight: torch.Tensor, input_order: Optional[torch.Tensor]) -> torch.Tensor:
+    """The packed weight's columns put back in the layer's input order."""
+    if input_order is None:
+        return weight
+    out = torch.empty_like(weight)
+    out[:, input_order] = weight
+    return out
 
 
 # -- the format's constraints ---------------------------------------------------------------
@@ -183,8 +199,9 @@ def from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
     None (or -1, GPTQ's per channel) is inferred from the scales. ``dtype`` is the scales'
     (default: the checkpoint's; convert float16 scales to bfloat16 only for a bfloat16 model,
     as it rounds them). ``zero_offset`` is added to the stored zero points: 1 for the classic
-    format, 0 for GPTQModel's ``checkpoint_format: "gptq_v2"``. Raises ValueError for
-    act-order (``desc_act``) checkpoints whose ``g_idx`` is not ``arange(K) // G``.
+    format, 0 for GPTQModel's ``checkpoint_format: "gptq_v2"``. An act-order (``desc_act``)
+    ``g_idx`` that is not ``arange(K) // G`` gives the result an ``input_order`` (see the
+    module docstring); ValueError when its groups do not each hold ``group_size`` inputs.
     """
     where = "from_gptq"
     if bits not in (4, 8):
@@ -201,17 +218,33 @@ def from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
     if qzeros.shape != (groups, math.ceil(n / per)):
         raise ValueError(f"{where}: qzeros must be [K / group_size, N * bits / 32] = [{groups}, {math.ceil(n / per)}], "
                          f"got {tuple(qzeros.shape)}")
-    if g_idx is not None:
-        trivial = torch.arange(k, device=g_idx.device) // group_size
-        if g_idx.shape != (k,) or not torch.equal(g_idx.to(trivial.dtype), trivial):
-            raise ValueError(f"{where}: g_idx is not arange(K) // group_size: this is an act-order (desc_act=True) "
-                             f"checkpoint, whose groups are not contiguous runs of input features; llmk's format "
-                             f"needs contiguous groups, so act-order checkpoints are not supported")
+    order = None if g_idx is None else _act_order(where, g_idx, k, group_size)
     _require_layout(where, k, bits, group_size)
     dtype = _scale_dtype(where, scales, dtype)
     codes = _unpack(qweight, bits, 0)  # [K, N]
+    if order is not None:
+        codes = codes[order]  # row j: input order[j], whose group is j // G
     zeros = _unpack(qzeros, bits, 1)[:, :n].to(torch.int16) + zero_offset  # [K / G, N]
-    return _assemble(where, codes, zeros, scales, bits, group_size, dtype)
+    return _assemble(where, codes, zeros, scales, bits, group_size, dtype)._replace(input_order=order)
+
+
+def _act_order(where: str, g_idx: torch.Tensor, k: int, group_size: int) -> Optional[torch.Tensor]:
+    """The inputs sorted by group (stable) when ``g_idx`` is not ``arange(K) // G``, else None."""
+    if not isinstance(g_idx, torch.Tensor) or g_idx.shape != (k,) or g_idx.dtype.is_floating_point \
+            or g_idx.dtype == torch.bool:
+        got = f"{g_idx.dtype} {tuple(g_idx.shape)}" if isinstance(g_idx, torch.Tensor) else type(g_idx).__name__
+        raise ValueError(f"{where}: g_idx must be an integer tensor [K] = [{k}] (the group of each input), got {got}")
+    groups = g_idx.to(torch.int64)
+    trivial = torch.arange(k, device=groups.device) // group_size
+    if torch.equal(groups, trivial):
+        return None
+    count = k // group_size
+    if int(groups.min()) < 0 or int(groups.max()) >= count or \
+            bool((torch.bincount(groups, minlength=count) != group_size).any()):
+        raise ValueError(f"{where}: this act-order (desc_act=True) g_idx does not give each of the {count} "
+                         f"groups {group_size} inputs (group ids {int(groups.min())}..{int(groups.max())}); llmk "
+                         f"needs groups of equal size to sort them into contiguous runs")
+    return torch.argsort(groups, stable=True)
 
 
 def _awq_columns(t: torch.Tensor) -> torch.Tensor:
@@ -255,15 +288,18 @@ class QuantizedLinear(nn.Module):
     """``nn.Linear`` with a weight-only quantized weight: ``forward(x)`` is
     :func:`llmk.quantized_linear` (x float16 or bfloat16, the scales' dtype; CPU or CUDA).
 
-    Buffers ``packed``, ``scales`` and ``zeros`` (None when symmetric: not in the state dict),
+    Buffers ``packed``, ``scales``, ``zeros`` (None when symmetric: not in the state dict) and
+    ``input_order`` (an act-order GPTQ import's int64 ``[in_features]``: forward multiplies
+    ``x[..., input_order]`` by the packed weight; None otherwise, not in the state dict),
     parameter ``bias`` (or None). The constructor makes empty tensors of the right shapes, as
-    ``nn.Linear`` does, to load a state dict into; :meth:`from_linear`, :meth:`from_gptq` and
-    :meth:`from_awq` build filled ones. ``module.to(dtype)`` converts the scales and bias
-    (keep them float16 or bfloat16).
+    ``nn.Linear`` does, to load a state dict into (``act_order=True`` for an ``input_order``);
+    :meth:`from_linear`, :meth:`from_gptq` and :meth:`from_awq` build filled ones.
+    ``module.to(dtype)`` converts the scales and bias (keep them float16 or bfloat16).
     """
 
     def __init__(self, in_features: int, out_features: int, bits: int = 4, group_size: Optional[int] = 128,
-                 bias: bool = True, zeros: bool = False, device=None, dtype: torch.dtype = torch.bfloat16):
+                 bias: bool = True, zeros: bool = False, device=None, dtype: torch.dtype = torch.bfloat16,
+                 act_order: bool = False):
         super().__init__()
         group_size = in_features if group_size is None else group_size
         _require_layout("QuantizedLinear", in_features, bits, group_size)
@@ -277,30 +313,41 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("scales", torch.empty(out_features, groups, dtype=dtype, device=device))
         self.register_buffer("zeros", torch.empty(out_features, groups, dtype=torch.uint8, device=device)
                              if zeros else None)
+        self.register_buffer("input_order", torch.empty(in_features, dtype=torch.int64, device=device)
+                             if act_order else None)
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device))
         else:
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_order is not None:
+            x = x.index_select(-1, self.input_order)
         return ops.quantized_linear(x, self.packed, self.scales, self.zeros, self.bits, self.group_size, self.bias)
 
     def dequantize(self) -> torch.Tensor:
-        """The weight ``[out_features, in_features]`` that forward multiplies by."""
-        return dequantize_weight(self.packed, self.scales, self.zeros, self.bits, self.group_size)
+        """The weight ``[out_features, in_features]`` that forward multiplies x by (columns in
+        x's order)."""
+        return _in_input_order(dequantize_weight(self.packed, self.scales, self.zeros, self.bits, self.group_size),
+                               self.input_order)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
-                f"group_size={self.group_size}, zeros={self.zeros is not None}, bias={self.bias is not None}")
+                f"group_size={self.group_size}, zeros={self.zeros is not None}, bias={self.bias is not None}"
+                + (", act_order=True" if self.input_order is not None else ""))
 
     @classmethod
     def from_tensors(cls, tensors: QuantizedTensors, bias: Optional[torch.Tensor] = None) -> "QuantizedLinear":
         """The module over ``tensors`` (shared, not copied); ``bias`` ``[N]`` is converted to
         the scales' dtype (a Parameter is kept as it is when it already has it)."""
-        packed, scales, zeros, bits, group_size = tensors
+        packed, scales, zeros, bits, group_size, input_order = tensors
         n, k = packed.shape[0], packed.shape[1] * 32 // bits
+        if input_order is not None and (input_order.shape != (k,) or input_order.dtype != torch.int64
+                                        or input_order.device != packed.device):
+            raise ValueError(f"QuantizedLinear: input_order must be int64 [in_features] = [{k}] on {packed.device}, "
+                             f"got {input_order.dtype} {tuple(input_order.shape)} on {input_order.device}")
         new = cls(k, n, bits, group_size, bias=False, device="meta", dtype=scales.dtype)
-        new.packed, new.scales, new.zeros = packed, scales, zeros
+        new.packed, new.scales, new.zeros, new.input_order = packed, scales, zeros, input_order
         if bias is not None:
             if bias.shape != (n,):
                 raise ValueError(f"QuantizedLinear: bias must be [out_features] = [{n}], got {tuple(bias.shape)}")
@@ -351,18 +398,25 @@ def fuse_rows(modules) -> Optional[QuantizedLinear]:
     """One QuantizedLinear over the output rows of ``modules`` (QuantizedLinear layers of one
     input, format, dtype and device, all with a bias or none), for one launch where a model
     makes several (q, k and v; gate and up); each module's buffers and bias then become views
-    of the fused ones' rows (no second copy). None when the modules do not agree."""
+    of the fused ones' rows (no second copy). None when the modules do not agree (act-order
+    imports too: they must share one input order)."""
     first = modules[0]
+
+    def same_order(m):
+        if m.input_order is None or first.input_order is None:
+            return m.input_order is None and first.input_order is None
+        return torch.equal(m.input_order, first.input_order)
+
     same = all(isinstance(m, QuantizedLinear) and m.in_features == first.in_features and m.bits == first.bits
                and m.group_size == first.group_size and m.scales.dtype == first.scales.dtype
                and m.packed.device == first.packed.device and (m.zeros is None) == (first.zeros is None)
-               and (m.bias is None) == (first.bias is None) for m in modules)
+               and (m.bias is None) == (first.bias is None) and same_order(m) for m in modules)
     if not same:
         return None
     cat = lambda name: torch.cat([getattr(m, name).detach() for m in modules])  # noqa: E731
     fused = QuantizedLinear.from_tensors(QuantizedTensors(
-        cat("packed"), cat("scales"), None if first.zeros is None else cat("zeros"), first.bits, first.group_size),
-        None if first.bias is None else cat("bias"))
+        cat("packed"), cat("scales"), None if first.zeros is None else cat("zeros"), first.bits, first.group_size,
+        first.input_order), None if first.bias is None else cat("bias"))
     row = 0
     for m in modules:
         rows = slice(row, row + m.out_features)
@@ -389,8 +443,8 @@ def load_quantized_state_dict(model: nn.Module, state_dict: Dict[str, torch.Tens
     Linear's dtype, on its device), every other tensor loads as ``load_state_dict`` loads it.
 
     ``quantization_config``: ``quant_method`` "gptq" (``bits`` 4 or 8, ``group_size``,
-    ``checkpoint_format`` "gptq" (zero points stored minus one) or "gptq_v2"; act order only
-    with a trivial ``g_idx``) or "awq" (``bits`` / ``w_bit`` 4, ``version`` "gemm"). Every
+    ``checkpoint_format`` "gptq" (zero points stored minus one) or "gptq_v2"; act-order
+    ``g_idx`` taken as :func:`from_gptq` takes it) or "awq" (``bits`` / ``w_bit`` 4, ``version`` "gemm"). Every
     model tensor must come from the checkpoint and every checkpoint tensor must be used, else
     ValueError naming them. Returns ``{"quantized": [names], "loaded": [names]}``."""
     where = "load_quantized_state_dict"
@@ -442,7 +496,7 @@ def load_quantized_state_dict(model: nn.Module, state_dict: Dict[str, torch.Tens
         used.update(f"{prefix}.{key}" for key, v in t.items() if v is not None)
     rest = {key: v for key, v in state_dict.items() if key not in used}
     missing, unexpected = model.load_state_dict(rest, strict=False)
-    ours = {f"{p}.{b}" for p in report["quantized"] for b in ("packed", "scales", "zeros", "bias")}
+    ours = {f"{p}.{b}" for p in report["quantized"] for b in ("packed", "scales", "zeros", "input_order", "bias")}
     # a tied parameter (lm_head.weight = embed_tokens.weight) is loaded under its other name
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = {key for key in missing if any(params.get(key) is params.get(other) for other in rest if other != key)}

@@ -5,7 +5,9 @@
   value i of a word at bits i*bits, zero points stored minus 1 in v1; AWQ: along N, nibble j
   holding column ORDER[j] of 8, ORDER = [0, 2, 4, 6, 1, 3, 5, 7]); after the import,
   llmk.dequantize_weight must equal ``(q - z) * s`` computed by torch in the scales' dtype,
-  exactly. Act-order g_idx, bad shapes and out-of-range zero points are refused.
+  exactly. An act-order g_idx (groups not contiguous in k) imports with an input order whose
+  layer computes the checkpoint's weight; g_idx of unequal groups, bad shapes and out-of-range
+  zero points are refused.
 - QuantizedLinear: forward against ``x · Wᵀ + b`` in float64 on the dequantized weight (the
   FlashAttention rule of test_quantized_linear), from_linear, the state dict, the repr.
 - quantize_model: a small model's output against the same model with the dequantized weights
@@ -50,6 +52,21 @@ def expected_weight(codes, zeros, scales, group):
     z = zeros.repeat_interleave(group, dim=1)
     s = scales.repeat_interleave(group, dim=1)
     return (codes - z).to(scales.dtype) * s
+
+
+def act_order_g_idx(k, group):
+    """An act-order checkpoint's g_idx: each group of `group` inputs scattered over k."""
+    assert k // group >= 2, "one group has no order to shuffle"
+    g_idx = (torch.arange(k, dtype=torch.int32) // group)[torch.randperm(k)]
+    while torch.equal(g_idx, torch.arange(k, dtype=torch.int32) // group):
+        g_idx = g_idx[torch.randperm(k)]
+    return g_idx
+
+
+def expected_weight_by_group(codes, zeros, scales, g_idx):
+    """(q - z) * s with input k in group g_idx[k] (GPTQ's definition), in the scales' dtype."""
+    g = g_idx.long()
+    return (codes - zeros[:, g]).to(scales.dtype) * scales[:, g]
 
 
 def to_int32(words):
@@ -176,18 +193,75 @@ def test_gptq_scales_dtype():
         from_gptq(qweight, qzeros, s, dtype=torch.float32)
 
 
-def test_gptq_act_order_rejected():
+@pytest.mark.parametrize("bits,group", [(4, 128), (8, 64)])
+@pytest.mark.parametrize("device", DEVICES)
+def test_gptq_act_order(bits, group, device):
+    """An act-order g_idx: the tensors' dequantized weight and the module's forward are the
+    checkpoint's weight in the layer's input order; the state dict keeps the order."""
+    n, k, dtype = 24, 384, torch.float16
+    codes, zeros, scales = true_weight(n, k, bits, group, dtype)
+    g_idx = act_order_g_idx(k, group)
+    qweight, qzeros, s = (t.to(device) for t in gptq_pack(codes, zeros, scales, bits))
+    want = expected_weight_by_group(codes, zeros, scales, g_idx)
+    t = from_gptq(qweight, qzeros, s, g_idx.to(device), bits=bits)
+    assert t.input_order is not None and t.input_order.dtype == torch.int64 and t.input_order.device.type == device
+    assert torch.equal(g_idx[t.input_order.cpu()], torch.arange(k, dtype=torch.int32) // group), "not sorted by group"
+    assert torch.equal(t.dequantize().cpu(), want)
+    module = QuantizedLinear.from_gptq(qweight, qzeros, s, g_idx.to(device), bits=bits)
+    assert torch.equal(module.dequantize().cpu(), want) and "act_order=True" in repr(module)
+    x = torch.randn(5, k, dtype=dtype, device=device)
+    exact = (codes - zeros[:, g_idx.long()]).double() * scales.double()[:, g_idx.long()]  # unrounded
+    assert_flash_rule(module(x).cpu(), F.linear(x.double(), exact.to(device)).cpu(), F.linear(x, want.to(device)).cpu(),
+                      dtype, "act-order forward", ATOL_EPS)
+    state = module.state_dict()
+    assert set(state) == {"packed", "scales", "zeros", "input_order"}
+    fresh = QuantizedLinear(k, n, bits, group, bias=False, zeros=True, device=device, dtype=dtype, act_order=True)
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh(x), module(x))
+    # the trivial order is no order
+    assert from_gptq(qweight, qzeros, s, (torch.arange(k, dtype=torch.int32) // group).to(device),
+                     bits=bits).input_order is None
+
+
+def test_fuse_rows_needs_one_input_order():
+    """Act-order layers fuse when they share their input order, and only then."""
+    from llmk.quantization import fuse_rows
+    k, group, dtype = 256, 128, torch.float16
+    g_idx = act_order_g_idx(k, group)
+
+    def layer(n, order):
+        codes, zeros, scales = true_weight(n, k, 4, group, dtype)
+        return QuantizedLinear.from_gptq(*gptq_pack(codes, zeros, scales, 4), order), \
+            expected_weight_by_group(codes, zeros, scales, order)
+
+    (a, wa), (b, wb) = layer(16, g_idx), layer(8, g_idx)
+    fused = fuse_rows([a, b])
+    assert fused is not None and torch.equal(fused.input_order, a.input_order)
+    assert torch.equal(fused.dequantize(), torch.cat([wa, wb]))
+    x = torch.randn(3, k, dtype=dtype)
+    assert torch.equal(fused(x), torch.cat([a(x), b(x)], -1))
+    other, _ = layer(8, act_order_g_idx(k, group))
+    plain = QuantizedLinear.from_gptq(*gptq_pack(*true_weight(8, k, 4, group, dtype), 4))
+    assert fuse_rows([a, other]) is None and fuse_rows([a, plain]) is None and fuse_rows([plain, a]) is None
+
+
+def test_gptq_act_order_rejects():
     n, k, group = 8, 256, 128
     codes, zeros, scales = true_weight(n, k, 4, group, torch.float16)
     qweight, qzeros, s = gptq_pack(codes, zeros, scales, 4)
-    g_idx = torch.arange(k, dtype=torch.int32) // group
-    shuffled = g_idx[torch.randperm(k)]
-    while torch.equal(shuffled, g_idx):
-        shuffled = g_idx[torch.randperm(k)]
-    with pytest.raises(ValueError, match="act-order"):
-        from_gptq(qweight, qzeros, s, shuffled)
-    with pytest.raises(ValueError, match="desc_act"):
+    g_idx = act_order_g_idx(k, group)
+    with pytest.raises(ValueError, match=r"g_idx must be an integer tensor \[K\] = \[256\]"):
         from_gptq(qweight, qzeros, s, g_idx[: k - 1])
+    with pytest.raises(ValueError, match="g_idx must be an integer tensor"):
+        from_gptq(qweight, qzeros, s, g_idx.float())
+    uneven = g_idx.clone()
+    uneven[(uneven == 0).nonzero()[0]] = 1  # group 0 one input short, group 1 one over
+    with pytest.raises(ValueError, match="does not give each of the 2 groups 128 inputs"):
+        from_gptq(qweight, qzeros, s, uneven)
+    outside = g_idx.clone()
+    outside[0] = 2
+    with pytest.raises(ValueError, match=r"group ids 0..2"):
+        from_gptq(qweight, qzeros, s, outside)
 
 
 def test_gptq_bad_inputs():
@@ -532,20 +606,22 @@ def test_parse_scheme():
 # -- whole checkpoints ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["gptq", "gptq_v2", "awq"])
+@pytest.mark.parametrize("method", ["gptq", "gptq_v2", "gptq_act_order", "awq"])
 def test_load_quantized_state_dict(method):
     """A tiny Llama's GPTQ / AWQ checkpoint (its projections' codes packed by this file's own
     packers, everything else as saved) loads into a freshly initialized model, whose logits then
-    follow the original model given the dequantized weights."""
+    follow the original model given the dequantized weights. Act order: one g_idx per input
+    (q/k/v share theirs, gate/up theirs, as a quantizer's shared inputs give them)."""
     transformers = pytest.importorskip("transformers")
     from llmk.quantization import load_quantized_state_dict
-    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=200,
                                       tie_word_embeddings=True)
     torch.manual_seed(0)
     reference = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
     checkpoint = dict(reference.state_dict())
     checkpoint.pop("lm_head.weight")  # tied: saved once, as the embedding
+    orders = {}  # (parent module, K) -> an act-order g_idx
     for name, module in reference.named_modules():
         if not isinstance(module, nn.Linear) or name == "lm_head":
             continue
@@ -556,17 +632,25 @@ def test_load_quantized_state_dict(method):
             qweight, qzeros, s = awq_pack(codes, zeros, scales)
         else:
             qweight, qzeros, s = gptq_pack(codes, zeros, scales, 4, offset=0 if method == "gptq_v2" else 1)
-            checkpoint[f"{name}.g_idx"] = torch.arange(k, dtype=torch.int32) // 128
-        checkpoint.update({f"{name}.qweight": qweight, f"{name}.qzeros": qzeros, f"{name}.scales": s})
+            g_idx = torch.arange(k, dtype=torch.int32) // 128
+            if method == "gptq_act_order":
+                g_idx = orders.setdefault((name.rpartition(".")[0], k), act_order_g_idx(k, 128))
+            checkpoint[f"{name}.g_idx"] = g_idx
         with torch.no_grad():  # the weight the loaded layer must compute with (bf16 scales)
-            module.weight.copy_(expected_weight(codes, zeros, scales.to(torch.bfloat16), 128))
+            module.weight.copy_(expected_weight_by_group(codes, zeros, scales.to(torch.bfloat16), g_idx)
+                                if method == "gptq_act_order" else
+                                expected_weight(codes, zeros, scales.to(torch.bfloat16), 128))
+        checkpoint.update({f"{name}.qweight": qweight, f"{name}.qzeros": qzeros, f"{name}.scales": s})
     config_q = {"quant_method": "awq", "w_bit": 4, "q_group_size": 128, "version": "gemm"} if method == "awq" else \
-        {"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": method}
+        {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": method == "gptq_act_order",
+         "checkpoint_format": "gptq" if method == "gptq_act_order" else method}
     torch.manual_seed(1)
     model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
     report = load_quantized_state_dict(model, checkpoint, config_q)
     assert len(report["quantized"]) == 14 and "model.embed_tokens.weight" in report["loaded"]
     assert all(isinstance(model.get_submodule(n), QuantizedLinear) for n in report["quantized"])
+    assert all((model.get_submodule(n).input_order is not None) == (method == "gptq_act_order")
+               for n in report["quantized"])
     assert model.lm_head.weight is model.model.embed_tokens.weight
     ids = torch.randint(0, 200, (1, 12))
     with torch.no_grad():
