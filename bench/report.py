@@ -43,7 +43,7 @@ FAMILIES = {
     "decode": "attention decode over a KV cache (contiguous, paged, fp8, four queries)",
     "attention paged prefill": "a prefill chunk over a KV cache (paged, shuffled 16-token pages; contiguous) "
                                "against the prefill kernel on dense K/V, the decode kernel and SDPA's backends",
-    "gemm": "llmk.linear against cuBLAS, fused epilogues, rmsnorm_linear",
+    "gemm": "GEMM (llmk.linear) against cuBLAS, fused epilogues, rmsnorm_linear",
     "quantized": "Weight-only quantized linear (llmk.quantized_linear, int4 / int8 weights) against cuBLAS bf16, tinygemm and int8pack",
     **{f"distributed, {w} GPUs": "tensor-parallel all-reduce + residual add + RMSNorm "
                                   f"(llmk.distributed.all_reduce_add_rmsnorm) against NCCL's all-reduce then "
