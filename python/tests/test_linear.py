@@ -28,8 +28,9 @@ GRAD_ATOL_EPS = 1.0
 
 # (leading dims of x, K, N): N counts weight rows (N / 2 outputs for silu_mul).
 CPU_SHAPES = [((1,), 64, 32), ((5,), 136, 24), ((2, 3), 64, 48), ((7,), 64, 26), ((1,), 8, 2), ((33,), 200, 72)]
-# On the GPU also the kernels' boundaries: M <= 64 goes to the split-K kernel, above it to the
-# Hopper (sm_90a) or mma.sync kernel; K and N not multiples of the tiles; a batched x.
+# On the GPU also the kernels' boundaries: M <= 32 goes to the small-M split-K kernel (M <= 64
+# without the Hopper kernel), above it to the Hopper (sm_90a) or mma.sync kernel; K and N not
+# multiples of the tiles; a batched x. test_every_m_to_256 sweeps M across every boundary.
 CUDA_SHAPES = CPU_SHAPES + [((16,), 4096, 512), ((64,), 1000, 264), ((65,), 512, 130), ((2, 129), 512, 1536),
                             ((300,), 1032, 392), ((1024,), 1024, 2048),
                             ((128,), 4096, 4096)]  # few tiles, long K: the Hopper kernel splits K
@@ -161,6 +162,22 @@ def test_transposed_and_strided_views(device, activation):
     for xv, wv, what in ((x_t, w, "x transposed"), (x, w_t, "weight transposed"), (x_t, w_t, "both transposed"),
                          (x_strided, w, "x strided rows")):
         assert_rule(llmk.linear(xv, wv, b, None, activation), want, theirs, dtype, what)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
+def test_every_m_to_256(dtype):
+    """Every M from 1 to 256 on the automatic path (the small-M kernel, the Hopper kernel's
+    one-block clusters to M = 128 and two-block ones above, split along K), with K = 4104 (65
+    k steps: pieces of unequal length, the last one short) and 520 outputs (three tiles, the
+    last partial), bias and residual; each M's rows a prefix of one x."""
+    k, n = 4104, 520
+    x, w, b, r = make((256,), k, n, "none", "bias_residual", dtype, "cuda")
+    want = composed(*map(f64, (x, w, b, r)), "none", exact=True)
+    theirs = composed(x, w, b, r, "none")
+    for m in range(1, 257):
+        got = llmk.linear(x[:m], w, b, r[:m])
+        assert_rule(got, want[:m], theirs[:m], dtype, f"M = {m}")
 
 
 @requires_cuda
