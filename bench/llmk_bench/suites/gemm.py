@@ -16,9 +16,14 @@ at small M).
   ``gemm_residual`` (Llama-3-8B o and down), ``gemm_silu_mul`` (Llama-3-8B gate/up: N = 28672
   weight rows, 14336 outputs), ``gemm_gelu`` (a 4x GELU MLP's up projection 16384x4096,
   tanh GELU with bias).
+  ``gemm_silu_mul`` also against ``compile`` (``torch.compile`` of F.linear, then silu(gate) *
+  up: Inductor's own fusion of the activation; GPU only).
 - ``rmsnorm_linear`` at M = 1, 16, 64 over Llama-3-8B qkv and gate/up: ``llmk`` (one kernel)
   against ``unfused`` (``llmk.rmsnorm`` then ``F.linear``) and ``llmk 2 kernels``
   (``llmk.rmsnorm`` then ``llmk.linear``).
+- ``gemm_train`` (part ``train``) at M = 2048, 8192 over Llama-3-8B qkv, up (14336x4096) and
+  down: one training step of the projection, the forward and both gradients (dx, dweight)
+  through autograd, ``llmk.linear`` against ``F.linear`` (cuBLAS); 3 x 2MNK FLOPs, dx checked.
 
 Columns: the harness's (tokens = M, hidden = N), plus ``k`` and ``shape``; ``tflops`` and
 ``pct_gemm`` (of the same run's cuBLAS 8192^3 bf16 rate); for M <= 64 ``gbs`` is the weight
@@ -27,7 +32,7 @@ rows, where the weight is not the bound). ``max_rel_err``: max|out - ref| / max|
 64 rows x 1024 columns against a float64 reference.
 
 Trimming (a short GPU run): ``--gemm-shapes`` (names, or the groups llama, qwen, square),
-``--gemm-m`` (the M list of the plain sweep), ``--gemm-parts`` (plain fused rmsnorm_linear),
+``--gemm-m`` (the M list of the plain sweep), ``--gemm-parts`` (plain fused rmsnorm_linear train),
 or the environment variables LLMK_BENCH_GEMM_SHAPES / _M / _PARTS (comma-separated);
 ``--tokens`` / ``--hidden`` of the harness filter M and N too. The run prints its estimated
 duration first (``estimate_s``); the default set, 67 cases and 148 rows, took 37 s on the H100
@@ -63,14 +68,17 @@ FUSED = {"gemm_bias": {"qwen2.5_7b_qkv": SHAPES["qwen2.5_7b_qkv"]},
          "gemm_silu_mul": {"llama3_8b_gate_up": SHAPES["llama3_8b_gate_up"]},
          "gemm_gelu": {"gelu_mlp_4096_up": (16384, 4096)}}
 RMSNORM_LINEAR = {"llama3_8b_qkv": SHAPES["llama3_8b_qkv"], "llama3_8b_gate_up": SHAPES["llama3_8b_gate_up"]}
-PARTS = ("plain", "fused", "rmsnorm_linear")
+TRAIN = {"llama3_8b_qkv": SHAPES["llama3_8b_qkv"], "llama3_8b_up": (14336, 4096),
+         "llama3_8b_down": SHAPES["llama3_8b_down"]}
+TRAIN_M = [2048, 8192]
+PARTS = ("plain", "fused", "rmsnorm_linear", "train")
 # Without a GPU: the reference backend at small shapes.
 CPU = dict(shapes={"cpu_512x256": (512, 256), "cpu_256x512": (256, 512)}, squares={"square_256": 256},
            m=[1, 16, 64], fused_m=[64], rmsnorm_linear_m=[1, 16],
            fused={"gemm_bias": {"cpu_512x256": (512, 256)}, "gemm_residual": {"cpu_256x512": (256, 512)},
                   "gemm_silu_mul": {"cpu_512x256": (512, 256)}, "gemm_gelu": {"cpu_512x256": (512, 256)}},
-           rmsnorm_linear={"cpu_512x256": (512, 256)})
-assert OPS == ("gemm", *FUSED, "rmsnorm_linear")  # the view's names (views/gemm.py) are these cases
+           rmsnorm_linear={"cpu_512x256": (512, 256)}, train={"cpu_512x256": (512, 256)}, train_m=[64])
+assert OPS == ("gemm", *FUSED, "rmsnorm_linear", "gemm_train")  # the view's names (views/gemm.py) are these cases
 CHECK_ROWS, CHECK_COLS = 64, 1024
 EPS = 1e-6
 # The runtime model of estimate_s (an H100 SXM): achievable bf16 rate and HBM bandwidth, the
@@ -128,6 +136,10 @@ def _selection(args, device):
         fused_m = [m for m in tokens if m >= 256] if tokens else CPU["fused_m"] if cpu else FUSED_M
         fused = [(op, name, m, n, k) for op, cases in (CPU["fused"] if cpu else FUSED).items()
                  for name, (n, k) in cases.items() for m in fused_m if keep(n)]
+    if "train" in parts:  # timed as the fused cases are (fused_case), three impls at most
+        train_m = [m for m in tokens if m >= 256] if tokens else CPU["train_m"] if cpu else TRAIN_M
+        fused += [("gemm_train", name, m, n, k) for name, (n, k) in (CPU["train"] if cpu else TRAIN).items()
+                  for m in train_m if keep(n)]
     rl = []
     if "rmsnorm_linear" in parts:
         rl_m = [m for m in tokens if m <= 64] if tokens else CPU["rmsnorm_linear_m"] if cpu else RMSNORM_LINEAR_M
@@ -141,7 +153,9 @@ def estimate_s(plain, fused, rl) -> float:
     total = 0.0
     for impls, cases in ((2, [("gemm", *c) for c in plain]), (3, fused + rl)):
         for op, _, m, n, k in cases:
-            call = max(2 * m * n * k / (H100_TFLOPS * 1e12), 2 * (m * k + n * k + m * n) / (H100_GBS * 1e9)) + 5e-6
+            passes = 3 if op == "gemm_train" else 1  # the forward and two gradient products
+            call = passes * max(2 * m * n * k / (H100_TFLOPS * 1e12),
+                                2 * (m * k + n * k + m * n) / (H100_GBS * 1e9)) + 5e-6
             total += impls * (CALLS_PER_IMPL * call) + CASE_OVERHEAD_S
     return total
 
@@ -204,6 +218,8 @@ def fused_case(op, m, n, k, dtype, device):
     if op == "gemm_silu_mul":
         impls = {"llmk": lambda x, w: llmk.linear(x, w, None, None, "silu_mul"),
                  "unfused": lambda x, w: llmk.swiglu(*F.linear(x, w).chunk(2, dim=-1))}
+        if device == "cuda":
+            impls["compile"] = torch.compile(_linear_silu_mul)
 
         def reference(inputs, rows, cols):
             x, w = inputs
@@ -222,7 +238,28 @@ def fused_case(op, m, n, k, dtype, device):
             return F.gelu(x[rows].double() @ w[cols].double().t() + b[cols].double(), approximate="tanh")
 
         return _inputs(m, n, k, dtype, device, bias=True), impls, reference
+    if op == "gemm_train":
+        def step(linear):
+            return lambda x, w, dy: torch.autograd.grad(linear(x, w), (x, w), dy)[0]
+
+        impls = {"llmk": step(llmk.linear), peer: step(F.linear)}
+
+        def make():
+            x, w = _inputs(m, n, k, dtype, device)()
+            return x.requires_grad_(), w.requires_grad_(), torch.randn(m, n, device=device, dtype=dtype)
+
+        def reference(inputs, rows, cols):  # dx = dy . w
+            _, w, dy = inputs
+            return dy[rows].double() @ w.detach()[:, cols].double()
+
+        return make, impls, reference
     raise ValueError(op)
+
+
+def _linear_silu_mul(x, w):
+    """F.linear, then silu(gate) * up on its two halves: what torch.compile fuses (gemm_silu_mul)."""
+    gate, up = F.linear(x, w).chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def rmsnorm_linear_case(m, n, k, dtype, device):
@@ -256,7 +293,8 @@ def _max_rel_err(out, inputs, reference):
 def matmul_row(op, dtype, m, n, k, impl, us, method, err, weight_bytes, info, **extra) -> dict:
     """A CSV row of an [m, k] x [k, n] product timed at `us`: the harness's columns, TFLOP/s and
     % of the run's GEMM rate, and for M <= 64 the weight's GB/s and % of copy; then `extra`."""
-    tflops, gbs, small = 2 * m * n * k / us / 1e6, weight_bytes / us / 1e3, m <= 64
+    passes = 3 if op == "gemm_train" else 1  # the forward and two gradient products
+    tflops, gbs, small = passes * 2 * m * n * k / us / 1e6, weight_bytes / us / 1e3, m <= 64
     return dict(op=op, dtype=str(dtype).replace("torch.", ""), tokens=m, hidden=n, impl=impl,
                 time_us=round(us, 3), gbs=sig(gbs) if small else "",
                 pct_copy=round(100 * gbs / info["copy_gbs"], 1) if small else "",
@@ -270,6 +308,8 @@ def _measure(op, shape, m, n, k, dtype, device, info, make, impls, reference, fa
     elt = torch.tensor([], dtype=dtype).element_size()
     n_out = n // 2 if op == "gemm_silu_mul" else n
     bytes_per_call = elt * (m * k + n * k + m * n_out + (m * n_out if op == "gemm_residual" else 0))
+    if op == "gemm_train":  # dy, dx and dweight besides
+        bytes_per_call = elt * 2 * (m * k + n * k + m * n)
     try:
         sets = timing.buffer_sets(make, bytes_per_call, device)
     except Exception as e:  # noqa: BLE001 - out of memory, say: report, go on

@@ -1,0 +1,31 @@
+"""The benchmark harness's gemm suite (bench/llmk_bench/suites/gemm.py) on the CPU backend at
+its small shapes: the fused epilogues and the training step (gemm_train: the forward and both
+gradients through autograd), one row per impl and case, llmk's error at the reference's, and the
+table rebuilt from the CSV. The GPU run is the device's."""
+
+import pytest
+
+import llmk  # noqa: F401  (registers torch.ops.llmk)
+from bench_cli import bench, csv_rows
+from conftest import HAS_CUDA
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the CPU backend's run; on a GPU the suite times the GPU kernels")
+def test_gemm_suite_fused_and_train_on_the_cpu(tmp_path):
+    bench("--op", "gemm", "--gemm-parts", "fused", "train", "--csv", tmp_path / "g.csv", cwd=tmp_path)
+    rows = csv_rows(tmp_path / "g.csv")
+    cases = {}
+    for r in rows:
+        assert r["dtype"] == "bfloat16" and r["tokens"] == "64"
+        cases.setdefault(r["op"], {})[r["impl"]] = r
+    assert set(cases) == {"gemm_bias", "gemm_residual", "gemm_silu_mul", "gemm_gelu", "gemm_train"}
+    train = cases["gemm_train"]
+    assert set(train) == {"llmk", "torch"}  # no compile impl off the GPU
+    for row in train.values():
+        assert row["shape"] == "cpu_512x256" and row["k"] == "256" and float(row["time_us"]) > 0
+        assert float(row["max_rel_err"]) < 1e-2  # dx against float64
+        # three products of 2 M N K FLOPs over the time
+        assert float(row["tflops"]) == pytest.approx(3 * 2 * 64 * 512 * 256 / float(row["time_us"]) / 1e6, rel=0.02)
+    assert set(cases["gemm_silu_mul"]) == {"llmk", "unfused"}
+    table = bench("--from-csv", tmp_path / "g.csv", cwd=tmp_path)
+    assert "| gemm_train | cpu_512x256 | 64 | 512 | 256 |" in table and "vs compile" in table
