@@ -16,6 +16,8 @@ checked; one model on the GPU at a time, so peak memory is that implementation's
   (RoPE, RMSNorm, SwiGLU/GeGLU, fused linear cross-entropy), where ``liger_kernel`` imports.
   Its module-level replacements are undone after its rows.
 - ``llmk``: ``llmk.patch(model)`` (its report is printed once per family);
+  ``llmk_linear``: ``llmk.patch(model, linear=True)``, every ``nn.Linear`` on ``llmk.linear``
+  too (the projections and the LM head: llmk's GEMM against cuBLAS inside the same model);
   ``llmk_compile``: ``llmk.patch`` then ``torch.compile`` as above.
 
 Phases (a CSV row per family, size and implementation; ``tokens`` is the sequence
@@ -69,6 +71,7 @@ from ..views.common import sig
 from ..views.e2e import IMPLS, PHASES, is_e2e_row, markdown, plot  # noqa: F401
 
 COMPILED = ("compile", "llmk_compile")
+PATCH_OPTIONS = {"llmk_linear": dict(linear=True)}  # llmk.patch's arguments per llmk impl
 SIZES = {"cuda": {"prefill": (2048, 32768), "train": (2048,)}, "cpu": {"prefill": (64, 128), "train": (64,)}}
 LAYERS = {"cuda": 4, "cpu": 2}
 # (warm-up calls after the first, timed calls) per phase and size class; the first call
@@ -211,7 +214,7 @@ def implementation(name, model, family, reports):
     patched = False
     try:
         if name.startswith("llmk"):
-            report = llmk.patch(model)
+            report = llmk.patch(model, **PATCH_OPTIONS.get(name, {}))
             patched = True
             if family not in reports:
                 print(str(report), flush=True)

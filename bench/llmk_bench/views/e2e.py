@@ -12,8 +12,9 @@ import json
 from .common import as_float, ms, time_ratio, times, verdict
 
 PHASES = ("prefill", "train")
-IMPLS = ("eager", "compile", "liger", "llmk", "llmk_compile")
-COLORS = dict(eager="tab:orange", compile="tab:red", liger="tab:green", llmk="tab:blue", llmk_compile="tab:purple")
+IMPLS = ("eager", "compile", "liger", "llmk", "llmk_linear", "llmk_compile")
+COLORS = dict(eager="tab:orange", compile="tab:red", liger="tab:green", llmk="tab:blue", llmk_linear="tab:cyan",
+              llmk_compile="tab:purple")
 # phase -> (tokens, speedup over eager, speedup over the second peer: compile for prefill, Liger for train)
 AIMS = {"prefill": (32768, 1.3, 1.1), "train": (2048, 1.2, 1.0)}
 
