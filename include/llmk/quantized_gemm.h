@@ -41,7 +41,7 @@
 //   x: [..., K], float16 or bfloat16, rows uniformly strided, 16-byte aligned, last dim
 //      contiguous; out: x's leading dims and dtype, last dim N contiguous; bias: optional
 //      [N] of x's dtype. scales have x's dtype.
-//   Paths: for M <= 64 rows a weight-streaming kernel (the codes read once, dequantized in
+//   Paths: for M <= 128 rows a weight-streaming kernel (the codes read once per 64 rows, dequantized in
 //   registers into mma.sync fragments, split-K inside the CTA and across a thread-block
 //   cluster on sm_90); above, each slab of up to 16384 weight rows is dequantized into
 //   `workspace` and multiplied by llmk::gemm (tensor-core GEMM speed plus the slab's pass).

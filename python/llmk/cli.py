@@ -61,7 +61,7 @@ def _info() -> int:
                                    " small-M weight-streaming kernel for M <= 64,")
               + " mma.sync kernel for the rest"
               " (LLMK_GEMM_PATH=sm90|small_m|sm80 forces one)")
-        print("  quantized_linear: int4/int8 weights streamed and dequantized in registers for M <= 64"
+        print("  quantized_linear: int4/int8 weights streamed and dequantized in registers for M <= 128"
               " (int4 at M <= 16: the group scale applied to each group's fp32 sum),"
               " dequantize into a workspace + gemm above (LLMK_QUANTIZED_PATH=stream|dequant forces one)")
         print("  attention: " + _attention_paths(hopper, ATTENTION_SM90_HEAD_DIMS))

@@ -47,9 +47,12 @@ struct QuantizedParams {
   int64_t workspace_elems;
 };
 
-// The streaming kernel takes m <= kQuantizedStreamMaxM; above, slabs of kQuantizedSlabRows
-// weight rows are dequantized into the workspace and multiplied by llmk::gemm.
-inline constexpr int64_t kQuantizedStreamMaxM = 64;
+// The streaming kernel takes m <= kQuantizedStreamMaxM (in 64-row chunks above 64); above,
+// slabs of kQuantizedSlabRows weight rows are dequantized into the workspace and multiplied
+// by llmk::gemm. H200, both paths forced in one run (e927c2a, 8 int4 / int8 shapes each):
+// streaming ran 1.16-1.65x the dequantize path at m = 128 on all 16, 0.60-0.86x at 256
+// (o: 1.01-1.03x).
+inline constexpr int64_t kQuantizedStreamMaxM = 128;
 inline constexpr int64_t kQuantizedSlabRows = 16384;
 
 void quantized_gemm_stream_cuda(const QuantizedParams& p, cudaStream_t stream);

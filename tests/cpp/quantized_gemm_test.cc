@@ -2,8 +2,8 @@
 //   * CPU: quantize_weight writes codes that this file reads back by its own reading of the
 //     header's layout; dequantize_weight gives (q - z) * s; quantized_gemm's reference equals
 //     a naive double loop over that weight rounded once.
-//   * GPU: the CUDA paths (weight-streaming kernel at M <= 64 in its token-tile regimes,
-//     dequantize + GEMM above, with the workspace the size function asks for)
+//   * GPU: the CUDA paths (weight-streaming kernel at M <= 128 in its token-tile regimes and
+//     64-row chunks, dequantize + GEMM above, with the workspace the size function asks for)
 //     against the CPU reference, int4 group 128 with zero points and int8 per channel, f16 and
 //     bf16, x rows strided, out rows strided with NaN in the gaps (an unwritten element or a
 //     write into a gap fails). Tolerance: both sum exact products of T values in fp32 (GPU) or
