@@ -66,7 +66,7 @@ quantized_linear = define(
         "``[N, K / group_size]`` of x's dtype; zeros uint8 ``[N, K / group_size]`` or None (symmetric: "
         "z = 2^(bits-1)); bits 4 (group_size a multiple of 128 dividing K) or 8 (a multiple of 64; "
         "group_size = K is per channel); bias ``[N]`` of x's dtype. The output is ``[..., N]`` of x's dtype. "
-        "Up to 64 rows a weight-streaming kernel reads the codes once (decode); more rows "
+        "Up to 128 rows a weight-streaming kernel reads the codes (once per 64 rows: decode); more rows "
         "dequantize slabs of the weight into a workspace for the tensor-core GEMM (prefill). With autograd "
         "for x and bias.")
 
