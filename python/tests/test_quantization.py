@@ -49,9 +49,7 @@ def true_weight(n, k, bits, group, dtype, symmetric=False):
 
 def expected_weight(codes, zeros, scales, group):
     """(q - z) * s in the scales' dtype: (q - z) exact, one rounded multiply."""
-    z = zeros.repeat_interleave(group, dim=1)
-    s = scales.repeat_interleave(group, dim=1)
-    return (codes - z).to(scales.dtype) * s
+    return expected_weight_by_group(codes, zeros, scales, torch.arange(codes.shape[1]) // group)
 
 
 def act_order_g_idx(k, group):

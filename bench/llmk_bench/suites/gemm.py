@@ -71,6 +71,7 @@ RMSNORM_LINEAR = {"llama3_8b_qkv": SHAPES["llama3_8b_qkv"], "llama3_8b_gate_up":
 TRAIN = {"llama3_8b_qkv": SHAPES["llama3_8b_qkv"], "llama3_8b_up": (14336, 4096),
          "llama3_8b_down": SHAPES["llama3_8b_down"]}
 TRAIN_M = [2048, 8192]
+PRODUCTS = {"gemm_train": 3}  # GEMMs of 2MNK FLOPs per call, where not 1: the forward, dx and dweight
 PARTS = ("plain", "fused", "rmsnorm_linear", "train")
 # Without a GPU: the reference backend at small shapes.
 CPU = dict(shapes={"cpu_512x256": (512, 256), "cpu_256x512": (256, 512)}, squares={"square_256": 256},
@@ -153,9 +154,8 @@ def estimate_s(plain, fused, rl) -> float:
     total = 0.0
     for impls, cases in ((2, [("gemm", *c) for c in plain]), (3, fused + rl)):
         for op, _, m, n, k in cases:
-            passes = 3 if op == "gemm_train" else 1  # the forward and two gradient products
-            call = passes * max(2 * m * n * k / (H100_TFLOPS * 1e12),
-                                2 * (m * k + n * k + m * n) / (H100_GBS * 1e9)) + 5e-6
+            call = PRODUCTS.get(op, 1) * max(2 * m * n * k / (H100_TFLOPS * 1e12),
+                                             2 * (m * k + n * k + m * n) / (H100_GBS * 1e9)) + 5e-6
             total += impls * (CALLS_PER_IMPL * call) + CASE_OVERHEAD_S
     return total
 
@@ -293,8 +293,7 @@ def _max_rel_err(out, inputs, reference):
 def matmul_row(op, dtype, m, n, k, impl, us, method, err, weight_bytes, info, **extra) -> dict:
     """A CSV row of an [m, k] x [k, n] product timed at `us`: the harness's columns, TFLOP/s and
     % of the run's GEMM rate, and for M <= 64 the weight's GB/s and % of copy; then `extra`."""
-    passes = 3 if op == "gemm_train" else 1  # the forward and two gradient products
-    tflops, gbs, small = passes * 2 * m * n * k / us / 1e6, weight_bytes / us / 1e3, m <= 64
+    tflops, gbs, small = PRODUCTS.get(op, 1) * 2 * m * n * k / us / 1e6, weight_bytes / us / 1e3, m <= 64
     return dict(op=op, dtype=str(dtype).replace("torch.", ""), tokens=m, hidden=n, impl=impl,
                 time_us=round(us, 3), gbs=sig(gbs) if small else "",
                 pct_copy=round(100 * gbs / info["copy_gbs"], 1) if small else "",
