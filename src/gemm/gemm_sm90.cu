@@ -46,17 +46,14 @@ auto with_kernel(DType dtype, bool a_k_major, bool b_k_major, F&& f) {
 }
 
 // Clusters of `cluster` blocks of the kernel's shape that run at once on the device
-// (cached per kernel, device and cluster size).
-int max_active_clusters(const void* kernel, cudaLaunchConfig_t config, int cluster, int device) {
+// (occupancy.h's query, cached per kernel, device and cluster size).
+int resident_clusters(const void* kernel, int cluster, int device) {
   static std::mutex mutex;
   static std::vector<std::tuple<const void*, int, int, int>> known;
   std::lock_guard<std::mutex> lock(mutex);
   for (const auto& [k, d, size, clusters] : known)
     if (k == kernel && d == device && size == cluster) return clusters;
-  const int sms = sm_count_of(device);
-  config.gridDim = dim3(static_cast<unsigned>(sms / cluster * cluster));
-  int clusters = 0;
-  LLMK_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+  const int clusters = max_active_clusters(kernel, GemmSm90Config::kThreads, GemmSm90Config::kSharedBytes, cluster);
   LLMK_CHECK(clusters > 0, "gemm: no cluster of the Hopper kernel fits on this device");
   known.emplace_back(kernel, device, cluster, clusters);
   return clusters;
@@ -74,6 +71,23 @@ int64_t split_k_pieces(const GemmParams& p, int64_t tiles, int64_t clusters, int
   pieces = std::min<int64_t>(pieces, k_steps / 4);
   pieces = std::min<int64_t>(pieces, 16);
   return pieces >= 2 ? pieces : 1;
+}
+
+// A call of one tile row split with its pieces reduced inside clusters: the piece count (2-8,
+// each piece a block of the tile's cluster: as many as fill the resident blocks once, each
+// piece >= 4 k steps, every piece non-empty, every tile's cluster resident at once), 1 when
+// no count qualifies (or for silu_mul). No partial sums leave the chip, so the count is not
+// held to split_k_pieces' traffic cap.
+int k_cluster_pieces(const void* kernel, const GemmParams& p, int64_t tiles, int64_t blocks, int64_t k_steps,
+                     int device) {
+  if (p.activation == GemmActivation::silu_mul) return 1;
+  const int64_t most = std::min<int64_t>({blocks / tiles, k_steps / 4, GemmSm90Config::kMaxKCluster});
+  for (int64_t pieces = most; pieces >= 2; --pieces) {
+    const int64_t steps = (k_steps + pieces - 1) / pieces;
+    if ((k_steps + steps - 1) / steps != pieces) continue;
+    if (tiles <= resident_clusters(kernel, static_cast<int>(pieces), device)) return static_cast<int>(pieces);
+  }
+  return 1;
 }
 
 // The reduction and epilogue of a split call (gemm_split_reduce.cuh).
@@ -171,22 +185,35 @@ void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
     config.numAttrs = 1;
     // As many clusters as fit at once (GPC boundaries can leave an SM out), at most one
     // per cluster tile.
-    const int clusters = max_active_clusters(kernel, config, args.cluster, device);
+    const int clusters = resident_clusters(kernel, args.cluster, device);
     const int64_t tiles = args.raster.tiles();
-    args.splits = split_k_pieces(p, tiles, clusters, args.k_steps);
-    if (args.splits > 1 && !scratch_available(device)) args.splits = 1;  // its partials need the pool
+    // One tile row: its split reduced inside clusters of the tile's pieces where they fit,
+    // else (and for two tile rows and more) through partial sums in scratch memory.
+    args.k_cluster = args.cluster == 1 ? k_cluster_pieces(kernel, p, tiles, clusters, args.k_steps, device) : 1;
+    if (args.k_cluster > 1) {
+      args.splits = args.k_cluster;
+    } else {
+      args.splits = split_k_pieces(p, tiles, clusters, args.k_steps);
+      if (args.splits > 1 && !scratch_available(device)) args.splits = 1;  // its partials need the pool
+    }
     args.split_steps = (args.k_steps + args.splits - 1) / args.splits;
     args.splits = (args.k_steps + args.split_steps - 1) / args.split_steps;  // every piece non-empty
     args.ld_partial = (p.n + 3) / 4 * 4;
-    args.partial = args.splits > 1 ? static_cast<float*>(scratch_alloc(
-                                         sizeof(float) * args.splits * p.m * args.ld_partial, device, stream))
-                                   : nullptr;
+    const bool partials = args.splits > 1 && args.k_cluster == 1;
+    args.partial = partials ? static_cast<float*>(scratch_alloc(sizeof(float) * args.splits * p.m * args.ld_partial,
+                                                               device, stream))
+                            : nullptr;
     const int64_t units = args.units();
-    config.gridDim = dim3(static_cast<unsigned>(args.cluster * (units < clusters ? units : clusters)));
+    if (args.k_cluster > 1) {  // a cluster per tile, a block per piece, all resident
+      cluster.val.clusterDim.x = static_cast<unsigned>(args.k_cluster);
+      config.gridDim = dim3(static_cast<unsigned>(units));
+    } else {
+      config.gridDim = dim3(static_cast<unsigned>(args.cluster * (units < clusters ? units : clusters)));
+    }
     void* params[] = {const_cast<CUtensorMap*>(&map_a), const_cast<CUtensorMap*>(&map_b),
                       const_cast<CUtensorMap*>(&map_out), const_cast<CUtensorMap*>(&map_residual), &args};
     LLMK_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, params));
-    if (args.splits > 1) {
+    if (partials) {
       if (p.in_dtype == DType::bf16)
         launch_split_reduce<__nv_bfloat16>(p, args.partial, args.splits, args.ld_partial, device, stream);
       else

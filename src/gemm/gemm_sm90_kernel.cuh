@@ -16,9 +16,13 @@
 //     shared memory with stmatrix and stores it by TMA (store_tile.cuh), while the
 //     producer already fills the ring for the next tile.
 // Split-K: when the tiles are too few to fill the GPU (M = 33-256 rows against a projection,
-// where 16-24 tiles left 85% of the SMs idle), each tile's k steps are cut into pieces, each
-// piece a unit of the walk; a piece's consumers store their fp32 sums to a scratch buffer and
-// gemm_split_reduce_kernel (gemm_split_reduce.cuh) adds the pieces and applies the epilogue.
+// where 16-24 tiles left 85% of the SMs idle), each tile's k steps are cut into pieces. With
+// one tile row the pieces of a tile are the blocks of one cluster (args.k_cluster, up to 8):
+// each writes its fp32 sums into its drained ring and the cluster reduces them through
+// distributed shared memory, each block finishing a slice of the tile's columns
+// (gemm_sm90_reduce_in_cluster). Otherwise each piece is a unit of the walk whose consumers
+// store their fp32 sums to a scratch buffer, and gemm_split_reduce_kernel
+// (gemm_split_reduce.cuh) adds the pieces and applies the epilogue.
 // Tiles (and pieces, a tile's pieces adjacent) run in the grouped raster order of
 // tile_scheduler.h. K-major and MN-major operands differ only in their TMA boxes and
 // descriptors, so the layouts the backward needs (B N-major for dX, A and B MN-major for dW)
@@ -62,6 +66,8 @@ struct GemmSm90Config {
   // its A and half of B, multicast to both. The launcher picks 1 (args.cluster) when the
   // output has one tile row: a second block would compute an empty tile.
   static constexpr int kMaxCluster = 2;
+  // The most pieces of a split reduced inside a cluster (the portable cluster size).
+  static constexpr int kMaxKCluster = 8;
   // Each consumer's output block goes out in 64 x 128 halves, two 64 x 64 TMA-store
   // boxes each (a 64 x 256 buffer would leave room for 3 stages only).
   static constexpr uint32_t kOutBytes = 64 * 128 * 2;
@@ -83,7 +89,11 @@ struct GemmSm90Args {
   // ld_partial) for gemm_split_reduce_kernel; splits 1: the epilogue in this kernel.
   int64_t splits, split_steps, ld_partial;
   float* partial;
-  int cluster;  // blocks per cluster, 1 or kMaxCluster (the launch's cluster dimension)
+  int cluster;  // blocks per cluster sharing B (1 or kMaxCluster)
+  // k_cluster > 1: the launch's clusters are a tile's `splits` pieces (cluster == 1, one
+  // block a piece, one tile a cluster), reduced through distributed shared memory instead of
+  // `partial`; 1: the launch's cluster dimension is `cluster`.
+  int k_cluster;
 
   LLMK_HOST_DEVICE int64_t units() const { return raster.tiles() * splits; }
   // Unit u: tile u / splits, its k steps [unit_k_begin(u), + unit_steps(u)).
@@ -233,6 +243,106 @@ __device__ __forceinline__ void gemm_sm90_store_direct(const GemmParams& p, cons
   }
 }
 
+// The float4 at shared offset `local` of block `rank` of the cluster.
+__device__ __forceinline__ float4 ld_shared_cluster_f4(uint32_t local, uint32_t rank) {
+  float4 v;
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %4, %5;\n"
+      "ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [remote];\n}\n"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+      : "r"(local), "r"(rank)
+      : "memory");
+  return v;
+}
+
+// Row stride (floats) of a k-cluster piece's sums in shared memory: 8 floats of padding put
+// the 8 rows a warp's float2 stores touch on distinct banks.
+constexpr int kClusterSumsLd = GemmSm90Config::kBlockN + 8;
+static_assert(GemmSm90Config::kBlockM * kClusterSumsLd * 4 <= GemmSm90Config::kStages * GemmSm90Config::kStageBytes,
+              "a piece's sums must fit in the ring");
+
+// Block `rank`'s share of a k-cluster reduction: columns [4 q_begin, 4 q_end) of the tile's
+// `rows` rows; each float4 of sums is added over the cluster's blocks in rank order (the
+// order of gemm_split_reduce_kernel: the same bits), then the epilogue of gemm_epilogue.cuh.
+template <class TOut, GemmActivation Act>
+__device__ __forceinline__ void gemm_sm90_cluster_reduce_slice(const GemmParams& p, uint32_t sums, int pieces,
+                                                               int rows, int q_begin, int q_end, int64_t row0,
+                                                               int64_t col0, int thread, int threads) {
+  const int quads = q_end - q_begin;
+  for (int item = thread; item < rows * quads; item += threads) {
+    const int row = item / quads, col = 4 * (q_begin + item % quads);
+    const uint32_t at = sums + static_cast<uint32_t>(row * kClusterSumsLd + col) * 4;
+    float4 v[GemmSm90Config::kMaxKCluster];
+#pragma unroll
+    for (int r = 0; r < GemmSm90Config::kMaxKCluster; ++r)
+      if (r < pieces) v[r] = ld_shared_cluster_f4(at, static_cast<uint32_t>(r));
+    float acc[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
+#pragma unroll
+    for (int r = 1; r < GemmSm90Config::kMaxKCluster; ++r) {
+      if (r >= pieces) break;
+      acc[0] += v[r].x;
+      acc[1] += v[r].y;
+      acc[2] += v[r].z;
+      acc[3] += v[r].w;
+    }
+    TOut* out = static_cast<TOut*>(p.out) + (row0 + row) * p.ld_out;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t c = col0 + col + e;
+      if (c >= p.n) break;
+      float x = gemm_activate<Act>(acc[e] + gemm_bias_at<TOut>(p, c));
+      x += gemm_residual_at<TOut>(p, row0 + row, c);
+      out[c] = from_float<TOut>(x);
+    }
+  }
+}
+
+// A k-cluster split's reduction (args.k_cluster pieces of one tile, a block each): each
+// consumer writes its 64 x 256 fp32 sums (the rows below m) row-major into its block's ring,
+// drained by then; after the cluster barrier, block r reduces its slice of the tile's column
+// quads, [64 r / S, 64 (r + 1) / S), over every row below m, reading the pieces through
+// distributed shared memory. The kernel's last cluster barrier keeps every block's ring
+// alive for the others' reads. Consumer threads only (256).
+template <class T>
+__device__ __forceinline__ void gemm_sm90_reduce_in_cluster(const GemmSm90Args& args, const float (&d)[128],
+                                                            uint8_t* ring, int consumer, int64_t tile_row0,
+                                                            int64_t col0) {
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+  const int rows = static_cast<int>(args.p.m - tile_row0 < GemmSm90Config::kBlockM ? args.p.m - tile_row0
+                                                                                     : GemmSm90Config::kBlockM);
+  float* sums = reinterpret_cast<float*>(ring);
+  // Both consumers' MMAs have read their last stage before either overwrites the ring.
+  named_barrier_sync(3, GemmSm90Config::kConsumers * kWarpgroupThreads);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = consumer * 64 + 16 * warp + lane / 4 + 8 * h;
+    if (row >= rows) continue;
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+      *reinterpret_cast<float2*>(sums + row * kClusterSumsLd + 8 * j + 2 * (lane % 4)) =
+          make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+  }
+  cluster_sync();
+  const int pieces = args.k_cluster, r = static_cast<int>(cluster_rank());
+  constexpr int kQuads = GemmSm90Config::kBlockN / 4;
+  const int q_begin = kQuads * r / pieces, q_end = kQuads * (r + 1) / pieces;
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sums));
+  const int thread = static_cast<int>(threadIdx.x) - kWarpgroupThreads, threads = GemmSm90Config::kConsumers *
+                                                                                   kWarpgroupThreads;
+  const GemmParams& p = args.p;
+  switch (p.activation) {
+    case GemmActivation::gelu:
+      return gemm_sm90_cluster_reduce_slice<T, GemmActivation::gelu>(p, base, pieces, rows, q_begin, q_end,
+                                                                     tile_row0, col0, thread, threads);
+    case GemmActivation::gelu_tanh:
+      return gemm_sm90_cluster_reduce_slice<T, GemmActivation::gelu_tanh>(p, base, pieces, rows, q_begin, q_end,
+                                                                          tile_row0, col0, thread, threads);
+    default:  // none (silu_mul does not split)
+      return gemm_sm90_cluster_reduce_slice<T, GemmActivation::none>(p, base, pieces, rows, q_begin, q_end,
+                                                                     tile_row0, col0, thread, threads);
+  }
+}
+
 // T: the input and output element type (__half or __nv_bfloat16).
 template <class T, bool kAKMajor, bool kBKMajor>
 __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
@@ -260,7 +370,8 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
   }
   // The peer block multicasts into this block's ring: its barriers must exist first.
   cluster_sync();
-  const uint32_t rank = cluster_rank();
+  // The block's place among the cluster's tiles (B multicast); a k-cluster's blocks share one.
+  const uint32_t rank = args.k_cluster > 1 ? 0u : cluster_rank();
   const int64_t first_tile = blockIdx.x / args.cluster, tile_step = gridDim.x / args.cluster;
 
   const int wg = warpgroup_index();
@@ -283,6 +394,7 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
         }
       }
     }
+    if (args.k_cluster > 1) cluster_sync();  // the consumers' barrier before their reduction
   } else {
     warpgroup_claim_registers<C::kConsumerRegs>();
     const int consumer = wg - 1;
@@ -293,9 +405,11 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
     uint32_t residual_phase = 0;
     float d[128];
     RingState<C::kStages> ring_state;
-    // A stage is released to both blocks' producers (both multicast into it).
+    // A stage is released to both blocks' producers (both multicast into it); without
+    // multicast to this block's own.
     auto release = [&](int s) {
       if (!leader) return;
+      if (args.cluster == 1) return mbarrier_arrive(&empty[s]);
       for (int r = 0; r < args.cluster; ++r) mbarrier_arrive_cluster(&empty[s], static_cast<uint32_t>(r));
     };
     for (int64_t u = first_tile; u < args.units(); u += tile_step) {
@@ -328,6 +442,10 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
       const int64_t row0 = (tile.row * args.cluster + rank) * C::kBlockM + consumer * 64;
       const int64_t col0 = tile.col * args.n_tile;
       const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+      if (args.k_cluster > 1) {
+        gemm_sm90_reduce_in_cluster<T>(args, d, ring, consumer, row0 - consumer * 64, col0);
+        continue;
+      }
       if (args.splits > 1) {
         gemm_sm90_store_partial(args, d, row0 + 16 * warp + lane / 4, col0, u % args.splits);
         continue;

@@ -678,7 +678,8 @@ TEST(GemmGpu, Epilogues) {
 TEST(GemmGpu, SplitKFewTiles) {
   LLMK_REQUIRE_GPU();
   std::vector<Case> cases = {
-      {65, 300, 2048},                                          // 3 pieces of 11, 11, 10 k steps
+      {65, 300, 2048},                                          // one tile row: 8 pieces in a cluster
+      {100, 520, 4104},                                         // 65 k steps: pieces of 9, the last 2
       {200, 136, 4104, DType::f16, DType::f16},                 // a K tail in the last piece
       {256, 520, 4096},
       {128, 128, 4096, DType::bf16, DType::bf16, true, true},   // weight-gradient layout
