@@ -55,12 +55,15 @@ def _info() -> int:
               " a scalar loop kernel otherwise")
         hopper = (major, minor) == (9, 0) and "90a" in archs.split(";")
         print("  gemm/linear: " + ("Hopper TMA + wgmma kernel for M >= 33 (16-byte rows, out dtype = input dtype;"
-                                   " one-block clusters for M <= 128, split-K when its tiles would not fill the GPU),"
+                                   " one-block clusters for M <= 128, split-K when its tiles would not fill the GPU:"
+                                   " reduced inside clusters at M <= 128, the last partial wave split off),"
                                    " small-M weight-streaming kernel for M <= 32,"
                                    if hopper else "no Hopper kernel here (needs sm_90 and an sm_90a build),"
                                    " small-M weight-streaming kernel for M <= 64,")
               + " mma.sync kernel for the rest"
               " (LLMK_GEMM_PATH=sm90|small_m|sm80 forces one)")
+        print("  rmsnorm_linear: the small-M kernel, normalizing x as it is staged"
+              + (" (M <= 32); rmsnorm into scratch memory + the Hopper kernel for M >= 33" if hopper else ""))
         print("  quantized_linear: int4/int8 weights streamed and dequantized in registers for M <= 128"
               " (int4 at M <= 16: the group scale applied to each group's fp32 sum),"
               " dequantize into a workspace + gemm above (LLMK_QUANTIZED_PATH=stream|dequant forces one)")

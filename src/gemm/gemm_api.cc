@@ -10,8 +10,10 @@
 #include "common/dispatch.h"
 #include "common/env_path.h"
 #include "common/rows.h"
+#include "common/scratch.h"
 #include "gemm/gemm.h"
 #include "llmk/gemm.h"
+#include "norm/norm_launchers.h"
 
 namespace llmk {
 
@@ -120,6 +122,39 @@ void gemm_cuda(const detail::GemmParams& p, int device, cudaStream_t stream) {
     case Path::sm80:
       return detail::gemm_sm80_cuda(p, stream);
   }
+}
+
+// rmsnorm_linear from M = kGemmSm90FromM on the automatic path, where the Hopper kernel takes
+// the product: the norm into scratch memory (the rows rounded to x's dtype, as the fused
+// kernel's are), then the GEMM. The fused small-M kernel streams the weight once per 64-row
+// chunk on mma.sync and ran 0.35-0.5x of the unfused pair at M = 33-64 (H200). False, with
+// nothing done, when this does not apply.
+bool rmsnorm_then_gemm(const detail::RmsnormLinearParams& p, int device, cudaStream_t stream) {
+  if (p.m < detail::kGemmSm90FromM || requested_path() != Path::automatic || !detail::scratch_available(device))
+    return false;
+  // a: the scratch rows (k elements apart, k a multiple of 8: 16-byte aligned), set below.
+  detail::GemmParams g =
+      detail::plain_gemm_params(p.out, p.ld_out, nullptr, p.k, p.w, p.ldw, p.m, p.n, p.k, p.in_dtype);
+  if (p.k % 8 != 0 || !detail::gemm_sm90_takes(g, device)) return false;
+  void* normed = detail::scratch_alloc(static_cast<size_t>(p.m * p.k * dtype_size(p.in_dtype)), device, stream);
+  detail::NormParams norm{};
+  norm.out = normed;
+  norm.x = p.x;
+  norm.weight = p.g;
+  norm.rows = p.m;
+  norm.d = p.k;
+  norm.out_stride = p.k;
+  norm.x_stride = p.ldx;
+  norm.eps = static_cast<float>(p.eps);
+  const bool vector_ok =
+      detail::rows_vectorizable({Rows{const_cast<void*>(p.x), p.m, p.k, p.ldx}, Rows{normed, p.m, p.k, p.k}},
+                                p.in_dtype) &&
+      detail::is_aligned(p.g, 16 / dtype_size(p.in_dtype) * dtype_size(p.g_dtype));
+  detail::rmsnorm_cuda(norm, p.in_dtype, p.g_dtype, vector_ok, stream);
+  g.a = normed;
+  detail::gemm_sm90_cuda(g, stream);
+  detail::scratch_free(normed, stream);
+  return true;
 }
 
 }  // namespace
@@ -293,6 +328,7 @@ void rmsnorm_linear(const TensorView& out, const TensorView& x, const TensorView
                                       static_cast<size_t>(m), stream));
     return;
   }
+  if (rmsnorm_then_gemm(p, x.device().index, stream)) return;
   detail::rmsnorm_linear_cuda(p, stream);
 }
 

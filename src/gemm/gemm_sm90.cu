@@ -1,5 +1,6 @@
 // Launcher of the Hopper GEMM (kernel in gemm_sm90_kernel.cuh): builds the TMA maps,
-// sizes the persistent grid and picks the instantiation.
+// sizes the persistent grid, picks the instantiation and the split along K, and runs a
+// one-tile-row call's last partial wave of tiles as a call of its own (split in clusters).
 //
 // Instantiations (the only list): {bf16, fp16} x {A K-major, B K-major} (forward),
 // {A K-major, B N-major} (input gradient), {A M-major, B N-major} (weight gradient); the
@@ -124,12 +125,13 @@ bool gemm_sm90_takes(const GemmParams& p, int device) {
   return sm90::sm90a_kernel_runs(kernel_for<__nv_bfloat16, true, true>(), device);
 }
 
-void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
+namespace {
+
+// One call's launch (its TMA maps, grid and split) on `kernel`, the instantiation of p's
+// dtype and layouts.
+void launch_gemm_sm90(const void* kernel, const GemmParams& p, int device, cudaStream_t stream) {
   using C = GemmSm90Config;
   constexpr const char* kOp = "gemm";
-  int device = 0;
-  LLMK_CUDA_CHECK(cudaGetDevice(&device));
-
   const bool silu = p.activation == GemmActivation::silu_mul;
   GemmSm90Args args{};
   args.p = p;
@@ -169,56 +171,97 @@ void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
                                                   uint64_t(p.ld_residual), 64, 64})
                         : map_a;
 
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned>(args.cluster);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.blockDim = dim3(C::kThreads);
+  config.dynamicSmemBytes = C::kSharedBytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  // As many clusters as fit at once (GPC boundaries can leave an SM out), at most one
+  // per cluster tile.
+  const int clusters = resident_clusters(kernel, args.cluster, device);
+  const int64_t tiles = args.raster.tiles();
+  // One tile row: its split reduced inside clusters of the tile's pieces where they fit,
+  // else (and for two tile rows and more) through partial sums in scratch memory.
+  args.k_cluster = args.cluster == 1 ? k_cluster_pieces(kernel, p, tiles, clusters, args.k_steps, device) : 1;
+  if (args.k_cluster > 1) {
+    args.splits = args.k_cluster;
+  } else {
+    args.splits = split_k_pieces(p, tiles, clusters, args.k_steps);
+    if (args.splits > 1 && !scratch_available(device)) args.splits = 1;  // its partials need the pool
+  }
+  args.split_steps = (args.k_steps + args.splits - 1) / args.splits;
+  args.splits = (args.k_steps + args.split_steps - 1) / args.split_steps;  // every piece non-empty
+  args.ld_partial = (p.n + 3) / 4 * 4;
+  const bool partials = args.splits > 1 && args.k_cluster == 1;
+  args.partial = partials ? static_cast<float*>(scratch_alloc(sizeof(float) * args.splits * p.m * args.ld_partial,
+                                                             device, stream))
+                          : nullptr;
+  const int64_t units = args.units();
+  if (args.k_cluster > 1) {  // a cluster per tile, a block per piece, all resident
+    cluster.val.clusterDim.x = static_cast<unsigned>(args.k_cluster);
+    config.gridDim = dim3(static_cast<unsigned>(units));
+  } else {
+    config.gridDim = dim3(static_cast<unsigned>(args.cluster * (units < clusters ? units : clusters)));
+  }
+  void* params[] = {const_cast<CUtensorMap*>(&map_a), const_cast<CUtensorMap*>(&map_b),
+                    const_cast<CUtensorMap*>(&map_out), const_cast<CUtensorMap*>(&map_residual), &args};
+  LLMK_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, params));
+  if (partials) {
+    if (p.in_dtype == DType::bf16)
+      launch_split_reduce<__nv_bfloat16>(p, args.partial, args.splits, args.ld_partial, device, stream);
+    else
+      launch_split_reduce<__half>(p, args.partial, args.splits, args.ld_partial, device, stream);
+    scratch_free(args.partial, stream);
+  }
+}
+
+// Columns [n0, n1) of p's output: the same call on those rows of B (columns when it is
+// N-major), bias, residual and out.
+GemmParams gemm_columns(const GemmParams& p, int64_t n0, int64_t n1) {
+  GemmParams q = p;
+  const int64_t size = dtype_size(p.in_dtype), out_size = dtype_size(p.out_dtype);
+  q.b = static_cast<const char*>(p.b) + (p.b_k_major ? n0 * p.ldb : n0) * size;
+  q.out = static_cast<char*>(p.out) + n0 * out_size;
+  if (p.bias) q.bias = static_cast<const char*>(p.bias) + n0 * out_size;
+  if (p.residual) q.residual = static_cast<const char*>(p.residual) + n0 * out_size;
+  q.n = n1 - n0;
+  return q;
+}
+
+// A one-tile-row call whose tiles fill the resident blocks some whole waves and leave a tail
+// of at most half a wave: the output columns where the whole waves end (the tail then runs
+// as its own call, split along K in clusters, instead of a few tiles on an idle GPU); 0 when
+// that does not apply (several tile rows, silu_mul, no tail, a larger tail, too few k steps).
+int64_t tail_columns_from(const void* kernel, const GemmParams& p, int device) {
+  using C = GemmSm90Config;
+  if (p.m > C::kBlockM || p.activation == GemmActivation::silu_mul || p.k < 8 * C::kBlockK) return 0;
+  const int64_t tiles = (p.n + C::kBlockN - 1) / C::kBlockN, blocks = resident_clusters(kernel, 1, device);
+  const int64_t tail = tiles % blocks;
+  if (tiles < blocks || tail == 0 || 2 * tail > blocks) return 0;
+  return (tiles - tail) * C::kBlockN;
+}
+
+}  // namespace
+
+void gemm_sm90_cuda(const GemmParams& p, cudaStream_t stream) {
+  int device = 0;
+  LLMK_CUDA_CHECK(cudaGetDevice(&device));
   with_kernel(p.in_dtype, p.a_k_major, p.b_k_major, [&](const void* kernel) {
-    LLMK_CHECK(kernel != nullptr, kOp, ": no Hopper kernel for this operand layout");
-    LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSharedBytes));
-    cudaLaunchConfig_t config{};
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = static_cast<unsigned>(args.cluster);
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.blockDim = dim3(C::kThreads);
-    config.dynamicSmemBytes = C::kSharedBytes;
-    config.stream = stream;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    // As many clusters as fit at once (GPC boundaries can leave an SM out), at most one
-    // per cluster tile.
-    const int clusters = resident_clusters(kernel, args.cluster, device);
-    const int64_t tiles = args.raster.tiles();
-    // One tile row: its split reduced inside clusters of the tile's pieces where they fit,
-    // else (and for two tile rows and more) through partial sums in scratch memory.
-    args.k_cluster = args.cluster == 1 ? k_cluster_pieces(kernel, p, tiles, clusters, args.k_steps, device) : 1;
-    if (args.k_cluster > 1) {
-      args.splits = args.k_cluster;
+    LLMK_CHECK(kernel != nullptr, "gemm: no Hopper kernel for this operand layout");
+    LLMK_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, GemmSm90Config::kSharedBytes));
+    const int64_t tail_from = tail_columns_from(kernel, p, device);
+    if (tail_from > 0) {
+      launch_gemm_sm90(kernel, gemm_columns(p, 0, tail_from), device, stream);
+      launch_gemm_sm90(kernel, gemm_columns(p, tail_from, p.n), device, stream);
     } else {
-      args.splits = split_k_pieces(p, tiles, clusters, args.k_steps);
-      if (args.splits > 1 && !scratch_available(device)) args.splits = 1;  // its partials need the pool
-    }
-    args.split_steps = (args.k_steps + args.splits - 1) / args.splits;
-    args.splits = (args.k_steps + args.split_steps - 1) / args.split_steps;  // every piece non-empty
-    args.ld_partial = (p.n + 3) / 4 * 4;
-    const bool partials = args.splits > 1 && args.k_cluster == 1;
-    args.partial = partials ? static_cast<float*>(scratch_alloc(sizeof(float) * args.splits * p.m * args.ld_partial,
-                                                               device, stream))
-                            : nullptr;
-    const int64_t units = args.units();
-    if (args.k_cluster > 1) {  // a cluster per tile, a block per piece, all resident
-      cluster.val.clusterDim.x = static_cast<unsigned>(args.k_cluster);
-      config.gridDim = dim3(static_cast<unsigned>(units));
-    } else {
-      config.gridDim = dim3(static_cast<unsigned>(args.cluster * (units < clusters ? units : clusters)));
-    }
-    void* params[] = {const_cast<CUtensorMap*>(&map_a), const_cast<CUtensorMap*>(&map_b),
-                      const_cast<CUtensorMap*>(&map_out), const_cast<CUtensorMap*>(&map_residual), &args};
-    LLMK_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, params));
-    if (partials) {
-      if (p.in_dtype == DType::bf16)
-        launch_split_reduce<__nv_bfloat16>(p, args.partial, args.splits, args.ld_partial, device, stream);
-      else
-        launch_split_reduce<__half>(p, args.partial, args.splits, args.ld_partial, device, stream);
-      scratch_free(args.partial, stream);
+      launch_gemm_sm90(kernel, p, device, stream);
     }
     return 0;
   });

@@ -674,7 +674,8 @@ TEST(GemmGpu, Epilogues) {
 // The Hopper kernel's split-K (few tiles, long K: M 65-256 against a projection): pieces of
 // unequal length and a K tail in the last, every layout the kernel takes, the epilogues the
 // split path applies in its reduction (bias, gelu, residual in place), and silu_mul, which
-// does not split.
+// does not split. One tile row wider than a wave of blocks (137 tiles on a 132-SM GPU): the
+// whole wave as one call, the last columns as a second call split in clusters.
 TEST(GemmGpu, SplitKFewTiles) {
   LLMK_REQUIRE_GPU();
   std::vector<Case> cases = {
@@ -685,6 +686,15 @@ TEST(GemmGpu, SplitKFewTiles) {
       {128, 128, 4096, DType::bf16, DType::bf16, true, true},   // weight-gradient layout
       {129, 264, 3072, DType::f16, DType::f16, false, true},    // input-gradient layout
   };
+  Case wide{37, 137 * 256 - 100, 1024};  // the last tile partial
+  wide.bias = wide.residual = wide.in_place = true;
+  wide.act = Act::gelu;
+  cases.push_back(wide);
+  wide.b_t = true;  // input-gradient layout (N a multiple of 8): the tail's B columns
+  wide.n = 137 * 256 - 96;
+  wide.in_place = false;
+  wide.act = Act::none;
+  cases.push_back(wide);
   // 129 rows: two-block clusters (the second block's tile mostly past M); 100: one tile row,
   // one-block clusters.
   for (int64_t m : {129, 100}) {
