@@ -29,3 +29,25 @@ def test_gemm_suite_fused_and_train_on_the_cpu(tmp_path):
     assert set(cases["gemm_silu_mul"]) == {"llmk", "unfused"}
     table = bench("--from-csv", tmp_path / "g.csv", cwd=tmp_path)
     assert "| gemm_train | cpu_512x256 | 64 | 512 | 256 |" in table and "vs compile" in table
+
+
+def test_gemm_shape_names_limit_every_part():
+    """--gemm-shapes names any part's shapes (a training-only one included) and every part keeps
+    only those; a group takes its model's shapes of every part; an unknown name is refused."""
+    import argparse
+
+    from llmk_bench.suites import gemm
+
+    def select(*names, parts=gemm.PARTS, tokens=None):
+        args = argparse.Namespace(gemm_shapes=list(names), gemm_parts=list(parts), tokens=tokens)
+        return gemm._selection(args, "cuda")
+
+    plain, fused, rl = select("llama3_8b_up", tokens=[64, 2048])
+    assert plain == [] and rl == [] and fused == [("gemm_train", "llama3_8b_up", 2048, 14336, 4096)]
+    plain, fused, rl = select("llama3_8b_gate_up", parts=("plain", "fused", "rmsnorm_linear"), tokens=[64, 2048])
+    assert {c[0] for c in plain} == {"llama3_8b_gate_up"} and {c[1] for c in fused} == {"llama3_8b_gate_up"}
+    assert [c[:3] for c in rl] == [("rmsnorm_linear", "llama3_8b_gate_up", 64)]
+    _, fused, _ = select("llama", parts=("train",), tokens=[2048])
+    assert {c[1] for c in fused} == set(gemm.TRAIN)
+    with pytest.raises(ValueError, match="unknown shapes"):
+        select("llama3_8b_nope")

@@ -31,7 +31,8 @@ bytes over the time and ``pct_copy`` that over the measured copy bandwidth (empt
 rows, where the weight is not the bound). ``max_rel_err``: max|out - ref| / max|ref| on up to
 64 rows x 1024 columns against a float64 reference.
 
-Trimming (a short GPU run): ``--gemm-shapes`` (names, or the groups llama, qwen, square),
+Trimming (a short GPU run): ``--gemm-shapes`` (names of any part's shapes, or the groups llama,
+qwen, square; every part keeps only the named shapes),
 ``--gemm-m`` (the M list of the plain sweep), ``--gemm-parts`` (plain fused rmsnorm_linear train),
 or the environment variables LLMK_BENCH_GEMM_SHAPES / _M / _PARTS (comma-separated);
 ``--tokens`` / ``--hidden`` of the harness filter M and N too. The run prints its estimated
@@ -112,11 +113,16 @@ def _selection(args, device):
     shapes = CPU["shapes"] if cpu else SHAPES
     squares = CPU["squares"] if cpu else SQUARES
     names = getattr(args, "gemm_shapes", None) or _env_list("LLMK_BENCH_GEMM_SHAPES")
+    wanted = None  # shape names every part is limited to (None: each part's own set)
     if names and not cpu:
-        wanted = [s for n in names for s in GROUPS.get(n, [n])]
-        unknown = [n for n in wanted if n not in shapes and n not in squares]
+        other = {name for cases in (*FUSED.values(), TRAIN, RMSNORM_LINEAR) for name in cases}
+        # A group (llama, qwen): its plain shapes and every other part's shapes of that model.
+        wanted = [s for n in names
+                  for s in (GROUPS[n] + sorted(o for o in other if o.startswith(n) and o not in GROUPS[n])
+                            if n in GROUPS else [n])]
+        unknown = [n for n in wanted if n not in shapes and n not in squares and n not in other]
         if unknown:
-            raise ValueError(f"gemm: unknown shapes {unknown}; known: {[*shapes, *squares, *GROUPS]}")
+            raise ValueError(f"gemm: unknown shapes {unknown}; known: {[*shapes, *squares, *sorted(other), *GROUPS]}")
         shapes = {n: shapes[n] for n in wanted if n in shapes}
         squares = {n: squares[n] for n in wanted if n in squares}
     m_list = getattr(args, "gemm_m", None) or [int(m) for m in _env_list("LLMK_BENCH_GEMM_M") or []]
@@ -124,8 +130,8 @@ def _selection(args, device):
     parts = getattr(args, "gemm_parts", None) or _env_list("LLMK_BENCH_GEMM_PARTS") or PARTS
     hidden = getattr(args, "hidden", None)
 
-    def keep(n):
-        return not hidden or n in hidden
+    def keep(n, name=None):
+        return (not hidden or n in hidden) and (wanted is None or name is None or name in wanted)
 
     plain = []
     if "plain" in parts:
@@ -136,16 +142,17 @@ def _selection(args, device):
     if "fused" in parts:
         fused_m = [m for m in tokens if m >= 256] if tokens else CPU["fused_m"] if cpu else FUSED_M
         fused = [(op, name, m, n, k) for op, cases in (CPU["fused"] if cpu else FUSED).items()
-                 for name, (n, k) in cases.items() for m in fused_m if keep(n)]
+                 for name, (n, k) in cases.items() for m in fused_m if keep(n, name)]
     if "train" in parts:  # timed as the fused cases are (fused_case), three impls at most
         train_m = [m for m in tokens if m >= 256] if tokens else CPU["train_m"] if cpu else TRAIN_M
         fused += [("gemm_train", name, m, n, k) for name, (n, k) in (CPU["train"] if cpu else TRAIN).items()
-                  for m in train_m if keep(n)]
+                  for m in train_m if keep(n, name)]
     rl = []
     if "rmsnorm_linear" in parts:
         rl_m = [m for m in tokens if m <= 64] if tokens else CPU["rmsnorm_linear_m"] if cpu else RMSNORM_LINEAR_M
-        rl = [("rmsnorm_linear", name, m, n, k) for name, (n, k) in (CPU["rmsnorm_linear"] if cpu else
-                                                                     RMSNORM_LINEAR).items() for m in rl_m if keep(n)]
+        rl = [("rmsnorm_linear", name, m, n, k)
+              for name, (n, k) in (CPU["rmsnorm_linear"] if cpu else RMSNORM_LINEAR).items()
+              for m in rl_m if keep(n, name)]
     return plain, fused, rl
 
 
