@@ -144,7 +144,7 @@ TEST(QuantizedGemm, GpuMatchesCpu) {
         cudaMemcpy(s, q.scales.bytes.data(), q.scales.bytes.size(), cudaMemcpyHostToDevice);
         cudaMemcpy(z, q.zeros.bytes.data(), q.zeros.bytes.size(), cudaMemcpyHostToDevice);
         const int64_t ws_elems = quantized_gemm_workspace_size(m, n, k, 0);
-        EXPECT_EQ(ws_elems > 0, m > 64);
+        EXPECT_EQ(ws_elems > 0, m > 128);  // the streaming kernel takes m <= 128
         std::optional<TensorView> workspace;
         if (ws_elems > 0) {
           ASSERT_EQ(cudaMalloc(&ws, static_cast<size_t>(ws_elems * 2)), cudaSuccess);
