@@ -55,8 +55,9 @@ def _info() -> int:
               " a scalar loop kernel otherwise")
         hopper = (major, minor) == (9, 0) and "90a" in archs.split(";")
         print("  gemm/linear: " + ("Hopper TMA + wgmma kernel for M >= 33 (16-byte rows, out dtype = input dtype;"
-                                   " one-block clusters for M <= 128, split-K when its tiles would not fill the GPU:"
-                                   " reduced inside clusters at M <= 128, the last partial wave split off),"
+                                   " clusters of 2 blocks sharing B, 1 for M <= 128; split-K when its tiles would not"
+                                   " fill the GPU: at M <= 128 a tile's 2-8 pieces in a cluster, reduced there, and"
+                                   " a last partial wave split off as a call of its own),"
                                    " small-M weight-streaming kernel for M <= 32,"
                                    if hopper else "no Hopper kernel here (needs sm_90 and an sm_90a build),"
                                    " small-M weight-streaming kernel for M <= 64,")

@@ -79,6 +79,27 @@ def test_backward(device, shape, dtype, g_f32):
         assert_rule(ours.grad, ref.grad, theirs.grad, dtype, name, GRAD_ATOL_EPS)
 
 
+@requires_cuda
+@pytest.mark.parametrize("path", ["auto", "small_m"])
+@pytest.mark.parametrize("m", [33, 64, 100])
+def test_cuda_paths_from_33_rows(path, m, monkeypatch):
+    """From 33 rows the automatic path on a Hopper GPU is rmsnorm into scratch memory + the
+    Hopper GEMM; LLMK_GEMM_PATH set to a kernel keeps the one-launch small-M kernel (in 64-row
+    chunks past 64): both against float64, with strided x rows, float32 and half norm weights,
+    and a float32 norm weight 16- but not 32-byte aligned (the norm's scalar loads)."""
+    monkeypatch.setenv("LLMK_GEMM_PATH", path)
+    x, g, w = make((m,), 1024, 520, torch.bfloat16, torch.float32, "cuda")
+    assert_rule(llmk.rmsnorm_linear(x, g, w, EPS), reference(x, g, w), torch_composed(x, g, w), torch.bfloat16,
+                f"rmsnorm_linear {path} M = {m}")
+    xs = torch.randn(m, 1024 + 24, device="cuda", dtype=torch.float16)[:, 8:8 + 1024]
+    w16 = w.half()
+    g_offset = torch.empty(1024 + 4, device="cuda")[4:]  # 16 bytes past a 256-byte boundary
+    g_offset.copy_(g)
+    for gv, what in ((g.half(), "half g"), (g, "float32 g"), (g_offset, "float32 g, 16-byte aligned")):
+        assert_rule(llmk.rmsnorm_linear(xs, gv, w16, EPS), reference(xs, gv, w16), torch_composed(xs, gv, w16),
+                    torch.float16, f"rmsnorm_linear {path} M = {m} strided x, {what}")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_default_eps_and_frozen_weights(device):
     x, g, w = make((3,), 64, 16, torch.bfloat16, torch.bfloat16, device)

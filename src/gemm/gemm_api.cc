@@ -1,7 +1,9 @@
 // Public entry points of the gemm family: validate every argument (a rejected call writes
 // nothing), pick a layout for each operand, then run the CPU reference or one of the CUDA
 // paths (Hopper TMA + wgmma, small-M split-K, mma.sync), chosen per call or forced through
-// the environment variable LLMK_GEMM_PATH (auto | sm90 | small_m | sm80).
+// the environment variable LLMK_GEMM_PATH (auto | sm90 | small_m | sm80). rmsnorm_linear: the
+// small-M kernel with the norm fused, or from kGemmSm90FromM rows on Hopper (automatic path
+// only) llmk::rmsnorm into scratch memory and the Hopper GEMM.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -13,7 +15,7 @@
 #include "common/scratch.h"
 #include "gemm/gemm.h"
 #include "llmk/gemm.h"
-#include "norm/norm_launchers.h"
+#include "llmk/norm.h"
 
 namespace llmk {
 
@@ -89,9 +91,10 @@ Operand operand_2d(const char* op, const char* arg, const TensorView& t, const c
 
 enum class Path { automatic, sm90, small_m, sm80 };
 
-// LLMK_GEMM_PATH, read on every call so that tests and benchmarks can switch paths.
-Path requested_path() {
-  return static_cast<Path>(detail::env_path(kGemm, "LLMK_GEMM_PATH", {"auto", "sm90", "small_m", "sm80"}));
+// LLMK_GEMM_PATH, read on every call so that tests and benchmarks can switch paths (errors
+// name `op`).
+Path requested_path(const char* op = kGemm) {
+  return static_cast<Path>(detail::env_path(op, "LLMK_GEMM_PATH", {"auto", "sm90", "small_m", "sm80"}));
 }
 
 std::string describe(const detail::GemmParams& p) {
@@ -125,34 +128,44 @@ void gemm_cuda(const detail::GemmParams& p, int device, cudaStream_t stream) {
 }
 
 // rmsnorm_linear from M = kGemmSm90FromM on the automatic path, where the Hopper kernel takes
-// the product: the norm into scratch memory (the rows rounded to x's dtype, as the fused
-// kernel's are), then the GEMM. The fused small-M kernel streams the weight once per 64-row
-// chunk on mma.sync and ran 0.35-0.5x of the unfused pair at M = 33-64 (H200). False, with
-// nothing done, when this does not apply.
-bool rmsnorm_then_gemm(const detail::RmsnormLinearParams& p, int device, cudaStream_t stream) {
-  if (p.m < detail::kGemmSm90FromM || requested_path() != Path::automatic || !detail::scratch_available(device))
+// the product: llmk::rmsnorm into scratch memory (the rows rounded to x's dtype, as the fused
+// kernel's are), then the GEMM, in chunks of kRmsnormLinearChunkRows rows (the scratch stays
+// <= 2048 x K). The fused small-M kernel streams the weight once per 64-row chunk on mma.sync
+// and ran 0.35-0.5x of the unfused pair at M = 33-64 (H200). False, with nothing done, when
+// this does not apply.
+constexpr int64_t kRmsnormLinearChunkRows = 2048;
+
+bool rmsnorm_then_gemm(const detail::RmsnormLinearParams& p, const Device& device, cudaStream_t stream) {
+  if (p.m < detail::kGemmSm90FromM || requested_path(kRmsnormLinear) != Path::automatic ||
+      !detail::scratch_available(device.index))
     return false;
-  // a: the scratch rows (k elements apart, k a multiple of 8: 16-byte aligned), set below.
-  detail::GemmParams g =
+  // a: the scratch rows, k elements apart (k is a multiple of 8 wherever the Hopper kernel
+  // takes b, so they are 16-byte aligned); a null pointer passes the alignment check.
+  const detail::GemmParams whole =
       detail::plain_gemm_params(p.out, p.ld_out, nullptr, p.k, p.w, p.ldw, p.m, p.n, p.k, p.in_dtype);
-  if (p.k % 8 != 0 || !detail::gemm_sm90_takes(g, device)) return false;
-  void* normed = detail::scratch_alloc(static_cast<size_t>(p.m * p.k * dtype_size(p.in_dtype)), device, stream);
-  detail::NormParams norm{};
-  norm.out = normed;
-  norm.x = p.x;
-  norm.weight = p.g;
-  norm.rows = p.m;
-  norm.d = p.k;
-  norm.out_stride = p.k;
-  norm.x_stride = p.ldx;
-  norm.eps = static_cast<float>(p.eps);
-  const bool vector_ok =
-      detail::rows_vectorizable({Rows{const_cast<void*>(p.x), p.m, p.k, p.ldx}, Rows{normed, p.m, p.k, p.k}},
-                                p.in_dtype) &&
-      detail::is_aligned(p.g, 16 / dtype_size(p.in_dtype) * dtype_size(p.g_dtype));
-  detail::rmsnorm_cuda(norm, p.in_dtype, p.g_dtype, vector_ok, stream);
-  g.a = normed;
-  detail::gemm_sm90_cuda(g, stream);
+  if (!detail::gemm_sm90_takes(whole, device.index)) return false;
+  const int64_t chunk = std::min(p.m, kRmsnormLinearChunkRows), es = dtype_size(p.in_dtype);
+  void* normed = detail::scratch_alloc(static_cast<size_t>(chunk * p.k * es), device.index, stream);
+  try {
+    const int64_t weight_shape[1] = {p.k}, weight_strides[1] = {1};
+    const TensorView weight(const_cast<void*>(p.g), p.g_dtype, device, 1, weight_shape, weight_strides);
+    for (int64_t r0 = 0; r0 < p.m; r0 += chunk) {
+      const int64_t rows = std::min(chunk, p.m - r0);
+      const int64_t shape[2] = {rows, p.k}, x_strides[2] = {p.ldx, 1}, n_strides[2] = {p.k, 1};
+      const TensorView x(const_cast<char*>(static_cast<const char*>(p.x)) + r0 * p.ldx * es, p.in_dtype, device, 2,
+                         shape, x_strides);
+      rmsnorm(TensorView(normed, p.in_dtype, device, 2, shape, n_strides), x, weight, p.eps, 0.0, std::nullopt,
+              stream);
+      detail::GemmParams g = whole;
+      g.a = normed;
+      g.out = static_cast<char*>(p.out) + r0 * p.ld_out * es;
+      g.m = rows;
+      detail::gemm_sm90_cuda(g, stream);
+    }
+  } catch (...) {
+    detail::scratch_free(normed, stream);
+    throw;
+  }
   detail::scratch_free(normed, stream);
   return true;
 }
@@ -328,7 +341,7 @@ void rmsnorm_linear(const TensorView& out, const TensorView& x, const TensorView
                                       static_cast<size_t>(m), stream));
     return;
   }
-  if (rmsnorm_then_gemm(p, x.device().index, stream)) return;
+  if (rmsnorm_then_gemm(p, x.device(), stream)) return;
   detail::rmsnorm_linear_cuda(p, stream);
 }
 

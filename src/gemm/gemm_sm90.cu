@@ -47,7 +47,7 @@ auto with_kernel(DType dtype, bool a_k_major, bool b_k_major, F&& f) {
 }
 
 // Clusters of `cluster` blocks of the kernel's shape that run at once on the device
-// (occupancy.h's query, cached per kernel, device and cluster size).
+// (occupancy.h's query, cached per kernel, device and cluster size); 0 when none fits.
 int resident_clusters(const void* kernel, int cluster, int device) {
   static std::mutex mutex;
   static std::vector<std::tuple<const void*, int, int, int>> known;
@@ -55,7 +55,6 @@ int resident_clusters(const void* kernel, int cluster, int device) {
   for (const auto& [k, d, size, clusters] : known)
     if (k == kernel && d == device && size == cluster) return clusters;
   const int clusters = max_active_clusters(kernel, GemmSm90Config::kThreads, GemmSm90Config::kSharedBytes, cluster);
-  LLMK_CHECK(clusters > 0, "gemm: no cluster of the Hopper kernel fits on this device");
   known.emplace_back(kernel, device, cluster, clusters);
   return clusters;
 }
@@ -185,6 +184,7 @@ void launch_gemm_sm90(const void* kernel, const GemmParams& p, int device, cudaS
   // As many clusters as fit at once (GPC boundaries can leave an SM out), at most one
   // per cluster tile.
   const int clusters = resident_clusters(kernel, args.cluster, device);
+  LLMK_CHECK(clusters > 0, "gemm: no cluster of ", args.cluster, " blocks of the Hopper kernel fits on this device");
   const int64_t tiles = args.raster.tiles();
   // One tile row: its split reduced inside clusters of the tile's pieces where they fit,
   // else (and for two tile rows and more) through partial sums in scratch memory.
@@ -242,8 +242,9 @@ int64_t tail_columns_from(const void* kernel, const GemmParams& p, int device) {
   using C = GemmSm90Config;
   if (p.m > C::kBlockM || p.activation == GemmActivation::silu_mul || p.k < 8 * C::kBlockK) return 0;
   const int64_t tiles = (p.n + C::kBlockN - 1) / C::kBlockN, blocks = resident_clusters(kernel, 1, device);
+  if (blocks < 1 || tiles < blocks) return 0;
   const int64_t tail = tiles % blocks;
-  if (tiles < blocks || tail == 0 || 2 * tail > blocks) return 0;
+  if (tail == 0 || 2 * tail > blocks) return 0;
   return (tiles - tail) * C::kBlockN;
 }
 

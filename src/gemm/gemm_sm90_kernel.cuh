@@ -1,8 +1,9 @@
 // The Hopper GEMM: out = epilogue(A . B^T), TMA + wgmma, warp-specialized and persistent.
 //
 // Block = 3 warpgroups, one per SM (4-stage ring 192 KB + output boxes 32 KB of shared
-// memory), in clusters of 2 blocks that take vertically adjacent tiles (1 block loading all
-// of B when the output has a single tile row, M <= 128):
+// memory), in clusters of 2 blocks that take vertically adjacent tiles (one-block clusters,
+// a block loading all of B, when the output has a single tile row, M <= 128; clusters of a
+// tile's 2-8 split pieces there when it splits):
 //   warpgroup 0, the producer: one thread walks the block's tiles and, per 64-wide k
 //     step, waits for a stage that both blocks' consumers released, then loads A
 //     [128 x 64] by TMA and its half of B [256 x 64], multicast into both blocks
@@ -20,7 +21,7 @@
 // one tile row the pieces of a tile are the blocks of one cluster (args.k_cluster, up to 8):
 // each writes its fp32 sums into its drained ring and the cluster reduces them through
 // distributed shared memory, each block finishing a slice of the tile's columns
-// (gemm_sm90_reduce_in_cluster). Otherwise each piece is a unit of the walk whose consumers
+// (gemm_sm90_cluster_reduce.cuh). Otherwise each piece is a unit of the walk whose consumers
 // store their fp32 sums to a scratch buffer, and gemm_split_reduce_kernel
 // (gemm_split_reduce.cuh) adds the pieces and applies the epilogue.
 // Tiles (and pieces, a tile's pieces adjacent) run in the grouped raster order of
@@ -46,6 +47,7 @@
 #include "common/sm90/warpgroup.cuh"
 #include "common/sm90/wgmma.cuh"
 #include "gemm/gemm_epilogue.cuh"
+#include "gemm/gemm_sm90_cluster_reduce.cuh"
 
 namespace llmk::detail::sm90 {
 
@@ -85,8 +87,9 @@ struct GemmSm90Args {
   int64_t k_steps;
   int64_t n_tile;  // output columns per tile: 256, or 128 for silu_mul
   // Split-K (few tiles, long K): each tile's k steps in `splits` pieces of `split_steps`,
-  // each piece a unit of work whose fp32 sums go to partial[split][row][col] (row pitch
-  // ld_partial) for gemm_split_reduce_kernel; splits 1: the epilogue in this kernel.
+  // each piece a unit of work; with k_cluster == 1 its fp32 sums go to partial[split][row]
+  // [col] (row pitch ld_partial) for gemm_split_reduce_kernel; splits 1: the epilogue in
+  // this kernel.
   int64_t splits, split_steps, ld_partial;
   float* partial;
   int cluster;  // blocks per cluster sharing B (1 or kMaxCluster)
@@ -243,106 +246,6 @@ __device__ __forceinline__ void gemm_sm90_store_direct(const GemmParams& p, cons
   }
 }
 
-// The float4 at shared offset `local` of block `rank` of the cluster.
-__device__ __forceinline__ float4 ld_shared_cluster_f4(uint32_t local, uint32_t rank) {
-  float4 v;
-  asm volatile(
-      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %4, %5;\n"
-      "ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [remote];\n}\n"
-      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-      : "r"(local), "r"(rank)
-      : "memory");
-  return v;
-}
-
-// Row stride (floats) of a k-cluster piece's sums in shared memory: 8 floats of padding put
-// the 8 rows a warp's float2 stores touch on distinct banks.
-constexpr int kClusterSumsLd = GemmSm90Config::kBlockN + 8;
-static_assert(GemmSm90Config::kBlockM * kClusterSumsLd * 4 <= GemmSm90Config::kStages * GemmSm90Config::kStageBytes,
-              "a piece's sums must fit in the ring");
-
-// Block `rank`'s share of a k-cluster reduction: columns [4 q_begin, 4 q_end) of the tile's
-// `rows` rows; each float4 of sums is added over the cluster's blocks in rank order (the
-// order of gemm_split_reduce_kernel: the same bits), then the epilogue of gemm_epilogue.cuh.
-template <class TOut, GemmActivation Act>
-__device__ __forceinline__ void gemm_sm90_cluster_reduce_slice(const GemmParams& p, uint32_t sums, int pieces,
-                                                               int rows, int q_begin, int q_end, int64_t row0,
-                                                               int64_t col0, int thread, int threads) {
-  const int quads = q_end - q_begin;
-  for (int item = thread; item < rows * quads; item += threads) {
-    const int row = item / quads, col = 4 * (q_begin + item % quads);
-    const uint32_t at = sums + static_cast<uint32_t>(row * kClusterSumsLd + col) * 4;
-    float4 v[GemmSm90Config::kMaxKCluster];
-#pragma unroll
-    for (int r = 0; r < GemmSm90Config::kMaxKCluster; ++r)
-      if (r < pieces) v[r] = ld_shared_cluster_f4(at, static_cast<uint32_t>(r));
-    float acc[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
-#pragma unroll
-    for (int r = 1; r < GemmSm90Config::kMaxKCluster; ++r) {
-      if (r >= pieces) break;
-      acc[0] += v[r].x;
-      acc[1] += v[r].y;
-      acc[2] += v[r].z;
-      acc[3] += v[r].w;
-    }
-    TOut* out = static_cast<TOut*>(p.out) + (row0 + row) * p.ld_out;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t c = col0 + col + e;
-      if (c >= p.n) break;
-      float x = gemm_activate<Act>(acc[e] + gemm_bias_at<TOut>(p, c));
-      x += gemm_residual_at<TOut>(p, row0 + row, c);
-      out[c] = from_float<TOut>(x);
-    }
-  }
-}
-
-// A k-cluster split's reduction (args.k_cluster pieces of one tile, a block each): each
-// consumer writes its 64 x 256 fp32 sums (the rows below m) row-major into its block's ring,
-// drained by then; after the cluster barrier, block r reduces its slice of the tile's column
-// quads, [64 r / S, 64 (r + 1) / S), over every row below m, reading the pieces through
-// distributed shared memory. The kernel's last cluster barrier keeps every block's ring
-// alive for the others' reads. Consumer threads only (256).
-template <class T>
-__device__ __forceinline__ void gemm_sm90_reduce_in_cluster(const GemmSm90Args& args, const float (&d)[128],
-                                                            uint8_t* ring, int consumer, int64_t tile_row0,
-                                                            int64_t col0) {
-  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
-  const int rows = static_cast<int>(args.p.m - tile_row0 < GemmSm90Config::kBlockM ? args.p.m - tile_row0
-                                                                                     : GemmSm90Config::kBlockM);
-  float* sums = reinterpret_cast<float*>(ring);
-  // Both consumers' MMAs have read their last stage before either overwrites the ring.
-  named_barrier_sync(3, GemmSm90Config::kConsumers * kWarpgroupThreads);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = consumer * 64 + 16 * warp + lane / 4 + 8 * h;
-    if (row >= rows) continue;
-#pragma unroll
-    for (int j = 0; j < 32; ++j)
-      *reinterpret_cast<float2*>(sums + row * kClusterSumsLd + 8 * j + 2 * (lane % 4)) =
-          make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-  }
-  cluster_sync();
-  const int pieces = args.k_cluster, r = static_cast<int>(cluster_rank());
-  constexpr int kQuads = GemmSm90Config::kBlockN / 4;
-  const int q_begin = kQuads * r / pieces, q_end = kQuads * (r + 1) / pieces;
-  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sums));
-  const int thread = static_cast<int>(threadIdx.x) - kWarpgroupThreads, threads = GemmSm90Config::kConsumers *
-                                                                                   kWarpgroupThreads;
-  const GemmParams& p = args.p;
-  switch (p.activation) {
-    case GemmActivation::gelu:
-      return gemm_sm90_cluster_reduce_slice<T, GemmActivation::gelu>(p, base, pieces, rows, q_begin, q_end,
-                                                                     tile_row0, col0, thread, threads);
-    case GemmActivation::gelu_tanh:
-      return gemm_sm90_cluster_reduce_slice<T, GemmActivation::gelu_tanh>(p, base, pieces, rows, q_begin, q_end,
-                                                                          tile_row0, col0, thread, threads);
-    default:  // none (silu_mul does not split)
-      return gemm_sm90_cluster_reduce_slice<T, GemmActivation::none>(p, base, pieces, rows, q_begin, q_end,
-                                                                     tile_row0, col0, thread, threads);
-  }
-}
-
 // T: the input and output element type (__half or __nv_bfloat16).
 template <class T, bool kAKMajor, bool kBKMajor>
 __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
@@ -443,7 +346,7 @@ __global__ void __launch_bounds__(GemmSm90Config::kThreads, 1)
       const int64_t col0 = tile.col * args.n_tile;
       const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
       if (args.k_cluster > 1) {
-        gemm_sm90_reduce_in_cluster<T>(args, d, ring, consumer, row0 - consumer * 64, col0);
+        gemm_sm90_reduce_in_cluster<C, T>(args.p, args.k_cluster, d, ring, consumer, row0 - consumer * 64, col0);
         continue;
       }
       if (args.splits > 1) {

@@ -671,10 +671,11 @@ TEST(GemmGpu, Epilogues) {
       }
 }
 
-// The Hopper kernel's split-K (few tiles, long K: M 65-256 against a projection): pieces of
-// unequal length and a K tail in the last, every layout the kernel takes, the epilogues the
-// split path applies in its reduction (bias, gelu, residual in place), and silu_mul, which
-// does not split. One tile row wider than a wave of blocks (137 tiles on a 132-SM GPU): the
+// The Hopper kernel's split-K (few tiles, long K: M 33-256 against a projection): pieces of
+// unequal length and a K tail in the last, reduced in clusters (one tile row) or through
+// partial sums (two tile rows and more), every layout the kernel takes, the epilogues the
+// split paths apply in their reductions (bias, gelu, residual in place), and silu_mul, which
+// does not split. One tile row wider than a wave of blocks (the SM count + 5 tiles): the
 // whole wave as one call, the last columns as a second call split in clusters.
 TEST(GemmGpu, SplitKFewTiles) {
   LLMK_REQUIRE_GPU();
@@ -683,15 +684,17 @@ TEST(GemmGpu, SplitKFewTiles) {
       {100, 520, 4104},                                         // 65 k steps: pieces of 9, the last 2
       {200, 136, 4104, DType::f16, DType::f16},                 // a K tail in the last piece
       {256, 520, 4096},
-      {128, 128, 4096, DType::bf16, DType::bf16, true, true},   // weight-gradient layout
+      {128, 128, 4096, DType::bf16, DType::bf16, true, true},   // weight-gradient layout, in a cluster
+      {200, 128, 4096, DType::bf16, DType::bf16, true, true},   // the same through partial sums
       {129, 264, 3072, DType::f16, DType::f16, false, true},    // input-gradient layout
   };
-  Case wide{37, 137 * 256 - 100, 1024};  // the last tile partial
+  const int64_t wave = device_info(0).sm_count;  // the Hopper kernel runs one block per SM
+  Case wide{37, (wave + 5) * 256 - 100, 1024};    // the last tile partial
   wide.bias = wide.residual = wide.in_place = true;
   wide.act = Act::gelu;
   cases.push_back(wide);
   wide.b_t = true;  // input-gradient layout (N a multiple of 8): the tail's B columns
-  wide.n = 137 * 256 - 96;
+  wide.n = (wave + 5) * 256 - 96;
   wide.in_place = false;
   wide.act = Act::none;
   cases.push_back(wide);
