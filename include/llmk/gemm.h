@@ -25,10 +25,12 @@
 //   bandwidth limit; elsewhere (Ampere, or shapes the other two do not take) an
 //   mma.sync kernel.
 //
-// rmsnorm_linear: out = rmsnorm(x, norm_weight, eps) · weightᵀ in one launch (decode):
+// rmsnorm_linear: out = rmsnorm(x, norm_weight, eps) · weightᵀ (decode):
 //   x [..., K] K-contiguous rows; norm_weight [K] of x's dtype or float32; weight [N, K]
-//   K-contiguous of x's dtype; out [..., N] of x's dtype. Built for M <= 64 rows (it
-//   reads the weight once per 64 rows; larger M is correct but slower than rmsnorm + gemm).
+//   K-contiguous of x's dtype; out [..., N] of x's dtype. Up to 32 rows in one launch (the
+//   small-M kernel normalizes x as it stages it); from 33 rows on a Hopper GPU, rmsnorm into
+//   stream-ordered scratch memory (at most 2048 x K) and the Hopper GEMM. With LLMK_GEMM_PATH
+//   set to a kernel, the one-launch kernel at every M (it reads the weight once per 64 rows).
 //
 // CPU tensors run the reference (double accumulation). Nothing is written when a call is
 // rejected.

@@ -142,9 +142,10 @@ define(
     "rmsnorm_linear(Tensor x, Tensor norm_weight, Tensor weight, float eps=1e-06) -> Tensor",
     lambda x, norm_weight, weight, eps: x.new_empty((*x.shape[:-1], weight.shape[0])),
     setup=_rmsnorm_linear_setup, backward=_rmsnorm_linear_grad,
-    doc="``rmsnorm(x, norm_weight, eps) · weightᵀ`` in one launch, the normalized rows never in memory "
-        "(the decode step's norm before the qkv or gate/up projection). x ``[..., K]`` (K-contiguous rows) "
-        "and weight ``[N, K]`` (K-contiguous) are float16 or bfloat16, the same; norm_weight ``[K]`` has "
-        "x's dtype or float32; the output is ``[..., N]`` of x's dtype. Built for up to 64 rows (it reads "
-        "the weight once per 64 rows): for prefill, ``rmsnorm`` then ``linear`` is faster. With autograd "
-        "(recomputes the normalized rows: dx, dnorm_weight, dweight).")
+    doc="``rmsnorm(x, norm_weight, eps) · weightᵀ``, the decode step's norm before the qkv or gate/up "
+        "projection: up to 32 rows in one launch, the normalized rows never in memory; from 33 rows on a "
+        "Hopper GPU ``rmsnorm`` into scratch memory, then the Hopper GEMM (elsewhere the one-launch kernel, "
+        "which reads the weight once per 64 rows). x ``[..., K]`` (K-contiguous rows) and weight ``[N, K]`` "
+        "(K-contiguous) are float16 or bfloat16, the same; norm_weight ``[K]`` has x's dtype or float32; "
+        "the output is ``[..., N]`` of x's dtype. With autograd (recomputes the normalized rows: dx, "
+        "dnorm_weight, dweight).")
