@@ -32,4 +32,20 @@ __device__ __forceinline__ float gemm_residual_at(const GemmParams& p, int64_t r
   return p.residual ? to_float(static_cast<const TOut*>(p.residual)[row * p.ld_residual + col]) : 0.0f;
 }
 
+// Columns col .. col + 3 of row `row` from their fp32 sums (a split's reduced pieces): act(acc
+// + bias) + residual, stored in out's type; columns from p.n on are skipped. residual may
+// alias out: each element is read, then written, by the calling thread.
+template <class TOut, GemmActivation Act>
+__device__ __forceinline__ void gemm_store_four(const GemmParams& p, int64_t row, int64_t col,
+                                                const float (&acc)[4]) {
+  TOut* out = static_cast<TOut*>(p.out) + row * p.ld_out;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if (col + e >= p.n) break;
+    float v = gemm_activate<Act>(acc[e] + gemm_bias_at<TOut>(p, col + e));
+    v += gemm_residual_at<TOut>(p, row, col + e);
+    out[col + e] = from_float<TOut>(v);
+  }
+}
+
 }  // namespace llmk::detail

@@ -40,7 +40,7 @@ inline constexpr int kClusterSumsLd = C::kBlockN + 8;
 
 // Block `rank`'s share of a k-cluster reduction: columns [4 q_begin, 4 q_end) of the tile's
 // `rows` rows; each float4 of sums is added over the cluster's blocks in rank order (the
-// order of gemm_split_reduce_kernel: the same bits), then the epilogue of gemm_epilogue.cuh.
+// order of gemm_split_reduce_kernel: the same bits), then gemm_store_four's epilogue.
 template <class C, class TOut, GemmActivation Act>
 __device__ __forceinline__ void gemm_sm90_cluster_reduce_slice(const GemmParams& p, uint32_t sums, int pieces, int rows,
                                                                int q_begin, int q_end, int64_t row0, int64_t col0,
@@ -62,15 +62,7 @@ __device__ __forceinline__ void gemm_sm90_cluster_reduce_slice(const GemmParams&
       acc[2] += v[r].z;
       acc[3] += v[r].w;
     }
-    TOut* out = static_cast<TOut*>(p.out) + (row0 + row) * p.ld_out;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t c = col0 + col + e;
-      if (c >= p.n) break;
-      float x = gemm_activate<Act>(acc[e] + gemm_bias_at<TOut>(p, c));
-      x += gemm_residual_at<TOut>(p, row0 + row, c);
-      out[c] = from_float<TOut>(x);
-    }
+    gemm_store_four<TOut, Act>(p, row0 + row, col0 + col, acc);
   }
 }
 

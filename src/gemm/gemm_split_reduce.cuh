@@ -35,14 +35,7 @@ __global__ void __launch_bounds__(256) gemm_split_reduce_kernel(const GemmParams
       sum.w += v.w;
     }
     const float acc[4] = {sum.x, sum.y, sum.z, sum.w};
-    TOut* out = static_cast<TOut*>(p.out) + row * p.ld_out;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (col + e >= p.n) break;
-      float v = gemm_activate<Act>(acc[e] + gemm_bias_at<TOut>(p, col + e));
-      v += gemm_residual_at<TOut>(p, row, col + e);
-      out[col + e] = from_float<TOut>(v);
-    }
+    gemm_store_four<TOut, Act>(p, row, col, acc);
   }
 }
 
