@@ -41,9 +41,11 @@
 //   x: [..., K], float16 or bfloat16, rows uniformly strided, 16-byte aligned, last dim
 //      contiguous; out: x's leading dims and dtype, last dim N contiguous; bias: optional
 //      [N] of x's dtype. scales have x's dtype.
-//   Paths: for M <= 128 rows a weight-streaming kernel (the codes read once per 64 rows, dequantized in
-//   registers into mma.sync fragments, split-K inside the CTA and across a thread-block
-//   cluster on sm_90); above, each slab of up to 16384 weight rows is dequantized into
+//   Paths: int4 at 17 <= M <= 128 on an sm_90 GPU (sm_90a build): a wgmma kernel (the codes
+//   through a TMA ring, dequantized in registers into wgmma's A operand, split-K reduced in
+//   order with the bias); else for M <= 128 rows a weight-streaming kernel (the codes read
+//   once per 64 rows, dequantized in registers into mma.sync fragments, split-K inside the
+//   CTA and across a thread-block cluster on sm_90); above, each slab of up to 16384 weight rows is dequantized into
 //   `workspace` and multiplied by llmk::gemm (tensor-core GEMM speed plus the slab's pass).
 //   workspace: a 1-d contiguous tensor of x's dtype, at least quantized_gemm_workspace_size(m, n, k, device)
 //   elements on x's device (0 when the streaming kernel takes the call).

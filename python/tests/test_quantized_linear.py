@@ -180,6 +180,24 @@ def test_linear_cuda_paths(path, m, monkeypatch):
     check_linear((m,), 72, 384, torch.float16, FORMATS[4], "cuda", x_stride=392)
 
 
+@requires_cuda
+@pytest.mark.parametrize("m", [1, 40, 128])
+def test_linear_cuda_sm90_path(m, monkeypatch):
+    """LLMK_QUANTIZED_PATH=sm90: the Hopper kernel at any M it takes (int4 codes, K and the group
+    multiples of 128, M <= 128), with zero points, per-channel scales and strided x; a call it
+    cannot take (int8), or any call off an sm_90 GPU, is refused with a clear error."""
+    monkeypatch.setenv("LLMK_QUANTIZED_PATH", "sm90")
+    refused = "LLMK_QUANTIZED_PATH=sm90 cannot take this call"
+    if torch.cuda.get_device_capability() != (9, 0):
+        with pytest.raises(RuntimeError, match=refused):
+            check_linear((m,), 520, 768, torch.bfloat16, FORMATS[1], "cuda")
+        return
+    check_linear((m,), 520, 768, torch.bfloat16, FORMATS[1], "cuda", bias=True)
+    check_linear((m,), 300, 1024, torch.float16, FORMATS[2], "cuda", x_stride=1032)
+    with pytest.raises(RuntimeError, match=refused):
+        check_linear((m,), 72, 384, torch.float16, FORMATS[4], "cuda")
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
 def test_linear_strided_rows(device):
     check_linear((5,), 48, 256, torch.bfloat16, FORMATS[0], device, x_stride=264)

@@ -56,6 +56,14 @@ inline constexpr int64_t kQuantizedStreamMaxM = 128;
 inline constexpr int64_t kQuantizedSlabRows = 16384;
 
 void quantized_gemm_stream_cuda(const QuantizedParams& p, cudaStream_t stream);
+
+// The Hopper kernel (quantized_sm90.cu, int4 codes, m <= kQuantizedSm90MaxM, k and the group
+// multiples of 128): takes the call when quantized_sm90_takes (an sm_90 device, an sm_90a
+// build); the automatic path gives it m >= kQuantizedSm90FromM.
+inline constexpr int64_t kQuantizedSm90FromM = 17;
+inline constexpr int64_t kQuantizedSm90MaxM = 128;
+bool quantized_sm90_takes(const QuantizedParams& p, int device);
+void quantized_gemm_sm90_cuda(const QuantizedParams& p, cudaStream_t stream);
 // out [n, k] (dtype, row stride ld_out) = dequantize(W) on the GPU.
 void dequantize_weight_cuda(const QuantizedParams& p, void* out, int64_t ld_out, cudaStream_t stream);
 

@@ -1,7 +1,8 @@
 // Public entry points of quantized_gemm and its format (include/llmk/quantized_gemm.h):
 // validate every argument (a rejected call writes nothing), then the CPU reference or a CUDA
-// path: the weight-streaming kernel for m <= kQuantizedStreamMaxM, else dequantize + gemm
-// per slab; LLMK_QUANTIZED_PATH (auto | stream | dequant) forces one.
+// path: the Hopper kernel for int4 at kQuantizedSm90FromM <= m <= kQuantizedSm90MaxM where it
+// runs, else the weight-streaming kernel for m <= kQuantizedStreamMaxM, else dequantize + gemm
+// per slab; LLMK_QUANTIZED_PATH (auto | stream | dequant | sm90) forces one.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -17,15 +18,17 @@ namespace llmk {
 
 namespace {
 
-enum class Path { automatic, stream, dequant };
+enum class Path { automatic, stream, dequant, sm90 };
 
 Path requested_path(const char* op) {
-  return static_cast<Path>(detail::env_path(op, "LLMK_QUANTIZED_PATH", {"auto", "stream", "dequant"}));
+  return static_cast<Path>(detail::env_path(op, "LLMK_QUANTIZED_PATH", {"auto", "stream", "dequant", "sm90"}));
 }
 
+// Whether the call needs no workspace (any path but dequantize + gemm).
 bool streams(const char* op, int64_t m) {
   const Path path = requested_path(op);
-  return path == Path::stream || (path == Path::automatic && m <= detail::kQuantizedStreamMaxM);
+  return path == Path::stream || path == Path::sm90 ||
+         (path == Path::automatic && m <= detail::kQuantizedStreamMaxM);
 }
 
 void check_contiguous(const char* op, const char* arg, const TensorView& t) {
@@ -184,6 +187,17 @@ void quantized_gemm(const TensorView& out, const TensorView& x, const QuantizedW
                                       cudaMemcpyDeviceToDevice, stream));
     return;
   }
+  const Path path = requested_path(op);
+  const int device = x.device().index;
+  if (path == Path::sm90) {
+    LLMK_CHECK(detail::quantized_sm90_takes(p, device), op, ": LLMK_QUANTIZED_PATH=sm90 cannot take this call (m ", m,
+               ", k ", k, ", ", p.bits, " bits, group ", p.group_size, ", device ", device,
+               "; it needs int4 codes, m <= ", detail::kQuantizedSm90MaxM,
+               ", k and the group size multiples of 128, an sm_90 device and an sm_90a build)");
+    return detail::quantized_gemm_sm90_cuda(p, stream);
+  }
+  if (path == Path::automatic && m >= detail::kQuantizedSm90FromM && detail::quantized_sm90_takes(p, device))
+    return detail::quantized_gemm_sm90_cuda(p, stream);
   if (stream_path) return detail::quantized_gemm_stream_cuda(p, stream);
   dequant_gemm_cuda(p, x, stream);
 }

@@ -109,68 +109,80 @@ TEST(QuantizedGemm, CpuReferenceMatchesTheFormat) {
     }
 }
 
+// Every CUDA path against the CPU reference: the streaming kernel (m <= 16, int8 to 128), the
+// Hopper kernel (int4 at m = 17-128 on an sm_90 GPU: one block of 256 rows split along K, or
+// several with the last partial) and dequantize + GEMM (m > 128), with zero points (int4 g128)
+// and per-channel scales (int8; int4 in the wide case).
 TEST(QuantizedGemm, GpuMatchesCpu) {
   LLMK_REQUIRE_GPU();
+  struct Shape {
+    int64_t n, k;
+    std::vector<int64_t> ms;
+    bool per_channel_int4;
+  };
   const Device gpu{DeviceType::cuda, 0};
-  for (DType dt : {DType::f16, DType::bf16})
-    for (int bits : {4, 8})
-      for (int64_t m : {1, 5, 16, 64, 65, 300}) {
-        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " bits " << bits << " m " << m);
-        const int64_t n = 100, k = 512;
-        Quantized q = make_quantized(dt, bits, bits == 4 ? 128 : k, bits == 4, n, k);
-        HostTensor x(dt, m, k, k + 8), out(dt, m, n, n + 4), want(dt, m, n);
-        x.randomize();
-        out.poison();
-        quantized_gemm(want.view(), x.view(), q.weight());
-        // The streaming kernel may scale the fp32 sums of (q - z) x instead of multiplying by
-        // the rounded weight (q - z) s: at most half a rounding step of each weight element,
-        // sum |x w| 2^-8 (bf16) or 2^-11 (f16) per output.
-        HostTensor deq(dt, n, k);
-        dequantize_weight(deq.view(), q.weight());
-        const double half_step = dt == DType::bf16 ? 1.0 / 256 : 1.0 / 2048;
-        std::vector<double> weight_rounding(static_cast<size_t>(m * n));
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < n; ++j) {
-            double b = 0;
-            for (int64_t c = 0; c < k; ++c) b += std::fabs(double(x.get(i, c)) * deq.get(j, c));
-            weight_rounding[static_cast<size_t>(i * n + j)] = b * half_step;
-          }
-        DeviceTensor dx(x), dout(out);
-        void *p = nullptr, *s = nullptr, *z = nullptr, *ws = nullptr;
-        ASSERT_EQ(cudaMalloc(&p, q.packed.bytes.size()), cudaSuccess);
-        ASSERT_EQ(cudaMalloc(&s, q.scales.bytes.size()), cudaSuccess);
-        ASSERT_EQ(cudaMalloc(&z, q.zeros.bytes.size()), cudaSuccess);
-        cudaMemcpy(p, q.packed.bytes.data(), q.packed.bytes.size(), cudaMemcpyHostToDevice);
-        cudaMemcpy(s, q.scales.bytes.data(), q.scales.bytes.size(), cudaMemcpyHostToDevice);
-        cudaMemcpy(z, q.zeros.bytes.data(), q.zeros.bytes.size(), cudaMemcpyHostToDevice);
-        const int64_t ws_elems = quantized_gemm_workspace_size(m, n, k, 0);
-        EXPECT_EQ(ws_elems > 0, m > 128);  // the streaming kernel takes m <= 128
-        std::optional<TensorView> workspace;
-        if (ws_elems > 0) {
-          ASSERT_EQ(cudaMalloc(&ws, static_cast<size_t>(ws_elems * 2)), cudaSuccess);
-          const int64_t shape[1] = {ws_elems}, strides[1] = {1};
-          workspace = TensorView(ws, dt, gpu, 1, shape, strides);
-        }
-        quantized_gemm(dout.view(), dx.view(), q.weight(gpu, p, s, z), std::nullopt, workspace);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        const HostTensor got = dout.download();
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < n + 4; ++j) {
-            if (j >= n) {
-              if (i + 1 == m) break;  // the last row has no gap
-              ASSERT_TRUE(std::isnan(got.get(i, j))) << "gap written at " << i << "," << j;
-              continue;
+  const Shape cases[] = {{100, 512, {1, 5, 16, 17, 64, 65, 128, 300}, false}, {520, 1024, {33, 100}, true}};
+  for (const Shape& c : cases)
+    for (DType dt : {DType::f16, DType::bf16})
+      for (int bits : {4, 8})
+        for (int64_t m : c.ms) {
+          SCOPED_TRACE(testing::Message() << dtype_name(dt) << " bits " << bits << " m " << m << " n " << c.n);
+          const int64_t n = c.n, k = c.k;
+          const int64_t group = bits == 4 && !c.per_channel_int4 ? 128 : k;
+          Quantized q = make_quantized(dt, bits, group, bits == 4, n, k);
+          HostTensor x(dt, m, k, k + 8), out(dt, m, n, n + 4), want(dt, m, n);
+          x.randomize();
+          out.poison();
+          quantized_gemm(want.view(), x.view(), q.weight());
+          // The streaming kernel may scale the fp32 sums of (q - z) x instead of multiplying by
+          // the rounded weight (q - z) s: at most half a rounding step of each weight element,
+          // sum |x w| 2^-8 (bf16) or 2^-11 (f16) per output.
+          HostTensor deq(dt, n, k);
+          dequantize_weight(deq.view(), q.weight());
+          const double half_step = dt == DType::bf16 ? 1.0 / 256 : 1.0 / 2048;
+          std::vector<double> weight_rounding(static_cast<size_t>(m * n));
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              double b = 0;
+              for (int64_t c = 0; c < k; ++c) b += std::fabs(double(x.get(i, c)) * deq.get(j, c));
+              weight_rounding[static_cast<size_t>(i * n + j)] = b * half_step;
             }
-            const float w = want.get(i, j);
-            ASSERT_NEAR(got.get(i, j), w,
-                        2 * std::fabs(w) * dtype_rtol(dt) + weight_rounding[static_cast<size_t>(i * n + j)] + 1e-3f)
-                << i << "," << j;
+          DeviceTensor dx(x), dout(out);
+          void *p = nullptr, *s = nullptr, *z = nullptr, *ws = nullptr;
+          ASSERT_EQ(cudaMalloc(&p, q.packed.bytes.size()), cudaSuccess);
+          ASSERT_EQ(cudaMalloc(&s, q.scales.bytes.size()), cudaSuccess);
+          ASSERT_EQ(cudaMalloc(&z, q.zeros.bytes.size()), cudaSuccess);
+          cudaMemcpy(p, q.packed.bytes.data(), q.packed.bytes.size(), cudaMemcpyHostToDevice);
+          cudaMemcpy(s, q.scales.bytes.data(), q.scales.bytes.size(), cudaMemcpyHostToDevice);
+          cudaMemcpy(z, q.zeros.bytes.data(), q.zeros.bytes.size(), cudaMemcpyHostToDevice);
+          const int64_t ws_elems = quantized_gemm_workspace_size(m, n, k, 0);
+          EXPECT_EQ(ws_elems > 0, m > 128);  // the streaming kernel takes m <= 128
+          std::optional<TensorView> workspace;
+          if (ws_elems > 0) {
+            ASSERT_EQ(cudaMalloc(&ws, static_cast<size_t>(ws_elems * 2)), cudaSuccess);
+            const int64_t shape[1] = {ws_elems}, strides[1] = {1};
+            workspace = TensorView(ws, dt, gpu, 1, shape, strides);
           }
-        cudaFree(p);
-        cudaFree(s);
-        cudaFree(z);
-        cudaFree(ws);
-      }
+          quantized_gemm(dout.view(), dx.view(), q.weight(gpu, p, s, z), std::nullopt, workspace);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const HostTensor got = dout.download();
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n + 4; ++j) {
+              if (j >= n) {
+                if (i + 1 == m) break;  // the last row has no gap
+                ASSERT_TRUE(std::isnan(got.get(i, j))) << "gap written at " << i << "," << j;
+                continue;
+              }
+              const float w = want.get(i, j);
+              ASSERT_NEAR(got.get(i, j), w,
+                          2 * std::fabs(w) * dtype_rtol(dt) + weight_rounding[static_cast<size_t>(i * n + j)] + 1e-3f)
+                  << i << "," << j;
+            }
+          cudaFree(p);
+          cudaFree(s);
+          cudaFree(z);
+          cudaFree(ws);
+        }
 }
 
 TEST(QuantizedGemm, BadInputsWriteNothing) {

@@ -73,6 +73,7 @@ GROUPS = {"llama3_8b": [s for s in SHAPES if s.startswith("llama3_8b")],
 FORMATS = {"int4": (4, 128), "int8": (8, None)}  # name -> (bits, group size; None: K, one scale per channel)
 M_LIST = [1, 4, 16, 32, 64, 128, 256, 1024, 4096]
 PATH_M = [64, 128, 256]  # where llmk_stream and llmk_dequant are timed too (GPU only)
+SM90_M_MAX = 128  # llmk_sm90 (int4, LLMK_QUANTIZED_PATH=sm90) too at PATH_M up to this (a Hopper GPU)
 STREAM_M_MAX = 64  # the default path's switch as quantized_gemm.h gives it (the estimate's model only)
 PATH_VAR = "LLMK_QUANTIZED_PATH"
 INT8PACK_M_MAX = 256  # torch's CUDA int8pack kernel: one thread per output, fp32 cores
@@ -139,7 +140,7 @@ def _impl_names(m, bits, device):
     dense, ints = _peer_names(device)
     names = ["llmk"]
     if device == "cuda" and m in PATH_M:
-        names += ["llmk_stream", "llmk_dequant"]
+        names += ["llmk_stream", "llmk_dequant"] + (["llmk_sm90"] if bits == 4 and m <= SM90_M_MAX else [])
     names.append(dense)
     if not (bits == 8 and device == "cuda" and m > INT8PACK_M_MAX):
         names.append(ints[bits])
@@ -219,7 +220,7 @@ def prepare(packed, scales, bits, group, device, failures, label):
     w = llmk.dequantize_weight(packed, scales, None, bits, group)
     dense, ints = _peer_names(device)
     llmk_bytes = packed.numel() * 4 + scales.numel() * scales.element_size()
-    nbytes = {"llmk": llmk_bytes, "llmk_stream": llmk_bytes, "llmk_dequant": llmk_bytes,
+    nbytes = {"llmk": llmk_bytes, "llmk_stream": llmk_bytes, "llmk_dequant": llmk_bytes, "llmk_sm90": llmk_bytes,
               dense: w.numel() * w.element_size()}
     peer = ()
     try:
@@ -264,6 +265,7 @@ def impls_of(m, bits, group, device, has_peer):
     dense, ints = _peer_names(device)
     fns = {"llmk": lambda x, p, s, *_: llmk.quantized_linear(x, p, s, None, bits, group),
            "llmk_stream": _forced("stream", bits, group), "llmk_dequant": _forced("dequant", bits, group),
+           "llmk_sm90": _forced("sm90", bits, group),
            dense: lambda x, p, s, w, *_: F.linear(x, w),
            "tinygemm": lambda x, p, s, w, b, sz: torch._weight_int4pack_mm(x, b, group, sz),
            "int4pack": lambda x, p, s, w, b, sz: torch._weight_int4pack_mm_for_cpu(x, b, group, sz),

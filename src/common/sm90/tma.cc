@@ -49,7 +49,8 @@ CUtensorMap make_tma(const char* op, const TmaShape& s) {
                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult r = encode_tiled(op)(&map, type, static_cast<cuuint32_t>(s.rank), const_cast<void*>(s.base), dims,
                                       strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                      s.swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   LLMK_CHECK(r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed (error ", static_cast<int>(r), ") for a rank-",
              s.rank, " map of [", s.dims[s.rank - 1], " ... ", s.dims[0], "] elements with a ", s.box[1], " x ",

@@ -39,6 +39,7 @@ struct TmaShape {
   uint64_t dims[5];
   uint64_t strides[5];
   uint32_t box[5];
+  bool swizzle = true;  // false: the box lands row-major, unpermuted (16-byte alignment)
 };
 
 CUtensorMap make_tma(const char* op, const TmaShape& shape);
