@@ -1,8 +1,8 @@
 // Occupancy queries: resident blocks per SM of a kernel at a block size, from the CUDA
 // occupancy calculator, and whether the kernel spills to local memory (kernel_fit, remembered
 // per (kernel, block size, device, shared memory) so a launch pays for the queries once); the device's SM
-// count; resident clusters of a kernel (max_active_clusters, not remembered: its callers keep
-// their own answers).
+// count; resident clusters of a kernel (max_active_clusters; resident_clusters remembers the
+// answers).
 #pragma once
 
 #include <cstddef>
@@ -37,5 +37,9 @@ KernelLimits kernel_limits(const void* kernel, int device);
 // (cudaOccupancyMaxActiveClusters); 0 where not even one fits or the device cannot launch
 // the cluster (the error the query leaves is cleared).
 int max_active_clusters(const void* kernel, int threads, size_t smem, int cluster);
+
+// max_active_clusters of `kernel` on `device` (the current device), remembered per (kernel,
+// device, cluster): a launcher that picks its cluster size per call pays for the query once.
+int resident_clusters(const void* kernel, int threads, size_t smem, int cluster, int device);
 
 }  // namespace llmk::detail

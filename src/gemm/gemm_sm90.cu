@@ -7,9 +7,6 @@
 // output has the inputs' dtype. Everything else takes the mma.sync kernel. A split-K call's
 // reduction: gemm_split_reduce_kernel for {bf16, fp16} x {none, gelu, gelu_tanh}.
 #include <algorithm>
-#include <mutex>
-#include <tuple>
-#include <vector>
 
 #include "common/cuda_check.h"
 #include "common/occupancy.h"
@@ -49,14 +46,7 @@ auto with_kernel(DType dtype, bool a_k_major, bool b_k_major, F&& f) {
 // Clusters of `cluster` blocks of the kernel's shape that run at once on the device
 // (occupancy.h's query, cached per kernel, device and cluster size); 0 when none fits.
 int resident_clusters(const void* kernel, int cluster, int device) {
-  static std::mutex mutex;
-  static std::vector<std::tuple<const void*, int, int, int>> known;
-  std::lock_guard<std::mutex> lock(mutex);
-  for (const auto& [k, d, size, clusters] : known)
-    if (k == kernel && d == device && size == cluster) return clusters;
-  const int clusters = max_active_clusters(kernel, GemmSm90Config::kThreads, GemmSm90Config::kSharedBytes, cluster);
-  known.emplace_back(kernel, device, cluster, clusters);
-  return clusters;
+  return detail::resident_clusters(kernel, GemmSm90Config::kThreads, GemmSm90Config::kSharedBytes, cluster, device);
 }
 
 // Split-K pieces for a call of `tiles` cluster tiles when `clusters` run at once: as many as

@@ -9,6 +9,7 @@
 // gemm_split_reduce_kernel: the same bits), and applies the epilogue of gemm_epilogue.cuh.
 // Roofline: S x 128 KB of shared-memory traffic per tile at most, ~1-2 us beside the pieces'
 // weight stream; the kernel's last cluster barrier keeps every ring alive for the reads.
+// sum_over_cluster_f4 also serves the quantized Hopper kernel's split (quantized_sm90_kernel.cuh).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,28 @@ __device__ __forceinline__ float4 ld_shared_cluster_f4(uint32_t local, uint32_t 
   return v;
 }
 
+// The float4 at shared offset `at` summed over the cluster's first `pieces` blocks (at most
+// kMax) in rank order: the order of gemm_split_reduce_kernel, so the same bits.
+template <int kMax>
+__device__ __forceinline__ void sum_over_cluster_f4(uint32_t at, int pieces, float (&acc)[4]) {
+  float4 v[kMax];
+#pragma unroll
+  for (int r = 0; r < kMax; ++r)
+    if (r < pieces) v[r] = ld_shared_cluster_f4(at, static_cast<uint32_t>(r));
+  acc[0] = v[0].x;
+  acc[1] = v[0].y;
+  acc[2] = v[0].z;
+  acc[3] = v[0].w;
+#pragma unroll
+  for (int r = 1; r < kMax; ++r) {
+    if (r >= pieces) break;
+    acc[0] += v[r].x;
+    acc[1] += v[r].y;
+    acc[2] += v[r].z;
+    acc[3] += v[r].w;
+  }
+}
+
 // Row stride (floats) of a piece's sums in shared memory, for the kernel's config C: 8 floats
 // of padding put the 8 rows a warp's float2 stores touch on distinct banks.
 template <class C>
@@ -49,19 +72,8 @@ __device__ __forceinline__ void gemm_sm90_cluster_reduce_slice(const GemmParams&
   for (int item = thread; item < rows * quads; item += threads) {
     const int row = item / quads, col = 4 * (q_begin + item % quads);
     const uint32_t at = sums + static_cast<uint32_t>(row * kClusterSumsLd<C> + col) * 4;
-    float4 v[C::kMaxKCluster];
-#pragma unroll
-    for (int r = 0; r < C::kMaxKCluster; ++r)
-      if (r < pieces) v[r] = ld_shared_cluster_f4(at, static_cast<uint32_t>(r));
-    float acc[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
-#pragma unroll
-    for (int r = 1; r < C::kMaxKCluster; ++r) {
-      if (r >= pieces) break;
-      acc[0] += v[r].x;
-      acc[1] += v[r].y;
-      acc[2] += v[r].z;
-      acc[3] += v[r].w;
-    }
+    float acc[4];
+    sum_over_cluster_f4<C::kMaxKCluster>(at, pieces, acc);
     gemm_store_four<TOut, Act>(p, row0 + row, col0 + col, acc);
   }
 }

@@ -46,6 +46,10 @@ template <class T, int kBits>
 __device__ __forceinline__ uint32_t zero_operand(uint32_t z) {
   if constexpr (kBits == 8 && std::is_same_v<T, __nv_bfloat16>) {
     return __float_as_uint(8388608.0f + static_cast<float>(z));
+  } else if constexpr (kBits == 4) {
+    // magic + z by integer addition (exact: z < 16 is far below magic's unit mantissa range),
+    // doubled into both halves.
+    return ((QuantPair<T>::kMagic & 0xFFFFu) + z) * 0x10001u;
   } else {
     const T zt = from_float<T>((kBits == 8 ? 1024.0f : QuantPair<T>::kMagicValue) + static_cast<float>(z));
     const uint32_t zu = *reinterpret_cast<const unsigned short*>(&zt);
