@@ -112,7 +112,7 @@ TEST(QuantizedGemm, CpuReferenceMatchesTheFormat) {
 // Every CUDA path against the CPU reference: the streaming kernel (m <= 16, int8 to 128), the
 // Hopper kernel (int4 at m = 17-128 on an sm_90 GPU: one block of 256 rows split along K into
 // a cluster of 2, 3 (rows shared unevenly by the reduction), 4 or 8 pieces, or several blocks
-// with the last partial) and dequantize + GEMM (m > 128), with zero points (int4 g128) and
+// with the last partial; K of 5 blocks of 128, split unevenly) and dequantize + GEMM (m > 128), with zero points (int4 g128) and
 // per-channel scales (int8; int4 in the wide case).
 TEST(QuantizedGemm, GpuMatchesCpu) {
   LLMK_REQUIRE_GPU();
@@ -125,6 +125,7 @@ TEST(QuantizedGemm, GpuMatchesCpu) {
   const Shape cases[] = {{100, 512, {1, 5, 16, 17, 64, 65, 128, 300}, false},
                          {520, 1024, {33, 100}, true},
                          {256, 768, {20}, false},
+                         {200, 640, {24, 64}, false},
                          {300, 2048, {40, 128}, false}};
   for (const Shape& c : cases)
     for (DType dt : {DType::f16, DType::bf16})
