@@ -71,12 +71,13 @@ int max_active_clusters(const void* kernel, int threads, size_t smem, int cluste
 
 int resident_clusters(const void* kernel, int threads, size_t smem, int cluster, int device) {
   static std::mutex mutex;
-  static std::vector<std::tuple<const void*, int, int, int>> known;  // kernel, device, cluster, clusters
+  // kernel, device, threads, shared memory, cluster -> clusters
+  static std::vector<std::tuple<const void*, int, int, size_t, int, int>> known;
   std::lock_guard<std::mutex> lock(mutex);
-  for (const auto& [k, d, size, clusters] : known)
-    if (k == kernel && d == device && size == cluster) return clusters;
+  for (const auto& [k, d, t, m, size, clusters] : known)
+    if (k == kernel && d == device && t == threads && m == smem && size == cluster) return clusters;
   const int clusters = max_active_clusters(kernel, threads, smem, cluster);
-  known.emplace_back(kernel, device, cluster, clusters);
+  known.emplace_back(kernel, device, threads, smem, cluster, clusters);
   return clusters;
 }
 

@@ -38,8 +38,9 @@ KernelLimits kernel_limits(const void* kernel, int device);
 // the cluster (the error the query leaves is cleared).
 int max_active_clusters(const void* kernel, int threads, size_t smem, int cluster);
 
-// max_active_clusters of `kernel` on `device` (the current device), remembered per (kernel,
-// device, cluster): a launcher that picks its cluster size per call pays for the query once.
+// max_active_clusters of `kernel` on `device` (which must be the current device: the query
+// runs there), remembered per (kernel, device, threads, smem, cluster): a launcher that picks
+// its cluster size per call pays for the query once.
 int resident_clusters(const void* kernel, int threads, size_t smem, int cluster, int device);
 
 }  // namespace llmk::detail

@@ -25,7 +25,7 @@ const void* kernel_for() {
   return reinterpret_cast<const void*>(sm90::quantized_sm90_kernel<T, kTokens>);
 }
 
-// Pieces of K (the blocks of a row block's cluster) for `row_blocks` blocks of 256 rows: as
+// Pieces of K (the blocks of a row block's cluster) for `row_blocks` blocks of C::kRows rows: as
 // many as fill the SMs once, each >= 2 blocks of 128 k, at most a portable cluster (8), and
 // every row block's cluster resident at once (a second wave of clusters would double the
 // time).
@@ -49,7 +49,7 @@ void launch(const QuantizedParams& p, int device, cudaStream_t stream) {
   launch_pdl(sm90::quantized_permute_x_kernel<T>, permute_grid, dim3(256), 0, stream, static_cast<const T*>(p.x), p.ldx,
              xp, p.k);
   // x: [m, k] in boxes of kTokens rows x 64 k (rows past m read as zeros); codes: [n, k / 8]
-  // 32-bit words in boxes of 256 rows x 16 words (TMA copies them as opaque 4-byte elements).
+  // 32-bit words in boxes of kRows rows x 16 words (TMA copies them as opaque 4-byte elements).
   const CUtensorMap map_x = sm90::make_tma_2d(
       kOp, {xp, p.dtype, uint64_t(p.m), uint64_t(p.k), uint64_t(p.k), static_cast<uint32_t>(kTokens), 64});
   const CUtensorMap map_codes = sm90::make_tma(
@@ -80,8 +80,9 @@ void launch(const QuantizedParams& p, int device, cudaStream_t stream) {
 bool quantized_sm90_takes(const QuantizedParams& p, int device) {
   if (p.bits != 4 || p.m < 1 || p.m > kQuantizedSm90MaxM || p.k % 128 != 0 || p.group_size % 128 != 0) return false;
   if (p.dtype != DType::f16 && p.dtype != DType::bf16) return false;
-  // The grid's y holds the row blocks (at most 65535 of 256 rows); scale offsets are 32-bit.
-  if (reinterpret_cast<uintptr_t>(p.packed) % 16 != 0 || p.n > int64_t{65535} * 256 || p.k >= (int64_t{1} << 31) ||
+  // The grid's y holds the row blocks (at most 65535, of 128 rows above 64 tokens); scale
+  // offsets are 32-bit.
+  if (reinterpret_cast<uintptr_t>(p.packed) % 16 != 0 || p.n > int64_t{65535} * 128 || p.k >= (int64_t{1} << 31) ||
       p.n * (p.k / p.group_size) >= (int64_t{1} << 31))
     return false;
   if (!scratch_available(device)) return false;

@@ -23,9 +23,10 @@
 //     stage is released after the next stage's first chunk (the mma never drains per stage).
 //   * Split-K over gridDim.x pieces, the blocks of one thread-block cluster (up to 8): each
 //     block writes its fp32 sums [token][row] into its drained ring, a cluster barrier
-//     publishes them, and block r adds rows [kRows r / S, kRows (r + 1) / S) of every token over
-//     the cluster's blocks in rank order through distributed shared memory, then applies the
-//     bias and stores (one kernel, no partial sums in global memory; S = 1 is a cluster of one).
+//     publishes them, and block r adds the row quads [kRows r / 4S, kRows (r + 1) / 4S)
+//     (rounded down) of every token over the cluster's blocks in rank order through
+//     distributed shared memory, then applies the bias and stores (one kernel, no partial
+//     sums in global memory; S = 1 is a cluster of one).
 //   * Programmatic dependent launch: the codes of the first stages are requested before the
 //     wait for the permute kernel (the codes and scales are not its outputs), x after it.
 // Roofline (int4 g128): N K / 2 bytes of codes + N K / 64 of scales; x (M K 2 bytes) is read
@@ -113,7 +114,7 @@ __device__ __forceinline__ void quant_wgmma(float (&d)[kTokens / 2], const uint3
   else wgmma_m64n64k16_rs<0>(WgmmaTag<T>{}, d, a, desc_b, true);
 }
 
-// Grid (pieces of K, row blocks of 256) in clusters of gridDim.x blocks; block kThreads.
+// Grid (pieces of K, row blocks of kRows) in clusters of gridDim.x blocks; block kThreads.
 template <class T, int kTokens>
 __global__ void __launch_bounds__(QuantSm90Config<kTokens>::kThreads, 1)
     quantized_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_codes,
@@ -180,7 +181,7 @@ __global__ void __launch_bounds__(QuantSm90Config<kTokens>::kThreads, 1)
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) / 32) % 4;
   const int g = lane / 4, t = lane % 4;
   // This lane's weight rows: tile mt, half h (row g or g + 8 of its warp's 16), at
-  // local_row(mt, h) of the block's 256; their scales and zero points at element at_row[mt][h]
+  // local_row(mt, h) of the block's kRows; their scales and zero points at element at_row[mt][h]
   // + group (32 bits: quantized_sm90_takes bounds n x groups), the rows clamped below n (a
   // row past n computes sums that are never stored).
   const int lrow = consumer * 64 * C::kTiles + 16 * warp + g;

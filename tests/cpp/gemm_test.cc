@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gemm/gemm.h"
+#include "naive_dot.h"
 #include "test_util.h"
 
 namespace llmk::test {
@@ -143,16 +144,12 @@ std::vector<double> naive(const Problem& pr) {
     for (int64_t kk = 0; kk < c.k; ++kk) A[i * c.k + kk] = pr.a.get(i, kk);
   for (int64_t j = 0; j < c.n; ++j)
     for (int64_t kk = 0; kk < c.k; ++kk) B[j * c.k + kk] = pr.b.get(j, kk);
+  std::vector<double> dots(static_cast<size_t>(c.m * c.n));
+  naive_dot_products(A.data(), B.data(), c.m, c.n, c.k, dots.data());
   std::vector<double> z(static_cast<size_t>(c.n));
   std::vector<double> ref(static_cast<size_t>(c.m * c.n_out()));
   for (int64_t i = 0; i < c.m; ++i) {
-    for (int64_t j = 0; j < c.n; ++j) {
-      double s = 0;
-      const double* ar = &A[i * c.k];
-      const double* br = &B[j * c.k];
-      for (int64_t kk = 0; kk < c.k; ++kk) s += ar[kk] * br[kk];
-      z[j] = s + (c.bias ? pr.bias.get(0, j) : 0.0);
-    }
+    for (int64_t j = 0; j < c.n; ++j) z[j] = dots[i * c.n + j] + (c.bias ? pr.bias.get(0, j) : 0.0);
     for (int64_t j = 0; j < c.n_out(); ++j) {
       const double v = z[j];
       double y = v;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "llmk/quantized_gemm.h"
+#include "naive_dot.h"
 #include "test_util.h"
 
 namespace llmk::test {
@@ -110,49 +111,59 @@ TEST(QuantizedGemm, CpuReferenceMatchesTheFormat) {
 }
 
 // Every CUDA path against the CPU reference: the streaming kernel (m <= 16, int8 to 128), the
-// Hopper kernel (int4 at m = 17-128 on an sm_90 GPU: one block of 256 rows split along K into
-// a cluster of 2, 3 (rows shared unevenly by the reduction), 4 or 8 pieces, or several blocks
-// with the last partial; K of 5 blocks of 128, split unevenly) and dequantize + GEMM (m > 128), with zero points (int4 g128) and
-// per-channel scales (int8; int4 in the wide case).
+// Hopper kernel (int4 at m = 17-128 on an sm_90 GPU: a row block of 256 rows (128 above 64
+// tokens) split along K into a cluster of 1, 2, 3 (rows shared unevenly by the reduction), 4
+// or 8 pieces, or several row blocks with the last partial; K of 5 blocks of 128, split
+// unevenly; pieces of 8 blocks, which wrap the ring; g256; n not a multiple of 4) and
+// dequantize + GEMM (m > 128); int4 with zero points (symmetric in the bias case), int8 per
+// channel.
 TEST(QuantizedGemm, GpuMatchesCpu) {
   LLMK_REQUIRE_GPU();
   struct Shape {
     int64_t n, k;
     std::vector<int64_t> ms;
-    bool per_channel_int4;
+    int64_t group4;  // int4's group size (k: per channel)
+    bool zeros4 = true, bias = false;
   };
   const Device gpu{DeviceType::cuda, 0};
-  const Shape cases[] = {{100, 512, {1, 5, 16, 17, 64, 65, 128, 300}, false},
-                         {520, 1024, {33, 100}, true},
-                         {256, 768, {20}, false},
-                         {200, 640, {24, 64}, false},
-                         {300, 2048, {40, 128}, false}};
+  const Shape cases[] = {{100, 512, {1, 5, 16, 17, 64, 65, 128, 300}, 128},
+                         {520, 1024, {33, 100}, 1024},
+                         {256, 768, {20}, 128},
+                         {200, 640, {24, 64}, 128},
+                         {300, 2048, {40, 128}, 128},
+                         {100, 256, {30}, 128},
+                         {1030, 8192, {40, 100}, 256, false, true}};
   for (const Shape& c : cases)
     for (DType dt : {DType::f16, DType::bf16})
       for (int bits : {4, 8})
         for (int64_t m : c.ms) {
-          SCOPED_TRACE(testing::Message() << dtype_name(dt) << " bits " << bits << " m " << m << " n " << c.n);
+          SCOPED_TRACE(testing::Message() << dtype_name(dt) << " bits " << bits << " m " << m << " n " << c.n
+                                          << " k " << c.k);
           const int64_t n = c.n, k = c.k;
-          const int64_t group = bits == 4 && !c.per_channel_int4 ? 128 : k;
-          Quantized q = make_quantized(dt, bits, group, bits == 4, n, k);
-          HostTensor x(dt, m, k, k + 8), out(dt, m, n, n + 4), want(dt, m, n);
+          const int64_t group = bits == 4 ? c.group4 : k;
+          Quantized q = make_quantized(dt, bits, group, bits == 4 && c.zeros4, n, k);
+          HostTensor x(dt, m, k, k + 8), out(dt, m, n, n + 4), want(dt, m, n), bias(dt, 1, n);
           x.randomize();
+          bias.randomize();
           out.poison();
-          quantized_gemm(want.view(), x.view(), q.weight());
+          const std::optional<TensorView> host_bias =
+              c.bias ? std::optional<TensorView>(bias.view(true)) : std::nullopt;
+          quantized_gemm(want.view(), x.view(), q.weight(), host_bias);
           // The streaming kernel may scale the fp32 sums of (q - z) x instead of multiplying by
           // the rounded weight (q - z) s: at most half a rounding step of each weight element,
           // sum |x w| 2^-8 (bf16) or 2^-11 (f16) per output.
           HostTensor deq(dt, n, k);
           dequantize_weight(deq.view(), q.weight());
           const double half_step = dt == DType::bf16 ? 1.0 / 256 : 1.0 / 2048;
-          std::vector<double> weight_rounding(static_cast<size_t>(m * n));
+          std::vector<double> xd(static_cast<size_t>(m * k)), wd(static_cast<size_t>(n * k)),
+              dots(static_cast<size_t>(m * n)), weight_rounding(static_cast<size_t>(m * n));
           for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < n; ++j) {
-              double b = 0;
-              for (int64_t c = 0; c < k; ++c) b += std::fabs(double(x.get(i, c)) * deq.get(j, c));
-              weight_rounding[static_cast<size_t>(i * n + j)] = b * half_step;
-            }
-          DeviceTensor dx(x), dout(out);
+            for (int64_t c = 0; c < k; ++c) xd[static_cast<size_t>(i * k + c)] = x.get(i, c);
+          for (int64_t j = 0; j < n; ++j)
+            for (int64_t c = 0; c < k; ++c) wd[static_cast<size_t>(j * k + c)] = deq.get(j, c);
+          naive_dot_products(xd.data(), wd.data(), m, n, k, dots.data(), weight_rounding.data());
+          for (double& b : weight_rounding) b *= half_step;
+          DeviceTensor dx(x), dout(out), dbias(bias);
           void *p = nullptr, *s = nullptr, *z = nullptr, *ws = nullptr;
           ASSERT_EQ(cudaMalloc(&p, q.packed.bytes.size()), cudaSuccess);
           ASSERT_EQ(cudaMalloc(&s, q.scales.bytes.size()), cudaSuccess);
@@ -168,7 +179,9 @@ TEST(QuantizedGemm, GpuMatchesCpu) {
             const int64_t shape[1] = {ws_elems}, strides[1] = {1};
             workspace = TensorView(ws, dt, gpu, 1, shape, strides);
           }
-          quantized_gemm(dout.view(), dx.view(), q.weight(gpu, p, s, z), std::nullopt, workspace);
+          const std::optional<TensorView> device_bias =
+              c.bias ? std::optional<TensorView>(dbias.view(true)) : std::nullopt;
+          quantized_gemm(dout.view(), dx.view(), q.weight(gpu, p, s, z), device_bias, workspace);
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           const HostTensor got = dout.download();
           for (int64_t i = 0; i < m; ++i)

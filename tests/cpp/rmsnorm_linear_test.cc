@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "naive_dot.h"
 #include "test_util.h"
 
 namespace llmk::test {
@@ -58,7 +59,7 @@ Naive naive_rmsnorm_linear(const HostTensor& x, const HostTensor& g, const HostT
   const std::vector<float> xv = dense(x), gv = dense(g), wv = dense(w);
   Naive r;
   r.out.assign(static_cast<size_t>(m * n), 0.0);
-  std::vector<double> xn(static_cast<size_t>(k));
+  std::vector<double> xn(static_cast<size_t>(m * k)), abs_dots(static_cast<size_t>(m * n));
   double max_xn = 0, max_w = 0, max_abs_dot = 0;
   for (float v : wv) max_w = std::max(max_w, std::fabs(double(v)));
   for (int64_t i = 0; i < m; ++i) {
@@ -67,21 +68,13 @@ Naive naive_rmsnorm_linear(const HostTensor& x, const HostTensor& g, const HostT
     for (int64_t c = 0; c < k; ++c) ss += double(xi[c]) * xi[c];
     const double rstd = 1.0 / std::sqrt(ss / double(k) + eps);
     for (int64_t c = 0; c < k; ++c) {
-      xn[c] = round_to(x.dtype, static_cast<float>(double(xi[c]) * rstd * gv[c]));
-      max_xn = std::max(max_xn, std::fabs(xn[c]));
-    }
-    for (int64_t j = 0; j < n; ++j) {
-      const float* wj = wv.data() + j * k;
-      double s = 0, s_abs = 0;
-      for (int64_t c = 0; c < k; ++c) {
-        const double prod = xn[c] * double(wj[c]);
-        s += prod;
-        s_abs += std::fabs(prod);
-      }
-      r.out[static_cast<size_t>(i * n + j)] = s;
-      max_abs_dot = std::max(max_abs_dot, s_abs);
+      double& v = xn[static_cast<size_t>(i * k + c)];
+      v = round_to(x.dtype, static_cast<float>(double(xi[c]) * rstd * gv[c]));
+      max_xn = std::max(max_xn, std::fabs(v));
     }
   }
+  naive_dot_products(xn.data(), wv.data(), m, n, k, r.out.data(), abs_dots.data());
+  for (double v : abs_dots) max_abs_dot = std::max(max_abs_dot, v);
   r.atol = 4.0 * ulp_at_one(x.dtype) * max_xn * max_w + double(k) * std::ldexp(1.0, -22) * max_abs_dot + 1e-30;
   return r;
 }
