@@ -65,9 +65,12 @@ def _info() -> int:
               " (LLMK_GEMM_PATH=sm90|small_m|sm80 forces one)")
         print("  rmsnorm_linear: the small-M kernel, normalizing x as it is staged"
               + (" (M <= 32); rmsnorm into scratch memory + the Hopper kernel for M >= 33" if hopper else ""))
-        print("  quantized_linear: int4/int8 weights streamed and dequantized in registers for M <= 128"
+        print("  quantized_linear: "
+              + ("int4 at M = 17-128: Hopper wgmma kernel (the weight dequantized into wgmma's register"
+                 " operand from a TMA ring, split-K reduced in a cluster); " if hopper else "")
+              + "int4/int8 weights streamed and dequantized in registers for M <= 128"
               " (int4 at M <= 16: the group scale applied to each group's fp32 sum),"
-              " dequantize into a workspace + gemm above (LLMK_QUANTIZED_PATH=stream|dequant forces one)")
+              " dequantize into a workspace + gemm above (LLMK_QUANTIZED_PATH=stream|dequant|sm90 forces one)")
         print("  attention: " + _attention_paths(hopper, ATTENTION_SM90_HEAD_DIMS))
         print("  attention backward: " + _attention_paths(hopper, ATTENTION_SM90_HEAD_DIMS))
         print("  attention score variants (window, softcap, sinks): "
