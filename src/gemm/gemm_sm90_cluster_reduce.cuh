@@ -9,7 +9,7 @@
 // gemm_split_reduce_kernel: the same bits), and applies the epilogue of gemm_epilogue.cuh.
 // Roofline: S x 128 KB of shared-memory traffic per tile at most, ~1-2 us beside the pieces'
 // weight stream; the kernel's last cluster barrier keeps every ring alive for the reads.
-// sum_over_cluster_f4 also serves the quantized Hopper kernel's split (quantized_sm90_kernel.cuh).
+// gemm_sm90_cluster_reduce_slice also serves the quantized Hopper kernel's split.
 #pragma once
 
 #include <cstdint>
@@ -34,46 +34,37 @@ __device__ __forceinline__ float4 ld_shared_cluster_f4(uint32_t local, uint32_t 
   return v;
 }
 
-// The float4 at shared offset `at` summed over the cluster's first `pieces` blocks (at most
-// kMax) in rank order: the order of gemm_split_reduce_kernel, so the same bits.
-template <int kMax>
-__device__ __forceinline__ void sum_over_cluster_f4(uint32_t at, int pieces, float (&acc)[4]) {
-  float4 v[kMax];
-#pragma unroll
-  for (int r = 0; r < kMax; ++r)
-    if (r < pieces) v[r] = ld_shared_cluster_f4(at, static_cast<uint32_t>(r));
-  acc[0] = v[0].x;
-  acc[1] = v[0].y;
-  acc[2] = v[0].z;
-  acc[3] = v[0].w;
-#pragma unroll
-  for (int r = 1; r < kMax; ++r) {
-    if (r >= pieces) break;
-    acc[0] += v[r].x;
-    acc[1] += v[r].y;
-    acc[2] += v[r].z;
-    acc[3] += v[r].w;
-  }
-}
-
 // Row stride (floats) of a piece's sums in shared memory, for the kernel's config C: 8 floats
 // of padding put the 8 rows a warp's float2 stores touch on distinct banks.
 template <class C>
 inline constexpr int kClusterSumsLd = C::kBlockN + 8;
 
-// Block `rank`'s share of a k-cluster reduction: columns [4 q_begin, 4 q_end) of the tile's
-// `rows` rows; each float4 of sums is added over the cluster's blocks in rank order (the
-// order of gemm_split_reduce_kernel: the same bits), then gemm_store_four's epilogue.
-template <class C, class TOut, GemmActivation Act>
+// Block `rank`'s share of a k-cluster reduction: columns [4 q_begin, 4 q_end) of `rows` rows
+// of sums (kLd floats apart; row r is output row row0 + r, column c output column col0 + c);
+// each float4 is added over the cluster's first `pieces` blocks (at most kMaxPieces) in rank
+// order (the order of gemm_split_reduce_kernel: the same bits), then gemm_store_four's
+// epilogue. Also the quantized Hopper kernel's reduction (quantized_sm90_kernel.cuh).
+template <int kLd, int kMaxPieces, class TOut, GemmActivation Act>
 __device__ __forceinline__ void gemm_sm90_cluster_reduce_slice(const GemmParams& p, uint32_t sums, int pieces, int rows,
                                                                int q_begin, int q_end, int64_t row0, int64_t col0,
                                                                int thread, int threads) {
   const int quads = q_end - q_begin;
   for (int item = thread; item < rows * quads; item += threads) {
     const int row = item / quads, col = 4 * (q_begin + item % quads);
-    const uint32_t at = sums + static_cast<uint32_t>(row * kClusterSumsLd<C> + col) * 4;
-    float acc[4];
-    sum_over_cluster_f4<C::kMaxKCluster>(at, pieces, acc);
+    const uint32_t at = sums + static_cast<uint32_t>(row * kLd + col) * 4;
+    float4 v[kMaxPieces];
+#pragma unroll
+    for (int r = 0; r < kMaxPieces; ++r)
+      if (r < pieces) v[r] = ld_shared_cluster_f4(at, static_cast<uint32_t>(r));
+    float acc[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
+#pragma unroll
+    for (int r = 1; r < kMaxPieces; ++r) {
+      if (r >= pieces) break;
+      acc[0] += v[r].x;
+      acc[1] += v[r].y;
+      acc[2] += v[r].z;
+      acc[3] += v[r].w;
+    }
     gemm_store_four<TOut, Act>(p, row0 + row, col0 + col, acc);
   }
 }
@@ -107,14 +98,14 @@ __device__ __forceinline__ void gemm_sm90_reduce_in_cluster(const GemmParams& p,
   const int thread = static_cast<int>(threadIdx.x) - kWarpgroupThreads, threads = C::kConsumers * kWarpgroupThreads;
   switch (p.activation) {
     case GemmActivation::gelu:
-      return gemm_sm90_cluster_reduce_slice<C, T, GemmActivation::gelu>(p, base, pieces, rows, q_begin, q_end,
-                                                                        tile_row0, col0, thread, threads);
+      return gemm_sm90_cluster_reduce_slice<kClusterSumsLd<C>, C::kMaxKCluster, T, GemmActivation::gelu>(
+          p, base, pieces, rows, q_begin, q_end, tile_row0, col0, thread, threads);
     case GemmActivation::gelu_tanh:
-      return gemm_sm90_cluster_reduce_slice<C, T, GemmActivation::gelu_tanh>(p, base, pieces, rows, q_begin, q_end,
-                                                                             tile_row0, col0, thread, threads);
+      return gemm_sm90_cluster_reduce_slice<kClusterSumsLd<C>, C::kMaxKCluster, T, GemmActivation::gelu_tanh>(
+          p, base, pieces, rows, q_begin, q_end, tile_row0, col0, thread, threads);
     default:  // none (silu_mul does not split)
-      return gemm_sm90_cluster_reduce_slice<C, T, GemmActivation::none>(p, base, pieces, rows, q_begin, q_end,
-                                                                        tile_row0, col0, thread, threads);
+      return gemm_sm90_cluster_reduce_slice<kClusterSumsLd<C>, C::kMaxKCluster, T, GemmActivation::none>(
+          p, base, pieces, rows, q_begin, q_end, tile_row0, col0, thread, threads);
   }
 }
 

@@ -48,7 +48,6 @@
 #include "common/sm90/warpgroup.cuh"
 #include "common/sm90/wgmma.cuh"
 #include "gemm/gemm.h"
-#include "gemm/gemm_epilogue.cuh"
 #include "gemm/gemm_sm90_cluster_reduce.cuh"
 #include "gemm/quantized.h"
 #include "gemm/quantized_dequant.cuh"
@@ -326,17 +325,10 @@ __global__ void __launch_bounds__(QuantSm90Config<kTokens>::kThreads, 1)
   // order), then the bias and the store.
   const int pieces = static_cast<int>(gridDim.x), r = static_cast<int>(blockIdx.x);
   constexpr int kQuads = C::kRows / 4;
-  const int q_begin = kQuads * r / pieces, quads = kQuads * (r + 1) / pieces - q_begin;
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sums));
-  const int tokens = static_cast<int>(p.m);
-  for (int item = static_cast<int>(threadIdx.x) - kWarpgroupThreads; item < tokens * quads;
-       item += C::kConsumers * kWarpgroupThreads) {
-    const int token = item / quads, quad = q_begin + item % quads;
-    const uint32_t at = base + static_cast<uint32_t>(token * C::kSumsLd + 4 * quad) * 4;
-    float sum[4];
-    sum_over_cluster_f4<C::kMaxPieces>(at, pieces, sum);
-    gemm_store_four<T, GemmActivation::none>(args.out, token, row0 + 4 * quad, sum);
-  }
+  gemm_sm90_cluster_reduce_slice<C::kSumsLd, C::kMaxPieces, T, GemmActivation::none>(
+      args.out, base, pieces, static_cast<int>(p.m), kQuads * r / pieces, kQuads * (r + 1) / pieces, 0, row0,
+      static_cast<int>(threadIdx.x) - kWarpgroupThreads, C::kConsumers * kWarpgroupThreads);
   cluster_sync();
 #endif
 }
