@@ -6,9 +6,6 @@
 // every call with a variant takes.
 // Causal, paging, append, RoPE and GQA are run-time parameters of each kernel.
 #include <cstdint>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <type_traits>
 
 #include "common/cuda_check.h"
@@ -46,18 +43,10 @@ using TileFor = DecodeTile<T, Cache, kHeadDim, kMTiles,
                            smem_budget(blocks_per_sm(kHeadDim, std::is_same_v<Cache, Fp8E4M3>, kMTiles)), kVariants>;
 
 // Whether `splits` blocks of `kernel` can run as one cluster on the current device: its code
-// for the device is sm_90 (the merge is compiled in) and the device can co-schedule them.
-// Remembered per (kernel, device, splits).
+// for the device is sm_90 (the merge is compiled in) and the device can co-schedule them
+// (occupancy.h's remembered query).
 bool cluster_merge_fits(const void* kernel, int device, int ptx_version, int threads, int smem, int splits) {
-  static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, int>, bool> cache;
-  const auto key = std::make_tuple(kernel, device, splits);
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  const bool fits = ptx_version >= 90 && max_active_clusters(kernel, threads, static_cast<size_t>(smem), splits) > 0;
-  cache.emplace(key, fits);
-  return fits;
+  return ptx_version >= 90 && resident_clusters(kernel, threads, static_cast<size_t>(smem), splits, device) > 0;
 }
 
 template <class T, class Tile>
