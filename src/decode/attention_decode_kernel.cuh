@@ -12,7 +12,9 @@
 //   for each key block: warp w takes keys [16 w, 16 w + 16) of the stage
 //     new tokens (append): read from k_new / v_new, rotated, rounded (quantized for fp8),
 //       written to the stage and, by the row-block-0 block, into the cache
-//     fp8 cache: the warp's 16 K and V rows are converted to q's dtype in shared memory
+//     fp8 cache: the warp's 16 K and V rows are converted to q's dtype in registers, straight
+//       into the mma fragments (head dims 64, 128, 256; see decode_scores_fp8), or in shared
+//       memory (head dim 96, the 64-row tile at 64)
 //     S = Q K^T (mma.sync), mask (causal, split end), online softmax, O += P V
 //   the 4 warps' (max, sum, O) merged through shared memory; the block writes out and lse
 //   directly (one split); or, split over a thread-block cluster (2-8 splits on sm_90), keeps
@@ -72,13 +74,19 @@ struct DecodeTile {
   static constexpr int kWarpKeys = 16, kBlockN = kWarps * kWarpKeys;
   static constexpr int kRows = 16 * kMTiles;
   static constexpr bool kFp8 = std::is_same_v<Cache, Fp8E4M3>;
+  // An fp8 cache at head dims that are multiples of 64: K and V converted in registers
+  // straight into the mma fragments (decode_scores_fp8, decode_accumulate_pv_fp8), no
+  // converted copy in shared memory. Head dim 96, and the 64-row tile at head dim 64 (whose
+  // 128 accumulators left the register path spilling), keep the shared-memory conversion.
+  static constexpr bool kRegisterFp8 = kFp8 && kHeadDim_ % 64 == 0 && !(kHeadDim_ == 64 && kMTiles_ == 4);
   // The per-warp mma tile: all kRows rows against the warp's 16 keys.
   using WarpTile = ForwardTile<kHeadDim, kRows, kWarpKeys, 1>;
   static constexpr int kPitch = WarpTile::kPitch;  // T elements per Q / converted row (+16 bytes)
   static constexpr int kCacheRowBytes = kHeadDim * static_cast<int>(sizeof(Cache));
   static constexpr int kStageRowBytes = kCacheRowBytes + 16;
   static constexpr int kStageBytes = 2 * kBlockN * kStageRowBytes;  // K rows, then V rows
-  static constexpr int kConvertBytes = kFp8 ? kWarps * 2 * kWarpKeys * kPitch * static_cast<int>(sizeof(T)) : 0;
+  static constexpr int kConvertBytes =
+      kFp8 && !kRegisterFp8 ? kWarps * 2 * kWarpKeys * kPitch * static_cast<int>(sizeof(T)) : 0;
   static constexpr int kQBytes = kRows * kPitch * static_cast<int>(sizeof(T));
   static constexpr int kStages = decode_clamp((kSmemBudget - kQBytes - kConvertBytes) / kStageBytes, 2, 4);
   static constexpr int kMergePitch = kHeadDim + 8;  // floats per row of a warp's O
@@ -153,6 +161,124 @@ __device__ __forceinline__ void fp8x16_to(uint4 (&dst)[2], uint4 src) {
   }
   dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
   dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+// Two e4m3 values (bytes 0 and 1 of `pair`, byte 0 the lower element) as a pair of T.
+template <class T>
+__device__ __forceinline__ uint32_t fp8x2_to(uint32_t pair) {
+  const __half2 h = e4m3x2_to_half2(pair);
+  if constexpr (std::is_same_v<T, __half>) {
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const float2 f = __half22float2(h);
+    return ptx::pack2<T>(f.x, f.y);
+  }
+}
+
+// s = Q K^T for the warp's 16 keys, K read as fp8 from the stage (rows of kStageRowBytes at
+// k_rows) and converted in registers into the B fragments. The head dim is taken in a
+// permuted order shared by both operands (a dot product does not depend on the order of its
+// terms): k16 step 4 q + st's mma k indices (2 t, 2 t + 1) and (2 t + 8, 2 t + 9) of lane
+// (g = lane / 4, t = lane % 4) are d = 64 q + 16 t + 4 st + (0, 1) and (2, 3). A lane's K
+// bytes for four steps are then 16 contiguous bytes of a key row (one 16-byte load), and
+// its Q fragments two 4-byte reads of a Q row.
+template <class T, class Tile>
+__device__ __forceinline__ void decode_scores_fp8(float (&s)[Tile::kMTiles][2][4], const T* sQ,
+                                                  const unsigned char* k_rows, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < Tile::kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+#pragma unroll
+  for (int q = 0; q < Tile::kHeadDim / 64; ++q) {
+    uint4 kw[2];  // key rows g and 8 + g: d = 64 q + 16 t .. + 15
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+      kw[nt] = *reinterpret_cast<const uint4*>(k_rows + (8 * nt + g) * Tile::kStageRowBytes + 64 * q + 16 * t);
+#pragma unroll
+    for (int st = 0; st < 4; ++st) {
+      const int d = 64 * q + 16 * t + 4 * st;
+      uint32_t a[Tile::kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < Tile::kMTiles; ++mt) {
+        const T* q0 = sQ + (16 * mt + g) * Tile::kPitch + d;
+        const T* q1 = q0 + 8 * Tile::kPitch;
+        a[mt][0] = *reinterpret_cast<const uint32_t*>(q0);
+        a[mt][1] = *reinterpret_cast<const uint32_t*>(q1);
+        a[mt][2] = *reinterpret_cast<const uint32_t*>(q0 + 2);
+        a[mt][3] = *reinterpret_cast<const uint32_t*>(q1 + 2);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const uint32_t word = st == 0 ? kw[nt].x : st == 1 ? kw[nt].y : st == 2 ? kw[nt].z : kw[nt].w;
+        const uint32_t b0 = fp8x2_to<T>(word), b1 = fp8x2_to<T>(word >> 16);
+#pragma unroll
+        for (int mt = 0; mt < Tile::kMTiles; ++mt) ptx::mma_16x8x16<T>(s[mt][nt], a[mt], b0, b1);
+      }
+    }
+  }
+}
+
+// The column of O that element `n` of the warp's d-tile `j` holds on the fp8 register path:
+// lane g's B fragments take d-tile j's column g from d = (D / 8) g + j, so that a lane's V
+// bytes of a key row are D / 8 contiguous ones.
+template <int kHeadDim>
+__device__ __forceinline__ int decode_fp8_o_column(int j, int n) {
+  return (kHeadDim / 8) * n + j;
+}
+
+// o += P V for the warp's 16 keys, V read as fp8 from the stage (rows at v_rows) and
+// converted in registers: lane (g, t) loads the D / 8 bytes from (D / 8) g of key rows 2 t,
+// 2 t + 1, 2 t + 8, 2 t + 9; d-tile j's B fragment is byte j of those rows, paired by byte
+// permutes (rows 2 t and 2 t + 1, then 2 t + 8 and 2 t + 9). O's columns come out in the
+// order of decode_fp8_o_column.
+template <class T, class Tile>
+__device__ __forceinline__ void decode_accumulate_pv_fp8(float (&o)[Tile::kMTiles][Tile::kHeadDim / 8][4],
+                                                         const float (&p)[Tile::kMTiles][2][4],
+                                                         const unsigned char* v_rows, int lane) {
+  constexpr int D = Tile::kHeadDim, kLaneBytes = D / 8, kWords = kLaneBytes / 4;
+  constexpr int kChunkWords = kWords < 4 ? kWords : 4;  // one load of a row: 8 or 16 bytes
+  const int g = lane / 4, t = lane % 4;
+  uint32_t a[Tile::kMTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < Tile::kMTiles; ++mt) {
+    a[mt][0] = ptx::pack2<T>(p[mt][0][0], p[mt][0][1]);
+    a[mt][1] = ptx::pack2<T>(p[mt][0][2], p[mt][0][3]);
+    a[mt][2] = ptx::pack2<T>(p[mt][1][0], p[mt][1][1]);
+    a[mt][3] = ptx::pack2<T>(p[mt][1][2], p[mt][1][3]);
+  }
+  const int rows[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+#pragma unroll
+  for (int c = 0; c < kWords / kChunkWords; ++c) {
+    uint32_t w[4][kChunkWords];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const unsigned char* src = v_rows + rows[r] * Tile::kStageRowBytes + kLaneBytes * g + 4 * kChunkWords * c;
+      if constexpr (kChunkWords == 4) {
+        const uint4 v = *reinterpret_cast<const uint4*>(src);
+        w[r][0] = v.x;
+        w[r][1] = v.y;
+        w[r][2] = v.z;
+        w[r][3] = v.w;
+      } else {
+        const uint2 v = *reinterpret_cast<const uint2*>(src);
+        w[r][0] = v.x;
+        w[r][1] = v.y;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kChunkWords; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = 4 * (kChunkWords * c + i) + e;  // the d-tile: byte j of the lane's bytes
+        const uint32_t select = static_cast<uint32_t>(e | ((4 + e) << 4));
+        const uint32_t b0 = fp8x2_to<T>(__byte_perm(w[0][i], w[1][i], select));
+        const uint32_t b1 = fp8x2_to<T>(__byte_perm(w[2][i], w[3][i], select));
+#pragma unroll
+        for (int mt = 0; mt < Tile::kMTiles; ++mt) ptx::mma_16x8x16<T>(o[mt][j], a[mt], b0, b1);
+      }
+  }
 }
 
 // The combine of a cluster's splits (sm_90; the launcher asks for it only there): the
@@ -388,9 +514,11 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
       __syncwarp();
     }
 
-    const T* sK;
-    const T* sV;
-    if constexpr (Tile::kFp8) {
+    const T* sK = nullptr;
+    const T* sV = nullptr;
+    if constexpr (Tile::kRegisterFp8) {
+      // converted in registers by decode_scores_fp8 / decode_accumulate_pv_fp8
+    } else if constexpr (Tile::kFp8) {
       T* k_conv = convert + warp * 2 * Tile::kWarpKeys * Tile::kPitch;
       T* v_conv = k_conv + Tile::kWarpKeys * Tile::kPitch;
       constexpr int kChunks = Tile::kWarpKeys * D / 16;  // 16 fp8 values each
@@ -414,7 +542,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
     }
 
     float s[Tile::kMTiles][2][4];
-    scores<T, typename Tile::WarpTile>(s, sQ, sK, 0, lane);
+    if constexpr (Tile::kRegisterFp8) decode_scores_fp8<T, Tile>(s, sQ, k_rows, lane);
+    else scores<T, typename Tile::WarpTile>(s, sQ, sK, 0, lane);
     // The softcap on the true scores scale * k_scale * s (raw s here).
     if (Tile::kVariants && p.variants.softcap > 0.0f)
       softcap_scores(s, p.variants.softcap / (p.scale * k_scale), p.scale * k_scale / p.variants.softcap);
@@ -442,7 +571,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
         }
     }
     softmax.update(s, o, scale_log2);
-    accumulate_pv<T, typename Tile::WarpTile>(o, s, sV, lane);
+    if constexpr (Tile::kRegisterFp8) decode_accumulate_pv_fp8<T, Tile>(o, s, v_rows, lane);
+    else accumulate_pv<T, typename Tile::WarpTile>(o, s, sV, lane);
   }
 
   // Merge the warps' partial rows: each warp's max, sum and unnormalized O through shared
@@ -463,10 +593,20 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
         s_max[warp][r] = softmax.row_max[mt][half];
         s_sum[warp][r] = sum;
       }
-      float* dst = s_o + (warp * kRows + r) * Tile::kMergePitch + 2 * (lane % 4);
+      if constexpr (Tile::kRegisterFp8) {  // O's columns in decode_fp8_o_column's order
+        float* row = s_o + (warp * kRows + r) * Tile::kMergePitch;
+        const int n = 2 * (lane % 4);
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt)
-        *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[mt][dt][2 * half], o[mt][dt][2 * half + 1]);
+        for (int dt = 0; dt < D / 8; ++dt) {
+          row[decode_fp8_o_column<D>(dt, n)] = o[mt][dt][2 * half];
+          row[decode_fp8_o_column<D>(dt, n + 1)] = o[mt][dt][2 * half + 1];
+        }
+      } else {
+        float* dst = s_o + (warp * kRows + r) * Tile::kMergePitch + 2 * (lane % 4);
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+          *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[mt][dt][2 * half], o[mt][dt][2 * half + 1]);
+      }
     }
   __syncthreads();
 
