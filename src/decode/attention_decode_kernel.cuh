@@ -163,20 +163,38 @@ __device__ __forceinline__ void fp8x16_to(uint4 (&dst)[2], uint4 src) {
   dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
-// Two e4m3 values (bytes 0 and 1 of `pair`, byte 0 the lower element) as a pair of T.
-template <class T>
-__device__ __forceinline__ uint32_t fp8x2_to(uint32_t pair) {
+// Two e4m3 values (bytes 0 and 1 of `pair`, byte 0 the lower element) as the bits of an
+// fp16 pair: exact.
+__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t pair) {
   const __half2 h = e4m3x2_to_half2(pair);
-  if constexpr (std::is_same_v<T, __half>) {
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const float2 f = __half22float2(h);
-    return ptx::pack2<T>(f.x, f.y);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// The fp8 register path multiplies in fp16 whatever q's dtype: e4m3 -> fp16 is one
+// instruction a pair (cvt.rn.f16x2.e4m3x2), e4m3 -> bf16 four (through fp32). A bf16 q is
+// stored in shared memory as fp16 times 2^-8 (decode_q_to_fp16: exact but below 2^-6, where
+// fp16 subnormals keep 2^-16 of absolute precision, negligible beside the dot product's
+// bf16 rounding; no overflow below |q| = 2^24), and the scores are scaled back by 2^8; the
+// probabilities P (in [0, 1]) are rounded to fp16, finer than bf16.
+template <class T>
+inline constexpr float kFp8QScaleBack = std::is_same_v<T, __half> ? 1.0f : 256.0f;
+
+// A bf16 Q tile in shared memory (kRows x kHeadDim at pitch kPitch) rewritten in place as
+// fp16 times 2^-8 (see kFp8QScaleBack), by the block's threads.
+template <class T, class Tile>
+__device__ __forceinline__ void decode_q_to_fp16(T* sQ, int tid) {
+  static_assert(std::is_same_v<T, __nv_bfloat16>);
+  constexpr int kPairs = Tile::kHeadDim / 2;
+  for (int item = tid; item < Tile::kRows * kPairs; item += Tile::kThreads) {
+    uint32_t* pair = reinterpret_cast<uint32_t*>(sQ + (item / kPairs) * Tile::kPitch) + item % kPairs;
+    const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pair));
+    *pair = ptx::pack2<__half>(x.x * (1.0f / 256.0f), x.y * (1.0f / 256.0f));
   }
 }
 
 // s = Q K^T for the warp's 16 keys, K read as fp8 from the stage (rows of kStageRowBytes at
-// k_rows) and converted in registers into the B fragments. The head dim is taken in a
+// k_rows) and converted in registers into fp16 B fragments (Q fp16 in shared memory, see
+// kFp8QScaleBack). The head dim is taken in a
 // permuted order shared by both operands (a dot product does not depend on the order of its
 // terms): k16 step 4 q + st's mma k indices (2 t, 2 t + 1) and (2 t + 8, 2 t + 9) of lane
 // (g = lane / 4, t = lane % 4) are d = 64 q + 16 t + 4 st + (0, 1) and (2, 3). A lane's K
@@ -212,11 +230,19 @@ __device__ __forceinline__ void decode_scores_fp8(float (&s)[Tile::kMTiles][2][4
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const uint32_t word = st == 0 ? kw[nt].x : st == 1 ? kw[nt].y : st == 2 ? kw[nt].z : kw[nt].w;
-        const uint32_t b0 = fp8x2_to<T>(word), b1 = fp8x2_to<T>(word >> 16);
+        const uint32_t b0 = fp8x2_to_f16x2(word), b1 = fp8x2_to_f16x2(word >> 16);
 #pragma unroll
-        for (int mt = 0; mt < Tile::kMTiles; ++mt) ptx::mma_16x8x16<T>(s[mt][nt], a[mt], b0, b1);
+        for (int mt = 0; mt < Tile::kMTiles; ++mt) ptx::mma_16x8x16<__half>(s[mt][nt], a[mt], b0, b1);
       }
     }
+  }
+  if constexpr (kFp8QScaleBack<T> != 1.0f) {
+#pragma unroll
+    for (int mt = 0; mt < Tile::kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[mt][nt][c] *= kFp8QScaleBack<T>;
   }
 }
 
@@ -229,7 +255,7 @@ __device__ __forceinline__ int decode_fp8_o_column(int j, int n) {
 }
 
 // o += P V for the warp's 16 keys, V read as fp8 from the stage (rows at v_rows) and
-// converted in registers: lane (g, t) loads the D / 8 bytes from (D / 8) g of key rows 2 t,
+// converted in registers to fp16 (P too): lane (g, t) loads the D / 8 bytes from (D / 8) g of key rows 2 t,
 // 2 t + 1, 2 t + 8, 2 t + 9; d-tile j's B fragment is byte j of those rows, paired by byte
 // permutes (rows 2 t and 2 t + 1, then 2 t + 8 and 2 t + 9). O's columns come out in the
 // order of decode_fp8_o_column.
@@ -243,10 +269,10 @@ __device__ __forceinline__ void decode_accumulate_pv_fp8(float (&o)[Tile::kMTile
   uint32_t a[Tile::kMTiles][4];
 #pragma unroll
   for (int mt = 0; mt < Tile::kMTiles; ++mt) {
-    a[mt][0] = ptx::pack2<T>(p[mt][0][0], p[mt][0][1]);
-    a[mt][1] = ptx::pack2<T>(p[mt][0][2], p[mt][0][3]);
-    a[mt][2] = ptx::pack2<T>(p[mt][1][0], p[mt][1][1]);
-    a[mt][3] = ptx::pack2<T>(p[mt][1][2], p[mt][1][3]);
+    a[mt][0] = ptx::pack2<__half>(p[mt][0][0], p[mt][0][1]);
+    a[mt][1] = ptx::pack2<__half>(p[mt][0][2], p[mt][0][3]);
+    a[mt][2] = ptx::pack2<__half>(p[mt][1][0], p[mt][1][1]);
+    a[mt][3] = ptx::pack2<__half>(p[mt][1][2], p[mt][1][3]);
   }
   const int rows[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
 #pragma unroll
@@ -273,10 +299,10 @@ __device__ __forceinline__ void decode_accumulate_pv_fp8(float (&o)[Tile::kMTile
       for (int e = 0; e < 4; ++e) {
         const int j = 4 * (kChunkWords * c + i) + e;  // the d-tile: byte j of the lane's bytes
         const uint32_t select = static_cast<uint32_t>(e | ((4 + e) << 4));
-        const uint32_t b0 = fp8x2_to<T>(__byte_perm(w[0][i], w[1][i], select));
-        const uint32_t b1 = fp8x2_to<T>(__byte_perm(w[2][i], w[3][i], select));
+        const uint32_t b0 = fp8x2_to_f16x2(__byte_perm(w[0][i], w[1][i], select));
+        const uint32_t b1 = fp8x2_to_f16x2(__byte_perm(w[2][i], w[3][i], select));
 #pragma unroll
-        for (int mt = 0; mt < Tile::kMTiles; ++mt) ptx::mma_16x8x16<T>(o[mt][j], a[mt], b0, b1);
+        for (int mt = 0; mt < Tile::kMTiles; ++mt) ptx::mma_16x8x16<__half>(o[mt][j], a[mt], b0, b1);
       }
   }
 }
@@ -471,6 +497,12 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
         x[i2] = from_float<T>(y.y);
       }
       __syncthreads();
+    }
+    if constexpr (Tile::kRegisterFp8 && !std::is_same_v<T, __half>) {
+      if (j == 0) {  // after RoPE: the fp8 register path's fp16 Q
+        decode_q_to_fp16<T, Tile>(sQ, tid);
+        __syncthreads();
+      }
     }
     if (j + kStages - 1 < n_blocks) issue(j + kStages - 1);
     ptx::cp_async_commit();
