@@ -22,8 +22,10 @@ namespace llmk::detail {
 namespace {
 
 // Shared memory per block: two blocks per SM up to D = 128, one at D = 256; three for the
-// 16-row tiles of an fp8 cache (their ring holds half the bytes a key, and the conversion to
-// q's dtype wants the warps: 12 a SM instead of 8).
+// 16-row tiles of an fp8 cache at head dim 96, which convert the stage in shared memory and
+// want the warps (12 a SM instead of 8). The fp8 register path (head dims 64 and 128) runs
+// two: H200, bf16 q, 1 x 8192 1.18x, 1 x 32768 1.07x, 64 x 4096 1.03x, 16 x 8192 0.98x of
+// three.
 constexpr int kOnePerSm = 220 * 1024, kTwoPerSm = 110 * 1024, kThreePerSm = 75 * 1024;
 constexpr int kMaxSplits = 32 * kMaxSplitWords;  // what the merge kernel takes
 constexpr int kMinKeysPerSplit = 128;  // two stages: shorter pieces cost more in the merge than they save
@@ -34,7 +36,7 @@ constexpr int wide_mtiles(int head_dim) { return head_dim == 64 ? 4 : (head_dim 
 // with the variants compiled in (DecodeTile::kVariants).
 int mtiles_for(int rows, int head_dim, bool variants) { return rows <= 16 || variants ? 1 : wide_mtiles(head_dim); }
 constexpr int blocks_per_sm(int head_dim, bool fp8, int mtiles) {
-  return head_dim == 256 ? 1 : (fp8 && mtiles == 1 ? 3 : 2);
+  return head_dim == 256 ? 1 : (fp8 && mtiles == 1 && head_dim % 64 != 0 ? 3 : 2);
 }
 constexpr int smem_budget(int blocks) { return blocks == 1 ? kOnePerSm : (blocks == 2 ? kTwoPerSm : kThreePerSm); }
 
@@ -64,7 +66,7 @@ void launch(const DecodeParams& params, int row_blocks, cudaStream_t stream) {
 
   // The merge of the splits: in a cluster where it fits (2-8 splits, sm_90), else by the
   // merge kernel over the workspace, else (no workspace) one split. The three-per-SM tiles
-  // (fp8, 16 rows) merge in a cluster only when the grid has at most one block per SM:
+  // (fp8, 16 rows, head dim 96) merge in a cluster only when the grid has at most one block per SM:
   // clusters of their blocks filled the SMs worse (H200, fp8 16 x 8192: 109.7 -> 162.2 us,
   // 64 x 4096: 218 -> 261), where the two-per-SM tiles gained (bf16 16 x 8192 136.1 -> 132.4,
   // 1 x 1024 8.1 -> 7.5).

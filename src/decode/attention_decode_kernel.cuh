@@ -28,11 +28,12 @@
 // < 1% of them at q_len <= 16. FLOPs are 4 * rows * seqlen_k * D per kv head, at most
 // ~2 FLOP/byte for rows <= 16 (the tensor cores idle). A block keeps (kStages - 1) stages
 // (35-70 KB) in flight; two blocks per SM (one at D = 256) give the 30+ KB per SM that
-// covering the DRAM latency at 23 GB/s per SM needs. The 16-row fp8 tiles run three blocks
-// per SM (a 2-stage ring, 168 registers): their time goes to converting the stage in shared
-// memory more than to waiting on DRAM, and 12 warps a SM convert faster than 8 (H200, bf16 q:
-// batch 16 x 8192 and 64 x 4096 1.11-1.13x the two-block tile; batch 1 x 8192 0.91x, its
-// one stage in flight a block too few there). Splits are chosen on the host
+// covering the DRAM latency at 23 GB/s per SM needs. An fp8 cache moves half the bytes
+// through the same loop; converted in registers (fp16 mma) it streams 3.3 TB/s of fp8 bytes
+// on the H200 at batch 16-64 against the bf16 cache's 4.0 (1.6x the bf16 cache's speed, not
+// 2x: per key the warps do the same mma and softmax work on half the bytes, plus the
+// conversion). The 16-row fp8 tiles at head dim 96 convert in shared memory and run three
+// blocks per SM (a 2-stage ring): 12 warps a SM convert faster than 8. Splits are chosen on the host
 // (attention_decode.cu) so that the blocks fill the SMs in about one wave.
 #pragma once
 
