@@ -80,6 +80,9 @@ struct DecodeTile {
   // converted copy in shared memory. Head dim 96, and the 64-row tile at head dim 64 (whose
   // 128 accumulators left the register path spilling), keep the shared-memory conversion.
   static constexpr bool kRegisterFp8 = kFp8 && kHeadDim_ % 64 == 0 && !(kHeadDim_ == 64 && kMTiles_ == 4);
+  // On that path, one 16-row tile up to head dim 128 holds its Q fragments in registers for
+  // the whole pass (D / 4 of them) instead of reading them from shared memory every stage.
+  static constexpr bool kQInRegisters = kRegisterFp8 && kMTiles_ == 1 && kHeadDim_ <= 128;
   // The per-warp mma tile: all kRows rows against the warp's 16 keys.
   using WarpTile = ForwardTile<kHeadDim, kRows, kWarpKeys, 1>;
   static constexpr int kPitch = WarpTile::kPitch;  // T elements per Q / converted row (+16 bytes)
@@ -193,6 +196,32 @@ __device__ __forceinline__ void decode_q_to_fp16(T* sQ, int tid) {
   }
 }
 
+// The fp8 register path's Q fragments of one 16-row tile, k16 step by step in the permuted
+// head-dim order of decode_scores_fp8 (held for the block's pass where Tile::kQInRegisters).
+template <class Tile>
+struct DecodeQFragments {
+  uint32_t a[Tile::kQInRegisters ? Tile::kHeadDim / 16 : 1][4];
+};
+
+// Q's A fragments for k16 step 4 q + st of row tile mt: lane (g, t) reads d = 64 q + 16 t +
+// 4 st + (0, 1 | 2, 3) of rows g and g + 8 (fp16 in shared memory on this path).
+template <class T, class Tile>
+__device__ __forceinline__ void decode_q_fragment_fp8(uint32_t (&a)[4], const T* sQ, int mt, int q, int st, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  const T* q0 = sQ + (16 * mt + g) * Tile::kPitch + 64 * q + 16 * t + 4 * st;
+  const T* q1 = q0 + 8 * Tile::kPitch;
+  a[0] = *reinterpret_cast<const uint32_t*>(q0);
+  a[1] = *reinterpret_cast<const uint32_t*>(q1);
+  a[2] = *reinterpret_cast<const uint32_t*>(q0 + 2);
+  a[3] = *reinterpret_cast<const uint32_t*>(q1 + 2);
+}
+
+template <class T, class Tile>
+__device__ __forceinline__ void decode_load_q_fragments_fp8(DecodeQFragments<Tile>& f, const T* sQ, int lane) {
+#pragma unroll
+  for (int step = 0; step < Tile::kHeadDim / 16; ++step) decode_q_fragment_fp8<T, Tile>(f.a[step], sQ, 0, step / 4, step % 4, lane);
+}
+
 // s = Q K^T for the warp's 16 keys, K read as fp8 from the stage (rows of kStageRowBytes at
 // k_rows) and converted in registers into fp16 B fragments (Q fp16 in shared memory, see
 // kFp8QScaleBack). The head dim is taken in a
@@ -203,7 +232,8 @@ __device__ __forceinline__ void decode_q_to_fp16(T* sQ, int tid) {
 // its Q fragments two 4-byte reads of a Q row.
 template <class T, class Tile>
 __device__ __forceinline__ void decode_scores_fp8(float (&s)[Tile::kMTiles][2][4], const T* sQ,
-                                                  const unsigned char* k_rows, int lane) {
+                                                  const DecodeQFragments<Tile>& qf, const unsigned char* k_rows,
+                                                  int lane) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int mt = 0; mt < Tile::kMTiles; ++mt)
@@ -217,16 +247,15 @@ __device__ __forceinline__ void decode_scores_fp8(float (&s)[Tile::kMTiles][2][4
       kw[nt] = *reinterpret_cast<const uint4*>(k_rows + (8 * nt + g) * Tile::kStageRowBytes + 64 * q + 16 * t);
 #pragma unroll
     for (int st = 0; st < 4; ++st) {
-      const int d = 64 * q + 16 * t + 4 * st;
       uint32_t a[Tile::kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < Tile::kMTiles; ++mt) {
-        const T* q0 = sQ + (16 * mt + g) * Tile::kPitch + d;
-        const T* q1 = q0 + 8 * Tile::kPitch;
-        a[mt][0] = *reinterpret_cast<const uint32_t*>(q0);
-        a[mt][1] = *reinterpret_cast<const uint32_t*>(q1);
-        a[mt][2] = *reinterpret_cast<const uint32_t*>(q0 + 2);
-        a[mt][3] = *reinterpret_cast<const uint32_t*>(q1 + 2);
+        if constexpr (Tile::kQInRegisters) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[mt][i] = qf.a[4 * q + st][i];
+        } else {
+          decode_q_fragment_fp8<T, Tile>(a[mt], sQ, mt, q, st, lane);
+        }
       }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
@@ -473,6 +502,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
   OnlineSoftmax<Tile::kMTiles> softmax;
+  DecodeQFragments<Tile> qf;  // the fp8 register path's Q fragments (Tile::kQInRegisters)
 
   // One cp.async group for Q, then one per stage (empty ones too): waiting for all but
   // the newest kStages - 2 groups lands Q and stages 0..j.
@@ -504,6 +534,9 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
         decode_q_to_fp16<T, Tile>(sQ, tid);
         __syncthreads();
       }
+    }
+    if constexpr (Tile::kQInRegisters) {
+      if (j == 0) decode_load_q_fragments_fp8<T, Tile>(qf, sQ, lane);
     }
     if (j + kStages - 1 < n_blocks) issue(j + kStages - 1);
     ptx::cp_async_commit();
@@ -575,7 +608,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
     }
 
     float s[Tile::kMTiles][2][4];
-    if constexpr (Tile::kRegisterFp8) decode_scores_fp8<T, Tile>(s, sQ, k_rows, lane);
+    if constexpr (Tile::kRegisterFp8) decode_scores_fp8<T, Tile>(s, sQ, qf, k_rows, lane);
     else scores<T, typename Tile::WarpTile>(s, sQ, sK, 0, lane);
     // The softcap on the true scores scale * k_scale * s (raw s here).
     if (Tile::kVariants && p.variants.softcap > 0.0f)
