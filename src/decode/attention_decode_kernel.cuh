@@ -219,7 +219,8 @@ __device__ __forceinline__ void decode_q_fragment_fp8(uint32_t (&a)[4], const T*
 template <class T, class Tile>
 __device__ __forceinline__ void decode_load_q_fragments_fp8(DecodeQFragments<Tile>& f, const T* sQ, int lane) {
 #pragma unroll
-  for (int step = 0; step < Tile::kHeadDim / 16; ++step) decode_q_fragment_fp8<T, Tile>(f.a[step], sQ, 0, step / 4, step % 4, lane);
+  for (int step = 0; step < Tile::kHeadDim / 16; ++step)
+    decode_q_fragment_fp8<T, Tile>(f.a[step], sQ, 0, step / 4, step % 4, lane);
 }
 
 // s = Q K^T for the warp's 16 keys, K read as fp8 from the stage (rows of kStageRowBytes at
