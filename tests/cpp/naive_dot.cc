@@ -1,4 +1,4 @@
-// The reference products of naive_dot.h, built with optimization (tests/cpp/CMakeLists.txt).
+// The reference products of naive_dot.h.
 #include "naive_dot.h"
 
 #include <cmath>
