@@ -23,9 +23,10 @@ namespace {
 
 // Shared memory per block: two blocks per SM up to D = 128, one at D = 256; three for the
 // 16-row tiles of an fp8 cache at head dim 96, which convert the stage in shared memory and
-// want the warps (12 a SM instead of 8). The fp8 register path (head dims 64 and 128) runs
-// two: H200, bf16 q, 1 x 8192 1.18x, 1 x 32768 1.07x, 64 x 4096 1.03x, 16 x 8192 0.98x of
-// three.
+// want the warps (12 a SM instead of 8). The fp8 register path (head dims 64 and 128) takes
+// the two-per-SM budget: H200, bf16 q, 1 x 8192 1.18x, 1 x 32768 1.07x, 64 x 4096 1.03x,
+// 16 x 8192 0.98x of three. (At head dim 64 its 4-stage ring needs only 43 KB and ~150
+// registers, so an SM holds three of those blocks where the split choice counts two.)
 constexpr int kOnePerSm = 220 * 1024, kTwoPerSm = 110 * 1024, kThreePerSm = 75 * 1024;
 constexpr int kMaxSplits = 32 * kMaxSplitWords;  // what the merge kernel takes
 constexpr int kMinKeysPerSplit = 128;  // two stages: shorter pieces cost more in the merge than they save
