@@ -37,7 +37,7 @@ constexpr int wide_mtiles(int head_dim) { return head_dim == 64 ? 4 : (head_dim 
 // with the variants compiled in (DecodeTile::kVariants).
 int mtiles_for(int rows, int head_dim, bool variants) { return rows <= 16 || variants ? 1 : wide_mtiles(head_dim); }
 constexpr int blocks_per_sm(int head_dim, bool fp8, int mtiles) {
-  return head_dim == 256 ? 1 : (fp8 && mtiles == 1 && head_dim % 64 != 0 ? 3 : 2);
+  return head_dim == 256 ? 1 : (fp8 && mtiles == 1 && !decode_fp8_in_registers(head_dim, mtiles) ? 3 : 2);
 }
 constexpr int smem_budget(int blocks) { return blocks == 1 ? kOnePerSm : (blocks == 2 ? kTwoPerSm : kThreePerSm); }
 
@@ -67,10 +67,10 @@ void launch(const DecodeParams& params, int row_blocks, cudaStream_t stream) {
 
   // The merge of the splits: in a cluster where it fits (2-8 splits, sm_90), else by the
   // merge kernel over the workspace, else (no workspace) one split. The three-per-SM tiles
-  // (fp8, 16 rows, head dim 96) merge in a cluster only when the grid has at most one block per SM:
-  // clusters of their blocks filled the SMs worse (H200, fp8 16 x 8192: 109.7 -> 162.2 us,
-  // 64 x 4096: 218 -> 261), where the two-per-SM tiles gained (bf16 16 x 8192 136.1 -> 132.4,
-  // 1 x 1024 8.1 -> 7.5).
+  // (fp8 converted in shared memory, 16 rows: head dim 96) merge in a cluster only when the
+  // grid has at most one block per SM: clusters of their blocks filled the SMs worse (H200,
+  // fp8 16 x 8192: 109.7 -> 162.2 us, 64 x 4096: 218 -> 261), where the two-per-SM tiles
+  // gained (bf16 16 x 8192 136.1 -> 132.4, 1 x 1024 8.1 -> 7.5).
   // LLMK_DECODE_MERGE=kernel: the merge kernel wherever a workspace is given; =cluster: every
   // split call merges in a cluster, more than 8 pieces capped at 8 (an error where no cluster
   // fits).

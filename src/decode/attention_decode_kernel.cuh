@@ -60,6 +60,15 @@ struct Fp8E4M3 {
 constexpr int decode_max(int a, int b) { return a > b ? a : b; }
 constexpr int decode_clamp(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
+// Whether an fp8 cache's K and V are converted in registers straight into the mma fragments
+// (decode_scores_fp8, decode_accumulate_pv_fp8), with no converted copy in shared memory: at
+// head dims that are multiples of 64, but for the 64-row tile at head dim 64 (whose 128
+// accumulators left the register path spilling). Head dim 96 and that tile convert in shared
+// memory. (The launcher sizes the shared-memory budget by it too.)
+constexpr bool decode_fp8_in_registers(int head_dim, int mtiles) {
+  return head_dim % 64 == 0 && !(head_dim == 64 && mtiles == 4);
+}
+
 // The shape of one decode kernel: q's element type T, the cache's element type Cache (T
 // or Fp8E4M3), the head dim, kMTiles 16-row query tiles per block, and the shared-memory
 // budget of one block (two blocks per SM at 110 KB, one at 220 KB, three at 75 KB) that sets
@@ -75,11 +84,7 @@ struct DecodeTile {
   static constexpr int kWarpKeys = 16, kBlockN = kWarps * kWarpKeys;
   static constexpr int kRows = 16 * kMTiles;
   static constexpr bool kFp8 = std::is_same_v<Cache, Fp8E4M3>;
-  // An fp8 cache at head dims that are multiples of 64: K and V converted in registers
-  // straight into the mma fragments (decode_scores_fp8, decode_accumulate_pv_fp8), no
-  // converted copy in shared memory. Head dim 96, and the 64-row tile at head dim 64 (whose
-  // 128 accumulators left the register path spilling), keep the shared-memory conversion.
-  static constexpr bool kRegisterFp8 = kFp8 && kHeadDim_ % 64 == 0 && !(kHeadDim_ == 64 && kMTiles_ == 4);
+  static constexpr bool kRegisterFp8 = kFp8 && decode_fp8_in_registers(kHeadDim_, kMTiles_);
   // On that path, one 16-row tile up to head dim 128 holds its Q fragments in registers for
   // the whole pass (D / 4 of them) instead of reading them from shared memory every stage.
   static constexpr bool kQInRegisters = kRegisterFp8 && kMTiles_ == 1 && kHeadDim_ <= 128;
@@ -225,12 +230,11 @@ __device__ __forceinline__ void decode_load_q_fragments_fp8(DecodeQFragments<Til
 
 // s = Q K^T for the warp's 16 keys, K read as fp8 from the stage (rows of kStageRowBytes at
 // k_rows) and converted in registers into fp16 B fragments (Q fp16 in shared memory, see
-// kFp8QScaleBack). The head dim is taken in a
-// permuted order shared by both operands (a dot product does not depend on the order of its
-// terms): k16 step 4 q + st's mma k indices (2 t, 2 t + 1) and (2 t + 8, 2 t + 9) of lane
-// (g = lane / 4, t = lane % 4) are d = 64 q + 16 t + 4 st + (0, 1) and (2, 3). A lane's K
-// bytes for four steps are then 16 contiguous bytes of a key row (one 16-byte load), and
-// its Q fragments two 4-byte reads of a Q row.
+// kFp8QScaleBack). The head dim is taken in a permuted order shared by both operands (a dot
+// product does not depend on the order of its terms): k16 step 4 q + st's mma k indices
+// (2 t, 2 t + 1) and (2 t + 8, 2 t + 9) of lane (g = lane / 4, t = lane % 4) are d = 64 q +
+// 16 t + 4 st + (0, 1) and (2, 3). A lane's K bytes for four steps are then 16 contiguous
+// bytes of a key row (one 16-byte load), and its Q fragments two 4-byte reads of a Q row.
 template <class T, class Tile>
 __device__ __forceinline__ void decode_scores_fp8(float (&s)[Tile::kMTiles][2][4], const T* sQ,
                                                   const DecodeQFragments<Tile>& qf, const unsigned char* k_rows,
@@ -286,10 +290,10 @@ __device__ __forceinline__ int decode_fp8_o_column(int j, int n) {
 }
 
 // o += P V for the warp's 16 keys, V read as fp8 from the stage (rows at v_rows) and
-// converted in registers to fp16 (P too): lane (g, t) loads the D / 8 bytes from (D / 8) g of key rows 2 t,
-// 2 t + 1, 2 t + 8, 2 t + 9; d-tile j's B fragment is byte j of those rows, paired by byte
-// permutes (rows 2 t and 2 t + 1, then 2 t + 8 and 2 t + 9). O's columns come out in the
-// order of decode_fp8_o_column.
+// converted in registers to fp16 (P too): lane (g, t) loads the D / 8 bytes from (D / 8) g
+// of key rows 2 t, 2 t + 1, 2 t + 8, 2 t + 9; d-tile j's B fragment is byte j of those rows,
+// paired by byte permutes (rows 2 t and 2 t + 1, then 2 t + 8 and 2 t + 9). O's columns
+// come out in the order of decode_fp8_o_column.
 template <class T, class Tile>
 __device__ __forceinline__ void decode_accumulate_pv_fp8(float (&o)[Tile::kMTiles][Tile::kHeadDim / 8][4],
                                                          const float (&p)[Tile::kMTiles][2][4],
