@@ -85,9 +85,10 @@ struct DecodeTile {
   static constexpr int kRows = 16 * kMTiles;
   static constexpr bool kFp8 = std::is_same_v<Cache, Fp8E4M3>;
   static constexpr bool kRegisterFp8 = kFp8 && decode_fp8_in_registers(kHeadDim_, kMTiles_);
-  // On that path, one 16-row tile up to head dim 128 holds its Q fragments in registers for
-  // the whole pass (D / 4 of them) instead of reading them from shared memory every stage.
-  static constexpr bool kQInRegisters = kRegisterFp8 && kMTiles_ == 1 && kHeadDim_ <= 128;
+  // A 16-row tile up to head dim 128 (a cache like q's, or fp8 on the register path) holds
+  // its Q fragments in registers for the whole pass (D / 4 of them) instead of reading them
+  // from shared memory every stage.
+  static constexpr bool kQInRegisters = (kRegisterFp8 || !kFp8) && kMTiles_ == 1 && kHeadDim_ <= 128;
   // The per-warp mma tile: all kRows rows against the warp's 16 keys.
   using WarpTile = ForwardTile<kHeadDim, kRows, kWarpKeys, 1>;
   static constexpr int kPitch = WarpTile::kPitch;  // T elements per Q / converted row (+16 bytes)
@@ -201,8 +202,9 @@ __device__ __forceinline__ void decode_q_to_fp16(T* sQ, int tid) {
   }
 }
 
-// The fp8 register path's Q fragments of one 16-row tile, k16 step by step in the permuted
-// head-dim order of decode_scores_fp8 (held for the block's pass where Tile::kQInRegisters).
+// Q's fragments of one 16-row tile, k16 step by step (held for the block's pass where
+// Tile::kQInRegisters): in scores()' order for a cache like q's, in the permuted head-dim
+// order of decode_scores_fp8 for an fp8 cache.
 template <class Tile>
 struct DecodeQFragments {
   uint32_t a[Tile::kQInRegisters ? Tile::kHeadDim / 16 : 1][4];
@@ -226,6 +228,32 @@ __device__ __forceinline__ void decode_load_q_fragments_fp8(DecodeQFragments<Til
 #pragma unroll
   for (int step = 0; step < Tile::kHeadDim / 16; ++step)
     decode_q_fragment_fp8<T, Tile>(f.a[step], sQ, 0, step / 4, step % 4, lane);
+}
+
+// Q's fragments for a cache like q's: ldmatrix of the 16 x 16 blocks as scores() reads them.
+template <class T, class Tile>
+__device__ __forceinline__ void decode_load_q_fragments(DecodeQFragments<Tile>& f, const T* sQ, int lane) {
+  const uint32_t q_lane = ptx::smem_address(sQ + (lane & 15) * Tile::kPitch + (lane >> 4) * 8);
+#pragma unroll
+  for (int ks = 0; ks < Tile::kHeadDim / 16; ++ks) ptx::ldmatrix_x4(f.a[ks], q_lane + ks * 32);
+}
+
+// s = Q K^T for the warp's 16 keys of a cache like q's, Q's fragments from registers and K's
+// by ldmatrix from the stage (scores() with the Q loads hoisted out of the key loop).
+template <class T, class Tile>
+__device__ __forceinline__ void decode_scores_q_in_registers(float (&s)[1][2][4], const DecodeQFragments<Tile>& qf,
+                                                             const T* sK, int lane) {
+  static_assert(Tile::kMTiles == 1 && Tile::kWarpKeys == 16);
+  const uint32_t k_lane = ptx::smem_address(sK + ((lane & 7) + (lane >> 4) * 8) * Tile::kPitch + ((lane >> 3) & 1) * 8);
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) s[0][nt][0] = s[0][nt][1] = s[0][nt][2] = s[0][nt][3] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < Tile::kHeadDim / 16; ++ks) {
+    uint32_t b[4];
+    ptx::ldmatrix_x4(b, k_lane + ks * 32);
+    ptx::mma_16x8x16<T>(s[0][0], qf.a[ks], b[0], b[1]);
+    ptx::mma_16x8x16<T>(s[0][1], qf.a[ks], b[2], b[3]);
+  }
 }
 
 // s = Q K^T for the warp's 16 keys, K read as fp8 from the stage (rows of kStageRowBytes at
@@ -541,7 +569,10 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
       }
     }
     if constexpr (Tile::kQInRegisters) {
-      if (j == 0) decode_load_q_fragments_fp8<T, Tile>(qf, sQ, lane);
+      if (j == 0) {
+        if constexpr (Tile::kFp8) decode_load_q_fragments_fp8<T, Tile>(qf, sQ, lane);
+        else decode_load_q_fragments<T, Tile>(qf, sQ, lane);
+      }
     }
     if (j + kStages - 1 < n_blocks) issue(j + kStages - 1);
     ptx::cp_async_commit();
@@ -614,6 +645,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) attention_de
 
     float s[Tile::kMTiles][2][4];
     if constexpr (Tile::kRegisterFp8) decode_scores_fp8<T, Tile>(s, sQ, qf, k_rows, lane);
+    else if constexpr (Tile::kQInRegisters) decode_scores_q_in_registers<T, Tile>(s, qf, sK, lane);
     else scores<T, typename Tile::WarpTile>(s, sQ, sK, 0, lane);
     // The softcap on the true scores scale * k_scale * s (raw s here).
     if (Tile::kVariants && p.variants.softcap > 0.0f)
