@@ -111,9 +111,10 @@ LLMK_HOST_DEVICE inline int decode_first_key(const DecodeParams& p, int seqlen_k
 // a call runs at most this many.
 inline constexpr int kDecodeClusterMaxSplits = 8;
 // `capacity`: the keys a split may have to cover (the cache's capacity, or less with a
-// sliding window); `variants`: the call has a score variant (16-row tiles).
-int decode_splits_for(int batch, int heads_kv, int q_len, int group, int head_dim, bool fp8_cache, bool variants,
-                      int capacity, int device);
+// sliding window); `paged`: the cache comes with a block table; `variants`: the call has a
+// score variant (16-row tiles).
+int decode_splits_for(int batch, int heads_kv, int q_len, int group, int head_dim, bool fp8_cache, bool paged,
+                      bool variants, int capacity, int device);
 void attention_decode_cuda(const DecodeParams& p, DType dtype, DType cache_dtype, cudaStream_t stream);
 void attention_decode_cpu(const DecodeParams& p, DType dtype, DType cache_dtype);
 

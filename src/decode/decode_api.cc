@@ -256,17 +256,17 @@ int64_t workspace_elements(const DecodeParams& p, int splits) {
 
 int splits_for(const Validated& r, int device) {
   const DecodeParams& p = r.p;
-  const bool fp8 = r.cache_dtype == DType::f8e4m3;
-  const int plain = detail::decode_splits_for(p.batch, p.heads_kv, p.q_len, p.group, p.head_dim, fp8, false, p.capacity,
-                                              device);
+  const bool fp8 = r.cache_dtype == DType::f8e4m3, paged = p.block_table != nullptr;
+  const int plain = detail::decode_splits_for(p.batch, p.heads_kv, p.q_len, p.group, p.head_dim, fp8, paged, false,
+                                              p.capacity, device);
   if (!p.variants.any()) return plain;
   // The score variants run on 16-row tiles, and with a sliding window no row sees more than
   // window + q_len - 1 keys (from the first token's window start on): the splits are planned
   // for those, never more than the plain call's (what attention_decode_workspace_size sized).
   const int64_t window_keys = int64_t{p.variants.window} + p.q_len - 1;
   const int keys = p.variants.window > 0 && window_keys < p.capacity ? static_cast<int>(window_keys) : p.capacity;
-  const int with_variants = detail::decode_splits_for(p.batch, p.heads_kv, p.q_len, p.group, p.head_dim, fp8, true,
-                                                      keys, device);
+  const int with_variants = detail::decode_splits_for(p.batch, p.heads_kv, p.q_len, p.group, p.head_dim, fp8, paged,
+                                                      true, keys, device);
   return with_variants < plain ? with_variants : plain;
 }
 
