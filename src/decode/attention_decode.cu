@@ -5,6 +5,7 @@
 // the 16-row tiles again with the score variants (window, softcap, sinks) compiled in, which
 // every call with a variant takes.
 // Causal, paging, append, RoPE and GQA are run-time parameters of each kernel.
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -39,17 +40,21 @@ int mtiles_for(int rows, int head_dim, bool variants) { return rows <= 16 || var
 constexpr int blocks_per_sm(int head_dim, bool fp8, int mtiles) {
   return head_dim == 256 ? 1 : (fp8 && mtiles == 1 && !decode_fp8_in_registers(head_dim, mtiles) ? 3 : 2);
 }
-// How many blocks an SM needs to stream at its share of the bandwidth, which the split
-// choice fills: one of a 16-row tile over a contiguous cache like q's (its ring alone keeps
-// the SM's loads in flight), every resident one where the fp8 conversion, a wider tile's mma
-// work or a page table's lookups sit between the loads. H200, GQA 32/8, head dim 128, cache
-// out of L2, contiguous bf16: 1 x 8192 16 splits 15.2 us (1 block a SM) against 33 splits
-// 17.4 (2 a SM), 1 x 32768 40.1 against 42.3, 4 x 8192 4 splits 46.4 against 8 splits 54.0;
-// fp8: 1 x 32768 33.2 against 30.8, 1 x 131072 104.0 against 82.3, 16 x 8192 1 split 101.3
-// against 2 splits 78.4; paged bf16 (page 16, shuffled): 16 x 8192 1 split 197.6 against
-// 2 splits ~141, 1 x 32768 16 splits 53.7 against 33 splits ~45.
-constexpr int streaming_blocks_per_sm(int head_dim, bool fp8, bool paged, int mtiles) {
-  return !fp8 && !paged && mtiles == 1 ? 1 : blocks_per_sm(head_dim, fp8, mtiles);
+// The share of its SM's stream one block takes alone (the split choice fills as many
+// blocks a SM as that asks): all of it for a 16-row tile over a contiguous cache like q's
+// (its ring alone keeps the SM's loads in flight), most of it for the fp8 register path
+// (its conversion sits between the loads), an even share of the resident blocks for a
+// paged cache (a page table's lookups between the loads) and the other tiles. H200, GQA
+// 32/8, head dim 128, cache out of L2, contiguous bf16: 1 x 8192 16 splits 15.2 us (1 block
+// a SM) against 33 splits 17.4 (2 a SM), 1 x 32768 40.1 against 42.3, 4 x 8192 4 splits 46.4
+// against 8 splits 54.0; fp8: 1 x 8192 15.0 against 17.1, but 1 x 32768 33.2 against 30.8,
+// 1 x 131072 104.0 against 82.3, 16 x 8192 1 split 101.3 against 2 splits 78.4 (a share
+// between 0.77 and 0.92 fits all four); paged bf16 (page 16, shuffled): 16 x 8192 1 split
+// 197.6 against 2 splits ~141, 1 x 32768 16 splits 53.7 against 33 splits ~45.
+constexpr double one_block_share(int head_dim, bool fp8, bool paged, int mtiles) {
+  if (paged || mtiles > 1) return 1.0 / blocks_per_sm(head_dim, fp8, mtiles);
+  if (!fp8) return 1.0;
+  return decode_fp8_in_registers(head_dim, mtiles) ? 0.85 : 1.0 / blocks_per_sm(head_dim, fp8, mtiles);
 }
 constexpr int smem_budget(int blocks) { return blocks == 1 ? kOnePerSm : (blocks == 2 ? kTwoPerSm : kThreePerSm); }
 
@@ -124,12 +129,17 @@ int decode_splits_for(int batch, int heads_kv, int q_len, int group, int head_di
                       bool variants, int capacity, int device) {
   const int rows = q_len * group, mtiles = mtiles_for(rows, head_dim, variants), row_rows = 16 * mtiles;
   const int64_t pairs = static_cast<int64_t>(batch) * heads_kv * ((rows + row_rows - 1) / row_rows);
-  const int64_t slots = static_cast<int64_t>(sm_count_of(device)) * streaming_blocks_per_sm(head_dim, fp8_cache, paged, mtiles);
+  const int64_t sms = sm_count_of(device);
+  const int resident = blocks_per_sm(head_dim, fp8_cache, mtiles);
+  const double share = one_block_share(head_dim, fp8_cache, paged, mtiles);
   const int most = capacity / kMinKeysPerSplit < kMaxSplits ? capacity / kMinKeysPerSplit : kMaxSplits;
-  // Time ~ waves of the blocks that saturate the SMs x (keys per piece + a block's fixed cost
-  // in keys: the ring's fill and the merge of its partial rows); ties go to fewer pieces.
+  // Time ~ the busiest SM's blocks x (keys per piece + a block's fixed cost in keys: the
+  // ring's fill and the merge of its partial rows) / the rate its resident blocks stream at;
+  // ties go to fewer pieces.
   auto cost = [&](int s) {
-    return static_cast<double>((pairs * s + slots - 1) / slots) * (static_cast<double>(capacity) / s + kBlockCostKeys);
+    const int64_t per_sm = (pairs * s + sms - 1) / sms;
+    const double rate = std::min(1.0, static_cast<double>(std::min<int64_t>(per_sm, resident)) * share);
+    return static_cast<double>(per_sm) * (static_cast<double>(capacity) / s + kBlockCostKeys) / rate;
   };
   int best = 1;
   for (int s = 2; s <= most; ++s)
