@@ -1,6 +1,6 @@
 // The mma.sync tile pieces of attention on the sm_80 instruction set, shared by the sm_80
 // forward (attention/sm80/forward_kernel.cuh), the sm_80 backward (attention/sm80/
-// backward_kernel.cuh) and decode (decode/attention_decode_kernel.cuh): the tile shape of a
+// backward_kernel.cuh) and decode (decode/decode_tile.cuh, attention_decode_kernel.cuh): the tile shape of a
 // block of query rows against a block of keys (ForwardTile), rows of a [rows, D] tile into
 // shared memory by cp.async (load_rows, padded or swizzled) and out with 16-byte stores
 // (store_rows), S = Q K^T (scores) and O += P V (accumulate_pv) for one warp's rows.
