@@ -3,7 +3,6 @@
 #include <map>
 #include <mutex>
 #include <tuple>
-#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -71,13 +70,13 @@ int max_active_clusters(const void* kernel, int threads, size_t smem, int cluste
 
 int resident_clusters(const void* kernel, int threads, size_t smem, int cluster, int device) {
   static std::mutex mutex;
-  // kernel, device, threads, shared memory, cluster -> clusters
-  static std::vector<std::tuple<const void*, int, int, size_t, int, int>> known;
+  static std::map<std::tuple<const void*, int, int, size_t, int>, int> cache;
+  const auto key = std::make_tuple(kernel, device, threads, smem, cluster);
   std::lock_guard<std::mutex> lock(mutex);
-  for (const auto& [k, d, t, m, size, clusters] : known)
-    if (k == kernel && d == device && t == threads && m == smem && size == cluster) return clusters;
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
   const int clusters = max_active_clusters(kernel, threads, smem, cluster);
-  known.emplace_back(kernel, device, threads, smem, cluster, clusters);
+  cache.emplace(key, clusters);
   return clusters;
 }
 
