@@ -52,9 +52,9 @@ constexpr int blocks_per_sm(int head_dim, bool fp8, int mtiles) {
 // between 0.77 and 0.92 fits all four); paged bf16 (page 16, shuffled): 16 x 8192 1 split
 // 197.6 against 2 splits ~141, 1 x 32768 16 splits 53.7 against 33 splits ~45.
 constexpr double one_block_share(int head_dim, bool fp8, bool paged, int mtiles) {
-  if (paged || mtiles > 1) return 1.0 / blocks_per_sm(head_dim, fp8, mtiles);
-  if (!fp8) return 1.0;
-  return decode_fp8_in_registers(head_dim, mtiles) ? 0.85 : 1.0 / blocks_per_sm(head_dim, fp8, mtiles);
+  if (!paged && mtiles == 1 && !fp8) return 1.0;
+  if (!paged && mtiles == 1 && decode_fp8_in_registers(head_dim, mtiles)) return 0.85;
+  return 1.0 / blocks_per_sm(head_dim, fp8, mtiles);
 }
 constexpr int smem_budget(int blocks) { return blocks == 1 ? kOnePerSm : (blocks == 2 ? kTwoPerSm : kThreePerSm); }
 
